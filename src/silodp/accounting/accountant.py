@@ -1,0 +1,313 @@
+"""The federated accountant: composes what every silo ran, per privacy unit (SPEC §3).
+
+Each round, every participating silo reports a :class:`SiloPrivacy` — the dp-accounting events
+its mechanism ran, one per unit it protects. The accountant then composes, per unit:
+
+* ``record`` and ``silo``: a record (or a silo's dataset) lives in one silo, so silos compose
+  in parallel: each round adds the most privacy-losing silo event once.
+* ``subject``: a subject may hold records in up to ``span`` silos and the server sees every
+  silo's update, so each round adds the most privacy-losing silo event ``min(span, silos)``
+  times (horizontal composition by PLD/RDP self-composition, not a rule of thumb).
+
+Within one round silodp's silo events differ only in their sampling rate (same noise, steps and
+group bound), so they are ordered by dominance and the largest single-round ε picks the
+dominating one.
+
+Routes, each a valid upper bound; the smallest is reported with its name:
+
+* ``pld``: dp-accounting's PLD (pessimistic discretisation) of the unit's events; for a subject
+  seen through DP-SGD that is the exact mixture-of-Gaussians mechanism (``pld-mixture``).
+* ``rdp``: dp-accounting's RDP of the unit's events.
+* ``rdp-group``: record-level RDP converted to groups of ``k`` (Mironov 2017, Prop. 2).
+* ``dp-group``: record-level (ε, δ) converted to groups (Dwork & Roth 2014, Thm 2.2), then basic
+  composition over the silos a subject spans.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+from silodp._validation import check_choice, check_in_range, check_int
+from silodp.accounting import conversions
+from silodp.accounting.pld import DEFAULT_DISCRETIZATION, event_pld, is_supported
+
+__all__ = ["Estimate", "FederatedAccountant", "ROUTES", "SiloPrivacy", "UNITS"]
+
+UNITS = ("record", "silo", "subject")
+ROUTES = ("pld", "rdp", "rdp-group", "dp-group")
+
+
+@dataclass(frozen=True)
+class SiloPrivacy:
+    """The DP events one silo ran in one round.
+
+    Attributes:
+      events: unit -> event, each in that unit's add/remove adjacency (noise multipliers
+        relative to that unit's sensitivity).
+      record_event: the record-level event where the subject guarantee can also be derived by
+        group conversion (DP-SGD based mechanisms).
+      group_size: the public bound ``k`` on one subject's records in one silo used for group
+        conversion.
+    """
+
+    events: Mapping[str, dp_event.DpEvent]
+    record_event: dp_event.DpEvent | None = None
+    group_size: int | None = None
+
+    def __post_init__(self) -> None:
+        for unit in self.events:
+            check_choice("unit", unit, UNITS)
+        if (self.record_event is None) != (self.group_size is None):
+            raise ValueError("Expected record_event and group_size to be given together.")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """ε at the accountant's δ for one unit: the smallest valid route and every route tried."""
+
+    epsilon: float
+    route: str
+    routes: Mapping[str, float]
+
+
+def _mu_squared(event: dp_event.DpEvent) -> float | None:
+    """μ² if ``event`` is a composition of unsampled Gaussians (exactly μ-GDP), else None."""
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return math.inf if event.noise_multiplier == 0 else event.noise_multiplier**-2
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        inner = _mu_squared(event.event)
+        return None if inner is None else event.count * inner
+    if isinstance(event, dp_event.ComposedDpEvent):
+        parts = [_mu_squared(e) for e in event.events]
+        return None if any(p is None for p in parts) else float(sum(parts))  # type: ignore[arg-type]
+    return None
+
+
+def _rdp_supported(event: dp_event.DpEvent) -> bool:
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return _rdp_supported(event.event)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return all(_rdp_supported(e) for e in event.events)
+    return not isinstance(event, dp_event.MixtureOfGaussiansDpEvent)
+
+
+def _mixture_group(event: dp_event.DpEvent) -> int:
+    """Largest sensitivity of a mixture inside ``event`` (0 when there is none)."""
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return _mixture_group(event.event)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return max((_mixture_group(e) for e in event.events), default=0)
+    if isinstance(event, dp_event.MixtureOfGaussiansDpEvent):
+        return int(max(event.sensitivities))
+    return 0
+
+
+@dataclass
+class _UnitState:
+    pld: pld_lib.PrivacyLossDistribution | None
+    rdp: np.ndarray | None
+    mu_sq: float | None = 0.0
+    mixture: bool = False
+    # group-conversion routes (subject unit of DP-SGD based mechanisms)
+    group_size: int | None = None
+    group_rdp: np.ndarray | None = None
+    record_pld: pld_lib.PrivacyLossDistribution | None = None
+    max_silos: int = 0
+    touched: bool = False
+    routes_failed: set[str] = field(default_factory=set)
+
+
+class FederatedAccountant:
+    """Composes silos' DP events round by round and reports ε per unit.
+
+    Args:
+      units: the units to account (subset of ``record``, ``silo``, ``subject``).
+      span: public bound on the number of silos one subject's records occupy.
+      delta: the δ at which ε is reported.
+      discretization: PLD value discretisation (coarser is faster and still an upper bound).
+      max_mixture_group: largest group size for which the exact mixture PLD is built.
+      routes: the routes to compute (default: all of ``ROUTES``); fewer is faster.
+    """
+
+    def __init__(
+        self,
+        *,
+        units: Sequence[str],
+        span: int,
+        delta: float,
+        discretization: float = DEFAULT_DISCRETIZATION,
+        max_mixture_group: int = 64,
+        routes: Sequence[str] = ROUTES,
+    ) -> None:
+        for route in routes:
+            check_choice("route", route, ROUTES)
+        self.routes = frozenset(routes)
+        for unit in units:
+            check_choice("unit", unit, UNITS)
+        self.units = tuple(units)
+        self.span = check_int("span", span, 1)
+        self.delta = check_in_range("delta", delta, 0.0, 1.0, lo_open=True, hi_open=True)
+        self.discretization = discretization
+        self.max_mixture_group = check_int("max_mixture_group", max_mixture_group, 1)
+        self.rounds = 0
+        self._rank_cache: dict[dp_event.DpEvent, float] = {}
+        self._state = {
+            unit: _UnitState(
+                pld=(
+                    pld_lib.identity(value_discretization_interval=discretization)
+                    if "pld" in self.routes
+                    else None
+                ),
+                rdp=np.zeros_like(conversions.RDP_ORDERS) if "rdp" in self.routes else None,
+            )
+            for unit in self.units
+        }
+
+    # --- composition ------------------------------------------------------------------
+    def _rank(self, event: dp_event.DpEvent) -> float:
+        """Single-round ε used to pick the dominating silo event."""
+        if event not in self._rank_cache:
+            if _rdp_supported(event):
+                curve = conversions.rdp_curve(event)
+                value = conversions.rdp_epsilon(conversions.RDP_ORDERS, curve, self.delta)
+            else:
+                value = event_pld(event, 1e-2).get_epsilon_for_delta(self.delta)
+            self._rank_cache[event] = value
+        return self._rank_cache[event]
+
+    def _worst(
+        self, events: Sequence[dp_event.DpEvent], proxies: Sequence[dp_event.DpEvent] | None = None
+    ) -> dp_event.DpEvent:
+        """The dominating event; ``proxies`` (same order) are ranked instead where given."""
+        pairs = list(dict.fromkeys(zip(events, proxies or events, strict=True)))
+        if len(pairs) == 1:
+            return pairs[0][0]
+        return max(pairs, key=lambda pair: self._rank(pair[1]))[0]
+
+    def compose_round(
+        self, silos: Sequence[SiloPrivacy], *, count: int = 1, participants: int | None = None
+    ) -> None:
+        """Adds ``count`` rounds in which the given silos took part with these events.
+
+        ``participants`` (default ``len(silos)``) is how many silos ran in each round; planning
+        passes every silo that may take part with the number that does.
+        """
+        check_int("count", count, 1)
+        taking_part = len(silos) if participants is None else check_int("participants", participants, 1)
+        for unit in self.units:
+            reporting = [s for s in silos if unit in s.events]
+            if not reporting:
+                continue
+            events = [s.events[unit] for s in reporting]
+            # Mixture events are ranked through their record-level event (same order, cheaper).
+            proxies = [
+                s.record_event if s.record_event is not None and not _rdp_supported(e) else e
+                for s, e in zip(reporting, events, strict=True)
+            ]
+            state = self._state[unit]
+            state.touched = True
+            m = min(self.span, taking_part, len(events)) if unit == "subject" else 1
+            state.max_silos = max(state.max_silos, m)
+            worst = self._worst(events, proxies)
+            times = m * count
+            self._compose_pld(state, worst, times)
+            if state.rdp is not None:
+                state.rdp = (
+                    state.rdp + times * conversions.rdp_curve(worst)
+                    if _rdp_supported(worst)
+                    else None
+                )
+            mu_sq = _mu_squared(worst)
+            state.mu_sq = None if mu_sq is None or state.mu_sq is None else state.mu_sq + times * mu_sq
+            if unit == "subject" and self.routes & {"rdp-group", "dp-group"}:
+                self._compose_group(state, silos, m, count)
+        self.rounds += count
+
+    def _compose_pld(self, state: _UnitState, event: dp_event.DpEvent, times: int) -> None:
+        if state.pld is None:
+            return
+        group = _mixture_group(event)
+        if not is_supported(event) or group > self.max_mixture_group:
+            state.pld = None
+            return
+        state.mixture = state.mixture or group > 0
+        state.pld = state.pld.compose(event_pld(event, self.discretization).self_compose(times))
+
+    def _compose_group(
+        self, state: _UnitState, silos: Sequence[SiloPrivacy], m: int, count: int
+    ) -> None:
+        with_record = [s for s in silos if s.record_event is not None]
+        if not with_record:
+            return
+        group = max(int(s.group_size or 1) for s in with_record)
+        if state.group_size is None:
+            state.group_size = group
+            state.record_pld = pld_lib.identity(value_discretization_interval=self.discretization)
+        elif group != state.group_size:
+            raise ValueError(
+                f"Expected the same group_size every round, got {group} after {state.group_size}."
+            )
+        record = self._worst([s.record_event for s in with_record if s.record_event])
+        curve = conversions.rdp_curve(record)
+        orders, grouped = conversions.rdp_group_curve(conversions.RDP_ORDERS, curve, group)
+        add = m * count * grouped
+        state.group_rdp = add if state.group_rdp is None else state.group_rdp + add
+        if "dp-group" in self.routes and state.record_pld is not None:
+            state.record_pld = state.record_pld.compose(
+                event_pld(record, self.discretization).self_compose(count)
+            )
+
+    # --- reporting --------------------------------------------------------------------
+    def estimates(self) -> dict[str, Estimate]:
+        """ε at ``delta`` for every accounted unit (``inf`` where no route is valid)."""
+        out: dict[str, Estimate] = {}
+        for unit, state in self._state.items():
+            if not state.touched:
+                out[unit] = Estimate(0.0, "none", {})
+                continue
+            routes: dict[str, float] = {}
+            if state.pld is not None:
+                name = "pld-mixture" if state.mixture else "pld"
+                routes[name] = float(state.pld.get_epsilon_for_delta(self.delta))
+            if state.rdp is not None:
+                routes["rdp"] = conversions.rdp_epsilon(conversions.RDP_ORDERS, state.rdp, self.delta)
+            if state.group_rdp is not None and state.group_size is not None:
+                orders, _ = conversions.rdp_group_curve(
+                    conversions.RDP_ORDERS, conversions.RDP_ORDERS, state.group_size
+                )
+                if "rdp-group" in self.routes:
+                    routes["rdp-group"] = conversions.rdp_epsilon(
+                        orders, state.group_rdp, self.delta
+                    )
+                record_pld = state.record_pld
+                if "dp-group" in self.routes and record_pld is not None:
+                    routes["dp-group"] = conversions.group_epsilon_dp(
+                        lambda d: float(record_pld.get_epsilon_for_delta(d)),
+                        group_size=state.group_size,
+                        delta=self.delta,
+                        compositions=max(state.max_silos, 1),
+                    )
+            finite = {k: v for k, v in routes.items() if math.isfinite(v)}
+            if finite:
+                route = min(finite, key=finite.__getitem__)
+                out[unit] = Estimate(finite[route], route, routes)
+            else:
+                out[unit] = Estimate(math.inf, "none", routes)
+        return out
+
+    def epsilons(self) -> dict[str, float]:
+        return {unit: est.epsilon for unit, est in self.estimates().items()}
+
+    def mu(self) -> dict[str, float]:
+        """μ of Gaussian DP for units whose events are unsampled Gaussians (exact)."""
+        return {
+            unit: math.sqrt(state.mu_sq)
+            for unit, state in self._state.items()
+            if state.touched and state.mu_sq is not None
+        }

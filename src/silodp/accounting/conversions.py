@@ -1,0 +1,141 @@
+"""Conversions dp-accounting does not provide: group privacy and Gaussian DP.
+
+* RDP group privacy (Mironov 2017, Prop. 2): if a mechanism is (α, ε)-RDP and α >= 2^{c+1},
+  it is (α/2^c, 3^c ε)-RDP for groups of 2^c records (a group of k <= 2^c is covered).
+* (ε, δ) group privacy (Dwork & Roth 2014, Thm 2.2): (ε, δ)-DP gives
+  (kε, k e^{(k-1)ε} δ)-DP for groups of k.
+* μ-GDP (Dong, Roth & Su 2019): δ(ε) = Φ(-ε/μ + μ/2) - e^ε Φ(-ε/μ - μ/2).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from functools import lru_cache
+
+import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+from scipy import optimize, stats
+
+from silodp._validation import check_in_range, check_int, check_positive
+
+__all__ = [
+    "RDP_ORDERS",
+    "gdp_delta",
+    "gdp_epsilon",
+    "group_epsilon_dp",
+    "rdp_curve",
+    "rdp_epsilon",
+    "rdp_group_curve",
+]
+
+# Dense at small orders (where single records are tight) and long enough that orders
+# divided by a group's 2^c still reach the useful range.
+RDP_ORDERS: np.ndarray = np.unique(
+    np.concatenate(
+        [1.0 + np.arange(1, 100) / 10.0, np.arange(11.0, 64.0), np.round(np.geomspace(64.0, 2048.0, 16))]
+    )
+)
+
+
+def rdp_curve(event: dp_event.DpEvent, orders: np.ndarray | None = None) -> np.ndarray:
+    """RDP ε(α) of ``event`` at ``orders`` (default ``RDP_ORDERS``), add/remove adjacency."""
+    if orders is None:
+        return _default_curve(event).copy()
+    return _compute_curve(event, tuple(float(a) for a in orders))
+
+
+@lru_cache(maxsize=1024)
+def _default_curve(event: dp_event.DpEvent) -> np.ndarray:
+    return _compute_curve(event, tuple(float(a) for a in RDP_ORDERS))
+
+
+def _compute_curve(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
+    accountant = rdp_lib.RdpAccountant(orders=list(orders))
+    # dp-accounting logs every fractional order its series cannot evaluate (it then uses
+    # +inf there, which is safe); those messages are noise for silodp users.
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        accountant.compose(event)
+    finally:
+        absl_logger.setLevel(level)
+    return np.array(accountant._rdp, dtype=np.float64)  # noqa: SLF001 - checked by tests
+
+
+def rdp_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> float:
+    """Smallest ε at ``delta`` from an RDP curve (dp-accounting's conversion)."""
+    if len(orders) == 0:
+        return math.inf
+    eps, _ = rdp_lib.compute_epsilon(list(orders), list(rdp), delta)
+    return float(eps)
+
+
+def rdp_group_curve(
+    orders: np.ndarray, rdp: np.ndarray, group_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mironov's Prop. 2: the RDP curve for groups of ``group_size`` (rounded up to 2^c).
+
+    Returns the new orders ``α/2^c`` (only those with ``α >= 2^{c+1}``) and ``3^c ε(α)``.
+    """
+    check_int("group_size", group_size, 1)
+    c = math.ceil(math.log2(group_size)) if group_size > 1 else 0
+    if c == 0:
+        return orders, rdp
+    keep = orders >= 2.0 ** (c + 1)
+    return orders[keep] / 2.0**c, rdp[keep] * 3.0**c
+
+
+def group_epsilon_dp(
+    epsilon_at: Callable[[float], float],
+    *,
+    group_size: int,
+    delta: float,
+    compositions: int = 1,
+) -> float:
+    """Dwork–Roth group privacy, then basic composition over ``compositions`` mechanisms.
+
+    Each of ``compositions`` mechanisms is (ε_r, δ_r)-DP for single records, with
+    ``ε_r = epsilon_at(δ_r)``; the group of ``k`` records over all of them is
+    ``(m k ε_r, m k e^{(k-1) ε_r} δ_r)``. Returns the smallest such ε over a grid of δ_r
+    whose total δ is at most ``delta``.
+    """
+    k = check_int("group_size", group_size, 1)
+    m = check_int("compositions", compositions, 1)
+    check_in_range("delta", delta, 0.0, 1.0, lo_open=True, hi_open=True)
+    best = math.inf
+    top = delta / (m * k)
+    for log_delta_r in np.linspace(math.log(top), math.log(top) - 40.0, 161):
+        delta_r = math.exp(log_delta_r)
+        eps_r = epsilon_at(delta_r)
+        if not math.isfinite(eps_r):
+            continue
+        total_delta = m * k * math.exp(min((k - 1) * eps_r, 700.0)) * delta_r
+        if total_delta <= delta:
+            best = min(best, m * k * eps_r)
+    return best
+
+
+def gdp_delta(mu: float, epsilon: float) -> float:
+    """δ(ε) of μ-GDP: Φ(-ε/μ + μ/2) - e^ε Φ(-ε/μ - μ/2)."""
+    check_positive("mu", mu)
+    a = stats.norm.logcdf(-epsilon / mu + mu / 2)
+    b = epsilon + stats.norm.logcdf(-epsilon / mu - mu / 2)
+    if b >= a:
+        return 0.0
+    return float(math.exp(a) * -math.expm1(b - a))
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """Smallest ε with δ(ε) <= ``delta`` for μ-GDP (root of the monotone δ(ε))."""
+    check_positive("mu", mu)
+    check_in_range("delta", delta, 0.0, 1.0, lo_open=True, hi_open=True)
+    if gdp_delta(mu, 0.0) <= delta:
+        return 0.0
+    hi = 1.0
+    while gdp_delta(mu, hi) > delta:
+        hi *= 2.0
+    return float(optimize.brentq(lambda e: gdp_delta(mu, e) - delta, 0.0, hi, xtol=1e-12))

@@ -1,0 +1,54 @@
+"""Constructors for the DP events silodp's mechanisms run (dp-accounting event types).
+
+Noise multipliers here are *relative to the sensitivity* of the noised sum: a sum with
+sensitivity ``Δ`` and noise ``N(0, σ²C²)`` has noise multiplier ``σC/Δ``.
+"""
+
+from __future__ import annotations
+
+from dp_accounting import dp_event
+from scipy import stats
+
+from silodp._validation import check_int, check_non_negative, check_probability
+
+__all__ = ["gaussian_steps", "poisson_gaussian_steps", "subject_mixture_steps"]
+
+
+def gaussian_steps(noise_multiplier: float, steps: int) -> dp_event.DpEvent:
+    """``steps`` Gaussian mechanisms without sampling."""
+    check_non_negative("noise_multiplier", noise_multiplier)
+    check_int("steps", steps, 1)
+    return dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(noise_multiplier), steps)
+
+
+def poisson_gaussian_steps(
+    sampling_probability: float, noise_multiplier: float, steps: int
+) -> dp_event.DpEvent:
+    """``steps`` Poisson-sampled Gaussian mechanisms (DP-SGD steps)."""
+    check_probability("sampling_probability", sampling_probability, allow_zero=True)
+    check_non_negative("noise_multiplier", noise_multiplier)
+    check_int("steps", steps, 1)
+    inner = dp_event.PoissonSampledDpEvent(
+        sampling_probability, dp_event.GaussianDpEvent(noise_multiplier)
+    )
+    return dp_event.SelfComposedDpEvent(inner, steps)
+
+
+def subject_mixture_steps(
+    sampling_probability: float, noise_multiplier: float, group_size: int, steps: int
+) -> dp_event.DpEvent:
+    """DP-SGD steps seen by a subject with ``group_size`` records (SPEC §3).
+
+    Under Poisson record sampling at rate q, ``j ~ Binomial(k, q)`` of the subject's records are
+    in a step, so the step is a mixture of Gaussians with sensitivities ``j`` (in units of C).
+    """
+    check_probability("sampling_probability", sampling_probability, allow_zero=True)
+    check_int("group_size", group_size, 1)
+    check_int("steps", steps, 1)
+    support = tuple(float(j) for j in range(group_size + 1))
+    probs = tuple(float(p) for p in stats.binom.pmf(range(group_size + 1), group_size,
+                                                       sampling_probability))
+    total = sum(probs)
+    probs = tuple(p / total for p in probs)
+    inner = dp_event.MixtureOfGaussiansDpEvent(float(noise_multiplier), support, probs)
+    return dp_event.SelfComposedDpEvent(inner, steps)

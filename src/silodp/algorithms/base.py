@@ -1,0 +1,164 @@
+"""What every algorithm is: one local update per silo and one aggregation on the server.
+
+Both steps are plain functions of parameters and data, so the in-process simulator and a real
+federation (e.g. Flower clients and strategies) call the same code. Every local update returns
+the DP events it ran (:class:`~silodp.accounting.SiloPrivacy`); the accountant is derived from
+those events only.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from silodp._validation import check_choice, check_int, check_non_negative, check_positive
+from silodp.accounting import SiloPrivacy
+from silodp.privacy.gradients import Params
+
+__all__ = ["Algorithm", "AlgorithmConfig", "SiloData", "SiloUpdate", "average_params"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmConfig:
+    """Public hyperparameters of a local update.
+
+    Attributes:
+      local_steps: T, local steps per round.
+      batch_size: expected mini-batch size (records; subjects for subject-level sampling).
+      lr: local learning rate η.
+      server_lr: global learning rate η_g applied to the averaged update.
+      clip: clipping bound C.
+      noise_multiplier: σ; the noise added to a sum is ``N(0, σ² C² I)``.
+      group_size: public bound k on one subject's records inside one silo (group conversion).
+      sampling: HiGradAvgDP batch selection, ``record`` (Poisson records) or ``subject``
+        (Poisson subjects, up to ``subject_records`` records each).
+      subject_records: records used per sampled subject with ``sampling="subject"``.
+      secure_noise: draw noise from the OS CSPRNG rather than the seeded generator.
+    """
+
+    local_steps: int = 10
+    batch_size: int = 32
+    lr: float = 0.1
+    server_lr: float = 1.0
+    clip: float = 1.0
+    noise_multiplier: float = 1.0
+    group_size: int = 1
+    sampling: str = "record"
+    subject_records: int = 8
+    secure_noise: bool = False
+
+    def __post_init__(self) -> None:
+        check_int("local_steps", self.local_steps, 1)
+        check_int("batch_size", self.batch_size, 1)
+        check_positive("lr", self.lr)
+        check_positive("server_lr", self.server_lr)
+        check_positive("clip", self.clip)
+        check_non_negative("noise_multiplier", self.noise_multiplier)
+        check_int("group_size", self.group_size, 1)
+        check_choice("sampling", self.sampling, ("record", "subject"))
+        check_int("subject_records", self.subject_records, 1)
+
+
+@dataclass(frozen=True, eq=False)
+class SiloData:
+    """One silo's records as tensors; ``subject`` ids are federation-wide."""
+
+    silo: int
+    x: torch.Tensor
+    y: torch.Tensor
+    subject: torch.Tensor
+
+    @property
+    def num_records(self) -> int:
+        return int(self.y.shape[0])
+
+    @property
+    def num_subjects(self) -> int:
+        """Distinct subjects in this silo (public metadata, like the silo's size)."""
+        return int(torch.unique(self.subject).numel())
+
+
+@dataclass
+class SiloUpdate:
+    """A silo's result for one round: new local parameters, events run, diagnostics."""
+
+    silo: int
+    params: Params
+    num_records: int
+    privacy: SiloPrivacy | None
+    group_sizes: list[int] = field(default_factory=list)
+    subjects_per_batch: list[int] = field(default_factory=list)
+
+
+def average_params(
+    global_params: Params, updates: Sequence[SiloUpdate], *, server_lr: float = 1.0
+) -> Params:
+    """``w + η_g · mean_s(w_s - w)``: the unweighted average of the silos' models."""
+    if not updates:
+        return {k: v.clone() for k, v in global_params.items()}
+    out: Params = {}
+    for name, value in global_params.items():
+        mean_delta = torch.stack([u.params[name] - value for u in updates]).mean(dim=0)
+        out[name] = value + server_lr * mean_delta
+    return out
+
+
+class Algorithm(ABC):
+    """A federated algorithm: ``local_update`` in each silo, ``aggregate`` on the server."""
+
+    name: ClassVar[str]
+    #: Units this algorithm's events protect (reported every round).
+    units: ClassVar[tuple[str, ...]] = ()
+    #: Unit at which a target ε calibrates σ (None: not private).
+    calibration_unit: ClassVar[str | None] = None
+    #: Threat model statement reported with results.
+    threat_model: ClassVar[str] = ""
+
+    def __init__(self, config: AlgorithmConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy | None:
+        """The events one round runs in a silo whose batches are drawn at ``sampling_rate``."""
+
+    @abstractmethod
+    def local_update(
+        self, model: nn.Module, params: Params, silo: SiloData, generator: torch.Generator
+    ) -> SiloUpdate:
+        """Runs one round of local training from ``params`` on ``silo``."""
+
+    def aggregate(self, params: Params, updates: Sequence[SiloUpdate]) -> Params:
+        """Server step: average of the sampled silos' models (post-processing)."""
+        return average_params(params, updates, server_lr=self.config.server_lr)
+
+    def sampling_rate(self, *, num_records: int, num_subjects: int) -> float:
+        """Poisson sampling rate of a silo's batches: ``q = min(1, B / n_s)`` for records."""
+        return min(1.0, self.config.batch_size / num_records)
+
+    def silo_privacy_for(self, silo: SiloData) -> SiloPrivacy | None:
+        """The events one round runs in ``silo`` (from its public size only)."""
+        rate = self.sampling_rate(num_records=silo.num_records, num_subjects=silo.num_subjects)
+        return self.silo_privacy(sampling_rate=rate)
+
+
+def batch_diagnostics(subjects: torch.Tensor) -> tuple[int, int]:
+    """(largest group of one subject, distinct subjects) in a mini-batch."""
+    if subjects.numel() == 0:
+        return 0, 0
+    _, counts = torch.unique(subjects, return_counts=True)
+    return int(counts.max()), int(counts.numel())
+
+
+def poisson_mask(n: int, rate: float, generator: torch.Generator) -> torch.Tensor:
+    """Indices selected by independent Bernoulli(rate) draws (Poisson sampling)."""
+    return torch.nonzero(torch.rand(n, generator=generator) < rate).flatten()
+
+
+def to_numpy(params: Params) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy() for k, v in params.items()}

@@ -1,0 +1,112 @@
+"""Summaries of a federated dataset's shape: silo sizes, subject sizes and spans."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from silodp.data.dataset import FederatedDataset
+
+__all__ = ["describe", "format_description"]
+
+
+def _pow2_histogram(values: np.ndarray) -> list[dict[str, int]]:
+    """Counts of positive integers in bins ``[1,1], [2,3], [4,7], ...`` (empty bins kept)."""
+    top = int(values.max())
+    bins = []
+    lo = 1
+    while lo <= top:
+        hi = 2 * lo - 1
+        bins.append({"lo": lo, "hi": hi, "count": int(((values >= lo) & (values <= hi)).sum())})
+        lo *= 2
+    return bins
+
+
+def describe(dataset: FederatedDataset) -> dict[str, Any]:
+    """JSON-serialisable statistics of ``dataset``.
+
+    Subject statistics cover subjects holding at least one record (ids without records, e.g.
+    from a heavy Zipf allocation, are counted in ``num_subjects`` only).
+
+    Keys: ``num_records``, ``num_silos``, ``num_subjects`` (id range),
+    ``subjects_with_records``, ``num_classes``, ``feature_shape``, ``records_per_silo`` (list),
+    ``subjects_per_silo`` (list), ``records_per_subject`` (min/median/mean/max and a
+    power-of-two ``histogram``), ``span`` (``max`` and ``histogram``: number of subjects whose
+    records occupy exactly ``i`` silos, as ``{"i": count}``), ``max_records_subject_silo``
+    (largest ``n_{s,a}``), ``max_records_subject`` (largest ``n_a``), ``dropped_records``.
+    """
+    hist = dataset.histogram()
+    per_subject_all = hist.sum(axis=0)
+    present = per_subject_all > 0
+    per_subject = per_subject_all[present]
+    spans = (hist[:, present] > 0).sum(axis=0)
+    span_counts = np.bincount(spans, minlength=dataset.num_silos + 1)
+    return {
+        "num_records": len(dataset),
+        "num_silos": int(dataset.num_silos),
+        "num_subjects": int(dataset.num_subjects),
+        "subjects_with_records": int(present.sum()),
+        "num_classes": int(dataset.num_classes),
+        "feature_shape": [int(d) for d in dataset.feature_shape],
+        "records_per_silo": [int(c) for c in dataset.silo_sizes()],
+        "subjects_per_silo": [int(c) for c in (hist > 0).sum(axis=1)],
+        "records_per_subject": {
+            "min": int(per_subject.min()),
+            "median": float(np.median(per_subject)),
+            "mean": float(per_subject.mean()),
+            "max": int(per_subject.max()),
+            "histogram": _pow2_histogram(per_subject),
+        },
+        "span": {
+            "max": int(spans.max()),
+            "histogram": {str(i): int(span_counts[i]) for i in range(1, dataset.num_silos + 1)},
+        },
+        "max_records_subject_silo": int(hist.max()),
+        "max_records_subject": int(per_subject.max()),
+        "dropped_records": int(dataset.dropped_records),
+    }
+
+
+def _row(label: str, value: Any) -> str:
+    return f"  {label:<34} {value}"
+
+
+def _short_list(values: list[int], limit: int = 12) -> str:
+    if len(values) <= limit:
+        return " ".join(str(v) for v in values)
+    head = " ".join(str(v) for v in values[:limit])
+    return f"{head} ... ({len(values)} values, min {min(values)}, max {max(values)})"
+
+
+def format_description(d: dict[str, Any]) -> str:
+    """A plain-text table of a :func:`describe` result."""
+    rps = d["records_per_subject"]
+    lines = [
+        "Federated dataset",
+        _row("records", d["num_records"]),
+        _row("silos", d["num_silos"]),
+        _row(
+            "subjects (with records / ids)", f"{d['subjects_with_records']} / {d['num_subjects']}"
+        ),
+        _row("classes", d["num_classes"]),
+        _row("feature shape", "x".join(map(str, d["feature_shape"])) or "scalar"),
+        _row("dropped records (caps)", d["dropped_records"]),
+        _row("records per silo", _short_list(d["records_per_silo"])),
+        _row("subjects per silo", _short_list(d["subjects_per_silo"])),
+        _row(
+            "records per subject",
+            f"min {rps['min']}  median {rps['median']:g}  mean {rps['mean']:.2f}  max {rps['max']}",
+        ),
+        _row("max records of a subject in a silo", d["max_records_subject_silo"]),
+        _row("max span (silos per subject)", d["span"]["max"]),
+        "",
+        "  records per subject     subjects",
+    ]
+    for b in rps["histogram"]:
+        bounds = str(b["lo"]) if b["lo"] == b["hi"] else f"{b['lo']}-{b['hi']}"
+        lines.append(f"  {bounds:<23} {b['count']}")
+    lines += ["", "  span (silos)            subjects"]
+    for span, count in d["span"]["histogram"].items():
+        lines.append(f"  {span:<23} {count}")
+    return "\n".join(lines)

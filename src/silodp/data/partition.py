@@ -1,0 +1,411 @@
+"""Placing records on subjects and silos, as in the papers' experiments (SPEC §5).
+
+Every function that draws randomness takes ``rng: numpy.random.Generator`` and returns int64
+id arrays with one entry per record. Silos may come out empty for small inputs; turn arrays
+into a :class:`FederatedDataset` with :func:`assemble`, which raises a clear error naming the
+empty silos (or, if asked, drops and renumbers them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from silodp._validation import check_int, check_positive, check_probability
+from silodp.data.dataset import FederatedDataset
+
+__all__ = [
+    "assemble",
+    "assign_subjects",
+    "cap_records",
+    "dirichlet_label_skew",
+    "first_subjects",
+    "shards",
+    "spread_power",
+    "spread_uniform",
+    "uldp_fixed_silo",
+    "uldp_uniform",
+    "uldp_zipf",
+    "zipf_weights",
+]
+
+
+def _ids(name: str, values: Any) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1 or len(arr) == 0:
+        raise ValueError(f"Expected {name} to be a non-empty 1-D array, got shape {arr.shape}.")
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"Expected integer {name} ids, got dtype {arr.dtype}.")
+    if arr.min() < 0:
+        raise ValueError(f"Expected non-negative {name} ids, got {int(arr.min())}.")
+    return arr.astype(np.int64)
+
+
+def zipf_weights(count: int, alpha: float) -> np.ndarray:
+    """Probabilities ``p_r ∝ r^{-alpha}`` for ranks ``r = 1..count`` (a finite Zipf law)."""
+    count = check_int("count", count, 1)
+    alpha = check_positive("alpha", alpha)
+    w = np.arange(1, count + 1, dtype=np.float64) ** -alpha
+    return w / w.sum()
+
+
+def _split_counts(total: int, weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return rng.multinomial(total, weights / weights.sum()).astype(np.int64)
+
+
+# --- subjects ---------------------------------------------------------------------------
+
+
+def assign_subjects(
+    y: np.ndarray,
+    *,
+    num_subjects: int,
+    rng: np.random.Generator,
+    labels_per_subject: int | None = None,
+) -> np.ndarray:
+    """Gives each record a subject in ``[0, num_subjects)``.
+
+    Without ``labels_per_subject`` every record goes to a uniformly random subject, except
+    that (when there are at least ``num_subjects`` records) a random record is first handed to
+    each subject so that nobody is left empty.
+
+    With ``labels_per_subject=k`` (ULDP-FL's non-IID MNIST uses ``k=2``) every subject holds at
+    most ``k`` distinct labels: under a random order of the labels present, subject ``a`` holds
+    labels ``a*k .. a*k+k-1`` (cyclically), which covers every label when
+    ``num_subjects * k >= #labels``; each label's records then go to random holders of that
+    label, each holder first receiving one record when there are enough.
+    """
+    y = _ids("y", y)
+    num_subjects = check_int("num_subjects", num_subjects, 1)
+    n = len(y)
+    subject = np.empty(n, dtype=np.int64)
+    if labels_per_subject is None:
+        order = rng.permutation(n)
+        first = min(n, num_subjects)
+        subject[order[:first]] = rng.permutation(num_subjects)[:first]
+        subject[order[first:]] = rng.integers(0, num_subjects, size=n - first)
+        return subject
+    labels = np.unique(y)
+    k = check_int("labels_per_subject", labels_per_subject, 1)
+    k = min(k, len(labels))
+    if num_subjects * k < len(labels):
+        raise ValueError(
+            f"Expected num_subjects * labels_per_subject >= {len(labels)} (the labels present) "
+            f"so every label has a holder, got {num_subjects} * {k}."
+        )
+    label_order = rng.permutation(labels)
+    slots = (np.arange(num_subjects)[:, None] * k + np.arange(k)[None, :]) % len(labels)
+    held = label_order[slots]  # (num_subjects, k): labels of each subject
+    held = held[rng.permutation(num_subjects)]
+    for label in labels:
+        holders = np.flatnonzero((held == label).any(axis=1))
+        idx = rng.permutation(np.flatnonzero(y == label))
+        first = min(len(idx), len(holders))
+        subject[idx[:first]] = rng.permutation(holders)[:first]
+        subject[idx[first:]] = holders[rng.integers(0, len(holders), size=len(idx) - first)]
+    return subject
+
+
+# --- silos for given subjects -----------------------------------------------------------
+
+
+def spread_uniform(subject: np.ndarray, *, num_silos: int, rng: np.random.Generator) -> np.ndarray:
+    """Each record (of each subject) goes to a uniformly random silo."""
+    subject = _ids("subject", subject)
+    num_silos = check_int("num_silos", num_silos, 1)
+    return rng.integers(0, num_silos, size=len(subject)).astype(np.int64)
+
+
+def spread_power(
+    subject: np.ndarray, *, num_silos: int, alpha: float, rng: np.random.Generator
+) -> np.ndarray:
+    """Spreads each subject's records over silos by Marathe et al.'s power distribution.
+
+    The papers state only that "subject data is distributed among federation users according
+    to the power distribution ``P(x; α) = α x^{α-1}``, 0 <= x <= 1" (α in {1, 2, 4, 8, 16}).
+    Our reading: each record of subject ``a`` draws ``x ~ P(·; α)`` (numpy's ``power``) and goes
+    to silo ``π_a(floor(x * S))``, where ``π_a`` is a random order of the ``S`` silos drawn once
+    per subject. So α = 1 is the uniform spread, and larger α concentrates a subject's records
+    in its last-ranked silo (with α = 16 and 16 silos, ~64% of them); the per-subject order keeps
+    silo sizes balanced in expectation, without which the low-ranked silos would be empty.
+    """
+    subject = _ids("subject", subject)
+    num_silos = check_int("num_silos", num_silos, 1)
+    alpha = check_positive("alpha", alpha)
+    order = np.argsort(rng.random((int(subject.max()) + 1, num_silos)), axis=1)
+    bins = np.minimum(
+        (rng.power(alpha, size=len(subject)) * num_silos).astype(np.int64), num_silos - 1
+    )
+    return order[subject, bins].astype(np.int64)
+
+
+# --- ULDP-FL allocations ----------------------------------------------------------------
+
+
+def uldp_uniform(
+    n: int, *, num_subjects: int, num_silos: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """ULDP-FL ``uniform``: each record to a uniformly random subject and silo.
+
+    Returns ``(subject, silo)``.
+    """
+    n = check_int("n", n, 1)
+    num_subjects = check_int("num_subjects", num_subjects, 1)
+    num_silos = check_int("num_silos", num_silos, 1)
+    subject = rng.integers(0, num_subjects, size=n).astype(np.int64)
+    silo = rng.integers(0, num_silos, size=n).astype(np.int64)
+    return subject, silo
+
+
+def uldp_zipf(
+    n: int,
+    *,
+    num_subjects: int,
+    num_silos: int,
+    alpha1: float,
+    alpha2: float,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
+    """ULDP-FL ``zipf``: records per subject ~ Zipf(α1), then each subject's records over silos
+    ~ Zipf(α2).
+
+    Subject ``a`` (rank ``a + 1``) receives a multinomial share of the ``n`` records with
+    probability ``∝ (a+1)^{-α1}`` (so subject 0 has the most; heavy tails can leave high ids
+    without records). Each subject then splits its records over the silos with probabilities
+    ``∝ r^{-α2}`` along a random order of the silos drawn per subject. Records are matched to
+    (subject, silo) slots in random order. Returns ``(subject, silo)``.
+    """
+    n = check_int("n", n, 1)
+    num_subjects = check_int("num_subjects", num_subjects, 1)
+    num_silos = check_int("num_silos", num_silos, 1)
+    per_subject = _split_counts(n, zipf_weights(num_subjects, alpha1), rng)
+    silo_w = zipf_weights(num_silos, alpha2)
+    subject = np.repeat(np.arange(num_subjects, dtype=np.int64), per_subject)
+    silo = np.empty(n, dtype=np.int64)
+    start = 0
+    for count in per_subject:
+        if count:
+            order = rng.permutation(num_silos)
+            cells = rng.multinomial(count, silo_w)
+            silo[start : start + count] = np.repeat(order, cells)
+            start += count
+    shuffle = rng.permutation(n)
+    return subject[shuffle], silo[shuffle]
+
+
+def uldp_fixed_silo(
+    silo: np.ndarray,
+    *,
+    num_subjects: int,
+    alpha: float,
+    rng: np.random.Generator,
+    main_fraction: float = 0.8,
+) -> np.ndarray:
+    """ULDP-FL's allocation for data already split into silos (HeartDisease, TcgaBrca).
+
+    Subject ``a`` gets a Zipf(α) share ``t_a ∝ (a+1)^{-α}`` of the records and a main silo
+    ``m_a`` drawn with probability proportional to silo size (the "priority" silo). Inside silo
+    ``s`` each record goes to subject ``a`` with probability ``∝ main_fraction * t_a`` if
+    ``s = m_a`` and ``∝ (1 - main_fraction) * t_a / (S - 1)`` otherwise. Silo sizes are kept
+    exactly; about ``main_fraction`` of a subject's records sit in its main silo and the rest
+    are spread evenly. Returns the subject of each record.
+    """
+    silo = _ids("silo", silo)
+    num_subjects = check_int("num_subjects", num_subjects, 1)
+    main_fraction = check_probability("main_fraction", main_fraction)
+    target = zipf_weights(num_subjects, alpha)
+    sizes = np.bincount(silo)
+    num_silos = len(sizes)
+    main = rng.choice(num_silos, size=num_subjects, p=sizes / sizes.sum())
+    rest = (1.0 - main_fraction) / (num_silos - 1) if num_silos > 1 else 0.0
+    subject = np.empty(len(silo), dtype=np.int64)
+    for s in np.flatnonzero(sizes):
+        w = target * np.where(main == s, main_fraction, rest)
+        if w.sum() <= 0:  # no subject has s as main silo and main_fraction == 1
+            w = target.copy()
+        idx = np.flatnonzero(silo == s)
+        subject[idx] = rng.choice(num_subjects, size=len(idx), p=w / w.sum())
+    return subject
+
+
+# --- label-skewed silos (PriFedSync) ----------------------------------------------------
+
+
+def dirichlet_label_skew(
+    y: np.ndarray, *, num_silos: int, beta: float, rng: np.random.Generator
+) -> np.ndarray:
+    """Silo of each record: each class splits over silos by proportions ~ Dirichlet(β·1).
+
+    Large β gives near-equal label mixes; small β puts each class in few silos.
+    """
+    y = _ids("y", y)
+    num_silos = check_int("num_silos", num_silos, 1)
+    beta = check_positive("beta", beta)
+    silo = np.empty(len(y), dtype=np.int64)
+    for label in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == label))
+        share = rng.dirichlet(np.full(num_silos, beta))
+        silo[idx] = np.repeat(np.arange(num_silos), rng.multinomial(len(idx), share))
+    return silo
+
+
+def shards(
+    y: np.ndarray, *, num_clients: int, shards_per_client: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Client of each record by label shards (McMahan et al.; PriFedSync's MNIST split).
+
+    Records are sorted by label (random order inside a label), cut into
+    ``num_clients * shards_per_client`` contiguous shards of (nearly) equal size, and each
+    client receives ``shards_per_client`` random shards.
+    """
+    y = _ids("y", y)
+    num_clients = check_int("num_clients", num_clients, 1)
+    shards_per_client = check_int("shards_per_client", shards_per_client, 1)
+    num_shards = num_clients * shards_per_client
+    if num_shards > len(y):
+        raise ValueError(
+            f"Expected at most {len(y)} shards (one record each), got num_clients * "
+            f"shards_per_client = {num_shards}."
+        )
+    shuffled = rng.permutation(len(y))
+    by_label = shuffled[np.argsort(y[shuffled], kind="stable")]
+    owner = rng.permutation(num_shards) // shards_per_client
+    client = np.empty(len(y), dtype=np.int64)
+    for shard, idx in enumerate(np.array_split(by_label, num_shards)):
+        client[idx] = owner[shard]
+    return client
+
+
+# --- datasets ---------------------------------------------------------------------------
+
+
+def assemble(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    silo: np.ndarray,
+    subject: np.ndarray,
+    num_classes: int,
+    num_silos: int,
+    subject_names: Sequence[str] | None = None,
+    drop_empty_silos: bool = False,
+    dropped_records: int = 0,
+) -> FederatedDataset:
+    """Builds a :class:`FederatedDataset` from partition output.
+
+    An allocation can leave silos empty (few records, tiny Dirichlet β, heavy Zipf). By
+    default that is an error naming the empty silos; with ``drop_empty_silos=True`` the empty
+    silos are removed and the others renumbered densely in their original order (the
+    federation then has fewer silos than asked for).
+    """
+    num_silos = check_int("num_silos", num_silos, 1)
+    silo = _ids("silo", silo)
+    if silo.max() >= num_silos:
+        raise ValueError(f"Expected silo ids in [0, {num_silos - 1}], got {int(silo.max())}.")
+    counts = np.bincount(silo, minlength=num_silos)
+    empty = np.flatnonzero(counts == 0)
+    if len(empty):
+        if not drop_empty_silos:
+            raise ValueError(
+                f"The allocation left {len(empty)} of {num_silos} silo(s) empty (silo ids: "
+                f"{empty[:10].tolist()}); use fewer silos, more records or another allocation."
+            )
+        remap = np.cumsum(counts > 0) - 1
+        silo = remap[silo]
+        num_silos -= len(empty)
+    return FederatedDataset(
+        x=x,
+        y=y,
+        silo=silo,
+        subject=subject,
+        num_classes=num_classes,
+        num_silos=num_silos,
+        subject_names=list(subject_names) if subject_names is not None else None,
+        dropped_records=dropped_records,
+    )
+
+
+def _densify(subject: np.ndarray, names: Sequence[str] | None) -> tuple[np.ndarray, Any]:
+    present, dense = np.unique(subject, return_inverse=True)
+    new_names = None if names is None else [names[i] for i in present]
+    return dense.astype(np.int64).reshape(-1), new_names
+
+
+def first_subjects(dataset: FederatedDataset, n: int) -> FederatedDataset:
+    """Keeps the records of subjects ``0..n-1`` (Small-FEMNIST: the first 350 writers).
+
+    Subject ids are re-densified (in order) and ``subject_names`` follows. Silos left without
+    records are an error.
+    """
+    n = check_int("n", n, 1)
+    keep = np.flatnonzero(dataset.subject < n)
+    if len(keep) == 0:
+        raise ValueError(f"No records belong to the first n={n} subjects.")
+    subject, names = _densify(dataset.subject[keep], dataset.subject_names)
+    return assemble(
+        dataset.x[keep],
+        dataset.y[keep],
+        silo=dataset.silo[keep],
+        subject=subject,
+        num_classes=dataset.num_classes,
+        num_silos=dataset.num_silos,
+        subject_names=names,
+        dropped_records=dataset.dropped_records,
+    )
+
+
+def _rank_in_group(keys: list[np.ndarray], priority: np.ndarray) -> np.ndarray:
+    """Rank (0-based, by ``priority``) of each record among records with equal ``keys``."""
+    order = np.lexsort([priority, *reversed(keys)])
+    sorted_keys = np.stack([k[order] for k in keys])
+    new_group = np.ones(len(order), dtype=bool)
+    new_group[1:] = (sorted_keys[:, 1:] != sorted_keys[:, :-1]).any(axis=0)
+    starts = np.flatnonzero(new_group)
+    group_start = starts[np.cumsum(new_group) - 1]
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order)) - group_start
+    return rank
+
+
+def cap_records(
+    dataset: FederatedDataset,
+    *,
+    per_silo: int | None = None,
+    total: int | None = None,
+    seed: int,
+) -> FederatedDataset:
+    """Keeps at most ``per_silo`` records of each subject in each silo (``k_s``) and at most
+    ``total`` records of each subject in the federation (``k``).
+
+    Each record gets a fixed random priority from ``seed`` (ULDP-GROUP-k's flags); the
+    ``per_silo`` cap keeps the highest-priority records of each (silo, subject) cell, then the
+    ``total`` cap keeps the highest-priority survivors of each subject. The same seed always
+    keeps the same records. The result's ``dropped_records`` grows by the number dropped; a
+    silo left empty is an error.
+    """
+    seed = check_int("seed", seed, 0)
+    if per_silo is not None:
+        per_silo = check_int("per_silo", per_silo, 1)
+    if total is not None:
+        total = check_int("total", total, 1)
+    priority = np.random.default_rng(seed).permutation(len(dataset))
+    keep = np.ones(len(dataset), dtype=bool)
+    if per_silo is not None:
+        keep &= _rank_in_group([dataset.silo, dataset.subject], priority) < per_silo
+    if total is not None:
+        idx = np.flatnonzero(keep)
+        rank = _rank_in_group([dataset.subject[idx]], priority[idx])
+        keep[idx[rank >= total]] = False
+    dropped = int(len(dataset) - keep.sum())
+    if dropped == 0:
+        return dataset
+    idx = np.flatnonzero(keep)
+    emptied = np.flatnonzero(np.bincount(dataset.silo[idx], minlength=dataset.num_silos) == 0)
+    if len(emptied):
+        raise ValueError(
+            f"Capping records (per_silo={per_silo}, total={total}) leaves silo(s) "
+            f"{emptied[:10].tolist()} empty; raise the caps."
+        )
+    return dataset.subset(idx, dropped=dropped)

@@ -1,0 +1,1 @@
+"""Privacy primitives: per-example gradients and clipping, and Gaussian noise."""

@@ -1,0 +1,82 @@
+"""Per-example gradients, clipping and per-subject averaging, vectorised.
+
+Per-example gradients come from ``torch.func.vmap(grad(...))``; no Python loop over examples.
+A per-subject average of clipped per-example gradients is a weighted sum of per-example
+gradients with weight ``c_i / m_{a(i)}`` (``c_i`` the clip factor of example i, ``m_a`` the
+number of examples of subject ``a`` in the batch), so it is computed with one ``index_add``
+for the counts and one weighted reduction.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+from torch.nn import functional as F
+
+__all__ = [
+    "Params",
+    "batch_gradient",
+    "clip_factors",
+    "per_example_gradients",
+    "per_example_norms",
+    "subject_average_weights",
+    "tree_norm",
+    "weighted_sum",
+]
+
+Params = dict[str, torch.Tensor]
+
+
+def _loss(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(functional_call(model, params, (x,)), y)
+
+
+def batch_gradient(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
+    """Gradient of the mean cross-entropy over the batch."""
+    return grad(lambda p: _loss(model, p, x, y))(params)
+
+
+def per_example_gradients(
+    model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor
+) -> Params:
+    """Gradient of each example's loss: a dict of tensors with a leading batch dimension."""
+
+    def one(p: Params, xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        return _loss(model, p, xi.unsqueeze(0), yi.unsqueeze(0))
+
+    return vmap(grad(one), in_dims=(None, 0, 0))(params, x, y)
+
+
+def per_example_norms(grads: Params) -> torch.Tensor:
+    """L2 norm of each example's full gradient (over all parameters)."""
+    squares = [g.reshape(g.shape[0], -1).pow(2).sum(dim=1) for g in grads.values()]
+    return torch.stack(squares).sum(dim=0).sqrt()
+
+
+def tree_norm(tensors: Params) -> torch.Tensor:
+    """L2 norm of a dict of tensors seen as one vector."""
+    return torch.sqrt(sum((t.pow(2).sum() for t in tensors.values()), torch.tensor(0.0)))
+
+
+def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """``min(1, C / ||g||)``: scaling that brings each norm to at most ``clip``."""
+    return torch.clamp(clip / (norms + 1e-12), max=1.0)
+
+
+def subject_average_weights(factors: torch.Tensor, subjects: torch.Tensor) -> torch.Tensor:
+    """Weights ``c_i / m_{a(i)}`` that turn a weighted sum into a sum of subject averages.
+
+    Args:
+      factors: per-example clip factors ``c_i``.
+      subjects: subject id of each example (any integers).
+    """
+    _, inverse = torch.unique(subjects, return_inverse=True)
+    counts = torch.zeros(int(inverse.max()) + 1, dtype=factors.dtype)
+    counts.index_add_(0, inverse, torch.ones_like(factors))
+    return factors / counts[inverse]
+
+
+def weighted_sum(grads: Params, weights: torch.Tensor) -> Params:
+    """``sum_i w_i g_i`` for each parameter tensor."""
+    return {name: torch.tensordot(weights, g, dims=1) for name, g in grads.items()}

@@ -1,0 +1,270 @@
+"""DataConfig validation and build_federated_data end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from silodp.data.build import DataConfig, build_federated_data, stratified_split
+from silodp.data.dataset import FederatedData
+
+FASHION_ROOT = Path("/usr/share/datasets/fashion-mnist")
+
+
+def test_digits_default() -> None:
+    data = build_federated_data(DataConfig())
+    assert isinstance(data, FederatedData)
+    train, test = data.train, data.test
+    assert len(train) + len(test) == 1797
+    assert abs(len(test) - 0.2 * 1797) < 10
+    assert train.num_silos == 5 and train.num_subjects == 100 and train.num_classes == 10
+    assert train.x.shape[1:] == (1, 8, 8)
+    assert data.name == "digits-uniform-5silos"
+    # stratified: each label's test share is ~20%
+    share = np.bincount(test.y, minlength=10) / np.bincount(np.r_[train.y, test.y])
+    assert np.all(np.abs(share - 0.2) < 0.02)
+
+
+def test_digits_is_seeded() -> None:
+    a = build_federated_data(DataConfig(allocation="power", alpha=4.0, seed=3))
+    b = build_federated_data(DataConfig(allocation="power", alpha=4.0, seed=3))
+    c = build_federated_data(DataConfig(allocation="power", alpha=4.0, seed=4))
+    np.testing.assert_array_equal(a.train.silo, b.train.silo)
+    np.testing.assert_array_equal(a.train.subject, b.train.subject)
+    np.testing.assert_array_equal(a.test.y, b.test.y)
+    assert not np.array_equal(a.train.silo, c.train.silo)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"allocation": "uldp_uniform"},
+        {"allocation": "zipf", "num_subjects": 50},
+        {"allocation": "fixed_silo", "num_subjects": 30},
+        {"allocation": "dirichlet", "dirichlet_beta": 0.5},
+        {"allocation": "shards", "shards_per_client": 2},
+        {"allocation": "uniform", "labels_per_subject": 2},
+    ],
+)
+def test_digits_allocations(kwargs: dict) -> None:
+    train = build_federated_data(DataConfig(**kwargs)).train
+    assert train.num_silos == 5
+    assert np.all(train.silo_sizes() > 0)
+    if kwargs["allocation"] == "shards":
+        # 2 shards of ~144 label-sorted records each: a few labels per silo, not all 10
+        assert all(len(np.unique(train.y[train.silo == s])) <= 6 for s in range(5))
+    if kwargs.get("labels_per_subject"):
+        assert max(len(np.unique(train.y[train.subject == a])) for a in range(100)) <= 2
+
+
+def test_synthetic_caps_and_first_subjects() -> None:
+    base = {
+        "source": "synthetic",
+        "max_records": 1000,
+        "num_subjects": 20,
+        "num_features": 6,
+        "num_classes": 3,
+    }
+    raw = build_federated_data(DataConfig(**base))
+    assert len(raw.train) + len(raw.test) == 1000
+    assert raw.train.x.shape[1:] == (6,) and raw.train.num_classes == 3
+    data = build_federated_data(
+        DataConfig(
+            **base, first_subjects=15, records_per_subject_per_silo=3, records_per_subject=10
+        )
+    )
+    train = data.train
+    assert train.num_subjects == 15
+    assert train.max_records_per_subject_per_silo() <= 3
+    assert train.max_records_per_subject() <= 10
+    # the allocation does not depend on later steps: first_subjects then caps account for all
+    kept_subjects = int((raw.train.subject < 15).sum())
+    assert train.dropped_records > 0
+    assert len(train) + train.dropped_records == kept_subjects
+    np.testing.assert_array_equal(data.test.y, raw.test.y)
+
+
+def test_max_records_subsamples_train() -> None:
+    train = build_federated_data(DataConfig(max_records=300, num_subjects=30)).train
+    assert len(train) == 300
+
+
+def test_leaf_femnist_power_small(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    users = {f"w{i:02d}": rng.integers(5, 15) for i in range(12)}
+    blob = {
+        "users": list(users),
+        "num_samples": [int(c) for c in users.values()],
+        "user_data": {
+            u: {"x": rng.random((c, 784)).round(2).tolist(), "y": rng.integers(0, 62, c).tolist()}
+            for u, c in users.items()
+        },
+    }
+    (tmp_path / "train.json").write_text(json.dumps(blob))
+    cfg = DataConfig(
+        source="leaf_femnist",
+        path=str(tmp_path / "train.json"),
+        num_silos=3,
+        allocation="power",
+        alpha=2.0,
+        first_subjects=10,
+    )
+    data = build_federated_data(cfg)
+    train = data.train
+    assert train.num_subjects == 10 and train.num_classes == 62
+    assert list(train.subject_names) == [f"w{i:02d}" for i in range(10)]
+    total = sum(int(c) for c in users.values())
+    assert len(data.test) == pytest.approx(0.2 * total, abs=62)
+    # with a test file, the test split is that file
+    (tmp_path / "test.json").write_text(json.dumps(blob))
+    with_test = build_federated_data(
+        DataConfig(
+            source="leaf_femnist",
+            path=str(tmp_path / "train.json"),
+            test_path=str(tmp_path / "test.json"),
+            num_silos=3,
+        )
+    )
+    assert len(with_test.test) == total and len(with_test.train) == total
+
+
+def test_leaf_shakespeare_uniform(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    text = "abcdefghij ABCDEFGHIJ.,;:!?"
+    users = {name: int(rng.integers(10, 20)) for name in ("ROMEO", "JULIET", "NURSE", "FRIAR")}
+    blob = {
+        "users": list(users),
+        "num_samples": list(users.values()),
+        "user_data": {
+            u: {
+                "x": ["".join(rng.choice(list(text), 80)) for _ in range(c)],
+                "y": [str(rng.choice(list(text))) for _ in range(c)],
+            }
+            for u, c in users.items()
+        },
+    }
+    (tmp_path / "s.json").write_text(json.dumps(blob))
+    data = build_federated_data(
+        DataConfig(source="leaf_shakespeare", path=str(tmp_path / "s.json"), num_silos=2)
+    )
+    assert data.train.x.dtype == np.int64 and data.train.x.shape[1] == 80
+    assert data.train.num_classes == 80 and data.train.num_subjects == 4
+    assert len(data.train) + len(data.test) == sum(users.values())
+    assert set(data.train.subject_names) == set(users)
+
+
+def test_leaf_shakespeare_rejects_drawn_subjects(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="allocation='zipf' draws its own subjects"):
+        DataConfig(source="leaf_shakespeare", path=str(tmp_path), allocation="zipf")
+
+
+def test_table_column_allocation(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    n = 120
+    frame = pd.DataFrame(
+        {
+            "f1": rng.normal(size=n),
+            "f2": rng.normal(size=n),
+            "label": rng.choice(["a", "b"], size=n),
+            "site": rng.choice(["s1", "s2", "s3"], size=n),
+            "pid": rng.integers(0, 25, size=n),
+        }
+    )
+    frame.to_parquet(tmp_path / "train.parquet")
+    frame.iloc[:30].drop(columns=["site", "pid"]).to_csv(tmp_path / "test.csv", index=False)
+    cfg = DataConfig(
+        source="table",
+        path=str(tmp_path / "train.parquet"),
+        test_path=str(tmp_path / "test.csv"),
+        allocation="column",
+        silo_column="site",
+        subject_column="pid",
+        records_per_subject=3,
+    )
+    data = build_federated_data(cfg)
+    train = data.train
+    assert train.num_silos == 3 and data.name == "table-column-3silos"
+    expected_silo = pd.Series(frame["site"]).map({"s1": 0, "s2": 1, "s3": 2}).to_numpy()
+    assert train.max_records_per_subject() <= 3
+    assert len(train) + train.dropped_records == n
+    assert set(zip(train.silo.tolist(), train.x[:, 0].tolist(), strict=True)) <= set(
+        zip(expected_silo.tolist(), frame["f1"].astype(np.float32).tolist(), strict=True)
+    )
+    assert len(data.test) == 30 and data.test.x.shape == (30, 2)
+
+
+def test_table_fixed_silo(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    frame = pd.DataFrame(
+        {
+            "f": rng.normal(size=400),
+            "label": rng.integers(0, 2, 400),
+            "site": rng.integers(0, 4, 400),
+        }
+    )
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    train = build_federated_data(
+        DataConfig(
+            source="table",
+            path=str(tmp_path / "t.csv"),
+            allocation="fixed_silo",
+            silo_column="site",
+            num_subjects=10,
+            feature_columns=("f",),
+        )
+    ).train
+    assert train.num_silos == 4 and train.num_subjects <= 10
+    site_of = dict(zip(frame["f"].astype(np.float32).tolist(), frame["site"], strict=True))
+    assert all(site_of[f] == s for f, s in zip(train.x[:, 0].tolist(), train.silo, strict=True))
+    h = train.histogram()
+    assert h[:, 0].max() / h[:, 0].sum() > 0.6  # ~80% of the largest subject in its main silo
+
+
+@pytest.mark.skipif(not FASHION_ROOT.is_dir(), reason=f"{FASHION_ROOT} not installed")
+def test_fashion_mnist_build() -> None:
+    data = build_federated_data(
+        DataConfig(source="fashion_mnist", num_silos=4, max_records=2000, num_subjects=50)
+    )
+    assert len(data.train) == 2000 and len(data.test) == 10000
+    assert data.train.x.shape[1:] == (1, 28, 28)
+    assert data.train.num_silos == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"source": "mnist"}, "source='mnist'"),
+        ({"allocation": "random"}, "allocation='random'"),
+        ({"test_fraction": 1.0}, r"test_fraction=1.0 in \(0.0, 1.0\)"),
+        ({"num_silos": 0}, "num_silos=0"),
+        ({"alpha": -2.0}, "alpha=-2.0"),
+        ({"dirichlet_beta": 0}, "dirichlet_beta=0"),
+        ({"max_records": 1}, "max_records=1"),
+        ({"records_per_subject": 0}, "records_per_subject=0"),
+        ({"source": "table"}, "Expected a path for source='table'"),
+        ({"path": "/x"}, "path=None for source='digits'"),
+        ({"test_path": "/x"}, "test_path=None for source='digits'"),
+        ({"allocation": "column"}, "allocation='column' only with source='table'"),
+        ({"silo_column": "site"}, "silo_column=None for source='digits'"),
+        ({"feature_columns": ("a",)}, r"feature_columns=\(\) for source='digits'"),
+        ({"allocation": "zipf", "labels_per_subject": 2}, "labels_per_subject=2 needs"),
+        (
+            {"source": "table", "path": "t.csv", "silo_column": "s"},
+            "only used by allocation='column' or 'fixed_silo'",
+        ),
+        ({"seed": -1}, "seed=-1"),
+    ],
+)
+def test_config_validation(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DataConfig(**kwargs)
+
+
+def test_stratified_split_keeps_a_train_record() -> None:
+    y = np.array([0, 1, 1, 1, 1, 1])
+    train, test = stratified_split(y, test_fraction=0.5, rng=np.random.default_rng(0))
+    assert 0 in y[train] and len(test) == 2 and np.intersect1d(train, test).size == 0

@@ -1,0 +1,106 @@
+"""Validation of FederatedDataset / TestSplit inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from silodp.data.dataset import FederatedDataset, TestSplit
+
+
+def _parts(n: int = 6) -> dict:
+    return {
+        "x": np.zeros((n, 3), dtype=np.float32),
+        "y": np.arange(n) % 2,
+        "silo": np.arange(n) % 3,
+        "subject": np.arange(n) // 2,
+        "num_classes": 2,
+    }
+
+
+def test_valid_dataset_sizes() -> None:
+    ds = FederatedDataset(**_parts())
+    assert len(ds) == 6
+    assert ds.num_silos == 3
+    assert ds.num_subjects == 3
+    assert ds.feature_shape == (3,)
+    np.testing.assert_array_equal(ds.silo_sizes(), [2, 2, 2])
+    assert ds.histogram().sum() == 6
+
+
+def test_missing_subject_ids_are_counted() -> None:
+    parts = _parts()
+    parts["subject"] = np.array([0, 1, np.nan, 2, np.nan, 1])
+    with pytest.raises(
+        ValueError, match=r"2 record\(s\) have a missing subject \(first at index 2"
+    ):
+        FederatedDataset(**parts)
+
+
+def test_negative_silo_named() -> None:
+    parts = _parts()
+    parts["silo"] = np.array([0, 1, 2, -4, 0, 1])
+    with pytest.raises(ValueError, match=r"silo=-4 at index 3"):
+        FederatedDataset(**parts)
+
+
+def test_label_out_of_range_named() -> None:
+    parts = _parts()
+    parts["y"] = np.array([0, 1, 7, 1, 0, 1])
+    with pytest.raises(ValueError, match=r"labels in \[0, 1\]; 1 record\(s\).*label=7 at index 2"):
+        FederatedDataset(**parts)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_features_counted(bad: float) -> None:
+    parts = _parts()
+    parts["x"][4, 1] = bad
+    parts["x"][4, 2] = bad
+    with pytest.raises(
+        ValueError, match=r"2 NaN/inf value\(s\) in 1 record\(s\) \(first at index 4"
+    ):
+        FederatedDataset(**parts)
+
+
+def test_empty_silo_named() -> None:
+    parts = _parts()
+    parts["silo"] = np.array([0, 0, 2, 2, 0, 2])
+    with pytest.raises(ValueError, match=r"1 silo\(s\) are empty \(silo ids: \[1\]\)"):
+        FederatedDataset(**parts)
+    with pytest.raises(ValueError, match=r"silo ids: \[1, 3\]"):
+        FederatedDataset(**{**parts, "num_silos": 4})
+
+
+def test_silo_beyond_num_silos() -> None:
+    with pytest.raises(ValueError, match=r"silo ids in \[0, 1\], got silo=2"):
+        FederatedDataset(**{**_parts(), "num_silos": 2})
+
+
+def test_shape_mismatch_and_bad_class_count() -> None:
+    parts = _parts()
+    with pytest.raises(ValueError, match=r"subject to have shape \(6,\)"):
+        FederatedDataset(**{**parts, "subject": np.zeros(5, dtype=int)})
+    with pytest.raises(ValueError, match="num_classes=1"):
+        FederatedDataset(**{**parts, "num_classes": 1})
+    with pytest.raises(ValueError, match="empty dataset"):
+        FederatedDataset(**{**_parts(), "x": np.zeros((0, 3))})
+
+
+def test_subset_accumulates_drops() -> None:
+    ds = FederatedDataset(**_parts(), dropped_records=2)
+    sub = ds.subset(np.array([0, 1, 2]), dropped=3)
+    assert len(sub) == 3
+    assert sub.dropped_records == 5
+    assert sub.num_silos == 3
+
+
+def test_token_features_kept_as_ints() -> None:
+    parts = _parts()
+    parts["x"] = np.arange(12, dtype=np.int64).reshape(6, 2)
+    ds = FederatedDataset(**parts)
+    assert ds.x.dtype == np.int64
+
+
+def test_test_split_length_check() -> None:
+    with pytest.raises(ValueError, match="got 2 vs 3"):
+        TestSplit(x=np.zeros((3, 2)), y=np.zeros(2))

@@ -1,0 +1,269 @@
+"""Loaders on small fixture files written by the tests."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from silodp.data import loaders
+from silodp.data.loaders import (
+    LEAF_ALL_LETTERS,
+    find_fashion_mnist,
+    load_digits_arrays,
+    load_fashion_mnist,
+    load_leaf_json,
+    load_table,
+    make_synthetic,
+)
+
+# --- digits -----------------------------------------------------------------------------
+
+
+def test_digits_arrays() -> None:
+    x, y = load_digits_arrays()
+    assert x.shape == (1797, 1, 8, 8) and x.dtype == np.float32
+    assert y.shape == (1797,) and y.dtype == np.int64
+    assert x.min() == 0.0 and x.max() == 1.0
+    assert set(np.unique(y)) == set(range(10))
+
+
+# --- Fashion-MNIST IDX ------------------------------------------------------------------
+
+
+def _idx_bytes(arr: np.ndarray, magic: int | None = None) -> bytes:
+    magic = 0x0800 | arr.ndim if magic is None else magic
+    header = magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in arr.shape)
+    return header + arr.astype(np.uint8).tobytes()
+
+
+def _write_fmnist(root: Path, *, gz: bool = True, n_train: int = 5, n_test: int = 3) -> None:
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    parts = {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28)),
+        "train-labels-idx1-ubyte": np.arange(n_train) % 10,
+        "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28)),
+        "t10k-labels-idx1-ubyte": (np.arange(n_test) + 3) % 10,
+    }
+    for name, arr in parts.items():
+        data = _idx_bytes(arr)
+        if gz:
+            (root / (name + ".gz")).write_bytes(gzip.compress(data))
+        else:
+            (root / name).write_bytes(data)
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_fashion_mnist_from_idx(tmp_path: Path, gz: bool) -> None:
+    _write_fmnist(tmp_path, gz=gz)
+    (x, y), (xt, yt) = load_fashion_mnist(tmp_path)
+    assert x.shape == (5, 1, 28, 28) and x.dtype == np.float32
+    assert 0.0 <= x.min() and x.max() <= 1.0
+    np.testing.assert_array_equal(y, [0, 1, 2, 3, 4])
+    assert xt.shape == (3, 1, 28, 28)
+    np.testing.assert_array_equal(yt, [3, 4, 5])
+    assert y.dtype == np.int64
+
+
+def test_fashion_mnist_env_var(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write_fmnist(tmp_path / "fm")
+    monkeypatch.setenv(loaders.FASHION_MNIST_ENV, str(tmp_path / "fm"))
+    assert find_fashion_mnist() == tmp_path / "fm"
+
+
+def test_fashion_mnist_missing_dir_hint(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        find_fashion_mnist(tmp_path / "nowhere")
+
+
+def test_fashion_mnist_missing_file(tmp_path: Path) -> None:
+    _write_fmnist(tmp_path)
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(FileNotFoundError, match="t10k-labels-idx1-ubyte"):
+        load_fashion_mnist(tmp_path)
+
+
+def test_fashion_mnist_bad_magic_and_size(tmp_path: Path) -> None:
+    _write_fmnist(tmp_path)
+    bad = _idx_bytes(np.zeros(5), magic=0x0D01)
+    (tmp_path / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(bad))
+    with pytest.raises(ValueError, match="magic number 0x00000d01; expected 0x00000801"):
+        load_fashion_mnist(tmp_path)
+    truncated = _idx_bytes(np.zeros(5))[:-2]
+    (tmp_path / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(truncated))
+    with pytest.raises(ValueError, match=r"declares shape \(5,\)"):
+        load_fashion_mnist(tmp_path)
+    four = _idx_bytes(np.zeros(4))
+    (tmp_path / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(four))
+    with pytest.raises(ValueError, match="5 images but .* 4 labels"):
+        load_fashion_mnist(tmp_path)
+
+
+# --- LEAF -------------------------------------------------------------------------------
+
+
+def _leaf_blob(users: dict[str, tuple[list, list]]) -> dict:
+    return {
+        "users": list(users),
+        "num_samples": [len(v[0]) for v in users.values()],
+        "user_data": {u: {"x": v[0], "y": v[1]} for u, v in users.items()},
+    }
+
+
+def _write_json(path: Path, blob: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(blob))
+    return path
+
+
+def test_leaf_alphabet_has_80_chars() -> None:
+    assert len(LEAF_ALL_LETTERS) == 80 == len(set(LEAF_ALL_LETTERS))
+
+
+def test_leaf_femnist(tmp_path: Path) -> None:
+    px = [0.5] * 784
+    _write_json(
+        tmp_path / "d" / "a.json", _leaf_blob({"f0": ([px, px], [3, 61]), "f1": ([px], [0])})
+    )
+    _write_json(tmp_path / "d" / "b.json", _leaf_blob({"f2": ([px] * 3, [1, 2, 3])}))
+    leaf = load_leaf_json(tmp_path / "d", kind="femnist")
+    assert leaf.x.shape == (6, 1, 28, 28) and leaf.x.dtype == np.float32
+    np.testing.assert_array_equal(leaf.y, [3, 61, 0, 1, 2, 3])
+    np.testing.assert_array_equal(leaf.subject, [0, 0, 1, 2, 2, 2])
+    assert leaf.subject_names == ["f0", "f1", "f2"]
+    assert leaf.num_classes == 62
+    # a list of files gives the same result; a single file only its users
+    both = load_leaf_json([tmp_path / "d" / "a.json", tmp_path / "d" / "b.json"], kind="femnist")
+    np.testing.assert_array_equal(both.subject, leaf.subject)
+    assert len(load_leaf_json(tmp_path / "d" / "b.json", kind="femnist").y) == 3
+
+
+def test_leaf_femnist_bad_pixels_and_counts(tmp_path: Path) -> None:
+    f = _write_json(tmp_path / "a.json", _leaf_blob({"f0": ([[0.1] * 783], [1])}))
+    with pytest.raises(ValueError, match="784 pixels"):
+        load_leaf_json(f, kind="femnist")
+    blob = _leaf_blob({"f0": ([[0.1] * 784] * 2, [1, 2])})
+    blob["num_samples"] = [3]
+    f = _write_json(tmp_path / "b.json", blob)
+    with pytest.raises(ValueError, match=r"user 'f0'.*num_samples=3 but 2 x and 2 y"):
+        load_leaf_json(f, kind="femnist")
+
+
+def test_leaf_shakespeare(tmp_path: Path) -> None:
+    s1 = "To be, or not to be" + " " * 61
+    s2 = "ALL: Hark!\n" + "z" * 69
+    f = _write_json(
+        tmp_path / "s.json", _leaf_blob({"HAMLET": ([s1, s2], ["t", "}"]), "KING": ([s1], ["A"])})
+    )
+    leaf = load_leaf_json(f, kind="shakespeare")
+    assert leaf.x.shape == (3, 80) and leaf.x.dtype == np.int64
+    assert leaf.num_classes == 80
+    assert "".join(LEAF_ALL_LETTERS[i] for i in leaf.x[1]) == s2
+    np.testing.assert_array_equal(leaf.y, [LEAF_ALL_LETTERS.index(c) for c in "t}A"])
+    np.testing.assert_array_equal(leaf.subject, [0, 0, 1])
+    assert leaf.subject_names == ["HAMLET", "KING"]
+
+
+def test_leaf_shakespeare_unknown_char(tmp_path: Path) -> None:
+    f = _write_json(tmp_path / "s.json", _leaf_blob({"X": (["ab\u00e9"], ["a"])}))
+    with pytest.raises(ValueError, match=r"Unknown character 'é' in .*user 'X' x\[0\]"):
+        load_leaf_json(f, kind="shakespeare")
+
+
+def test_leaf_missing_path_and_kind(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_leaf_json(tmp_path / "nope.json", kind="femnist")
+    with pytest.raises(ValueError, match="kind='cifar'"):
+        load_leaf_json(tmp_path, kind="cifar")
+
+
+# --- tables -----------------------------------------------------------------------------
+
+
+def _frame() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "a": [0.1, 0.2, 0.3, 0.4, 0.5],
+            "b": [1, 2, 3, 4, 5],
+            "label": ["yes", "no", "yes", "maybe", "no"],
+            "hospital": ["h2", "h1", "h2", "h3", "h1"],
+            "patient": [10, 11, 10, 12, 13],
+        }
+    )
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_load_table(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / ("t" + suffix)
+    frame = _frame()
+    frame.to_csv(path, index=False) if suffix == ".csv" else frame.to_parquet(path)
+    t = load_table(
+        path,
+        feature_columns=["a", "b"],
+        label_column="label",
+        silo_column="hospital",
+        subject_column="patient",
+    )
+    assert t.x.shape == (5, 2) and t.x.dtype == np.float32
+    assert t.label_values == ["maybe", "no", "yes"]
+    np.testing.assert_array_equal(t.y, [2, 1, 2, 0, 1])
+    assert t.num_classes == 3
+    np.testing.assert_array_equal(t.silo, [1, 0, 1, 2, 0])
+    assert t.silo_names == ["h1", "h2", "h3"]
+    np.testing.assert_array_equal(t.subject, [0, 1, 0, 2, 3])
+    assert t.subject_names == ["10", "11", "12", "13"]
+
+
+def test_table_default_features_and_fixed_labels(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    _frame().drop(columns=["hospital"]).to_csv(path, index=False)
+    t = load_table(path, feature_columns=(), label_column="label", subject_column="patient")
+    assert t.feature_columns == ("a", "b")
+    fixed = load_table(
+        path, feature_columns=["a"], label_column="label", label_values=["no", "yes", "maybe"]
+    )
+    np.testing.assert_array_equal(fixed.y, [1, 0, 1, 2, 0])
+    with pytest.raises(ValueError, match=r"label\(s\) \['maybe'\] not in"):
+        load_table(path, feature_columns=["a"], label_column="label", label_values=["no", "yes"])
+
+
+def test_table_errors(tmp_path: Path) -> None:
+    frame = _frame()
+    frame.loc[[1, 3], "b"] = np.nan
+    path = tmp_path / "t.csv"
+    frame.to_csv(path, index=False)
+    with pytest.raises(ValueError, match=r"Column 'b' .* has 2 missing value\(s\)"):
+        load_table(path, feature_columns=["a", "b"], label_column="label")
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['c', 'site'\]"):
+        load_table(path, feature_columns=["a", "c"], label_column="label", silo_column="site")
+    with pytest.raises(ValueError, match=r"\['hospital'\] are not numeric"):
+        load_table(path, feature_columns=["a", "hospital"], label_column="label")
+    with pytest.raises(ValueError, match=r"\.csv or \.parquet"):
+        (tmp_path / "t.txt").write_text("a\n1\n")
+        load_table(tmp_path / "t.txt", feature_columns=["a"], label_column="a")
+
+
+# --- synthetic --------------------------------------------------------------------------
+
+
+def test_synthetic_is_seeded_and_learnable() -> None:
+    x, y = make_synthetic(
+        num_records=600, num_features=5, num_classes=3, rng=np.random.default_rng(1)
+    )
+    x2, y2 = make_synthetic(
+        num_records=600, num_features=5, num_classes=3, rng=np.random.default_rng(1)
+    )
+    np.testing.assert_array_equal(x, x2)
+    np.testing.assert_array_equal(y, y2)
+    assert x.dtype == np.float32 and x.shape == (600, 5) and set(np.unique(y)) == {0, 1, 2}
+    # nearest class mean (fitted on half, scored on the other half) beats chance by far
+    means = np.stack([x[:300][y[:300] == c].mean(axis=0) for c in range(3)])
+    pred = np.argmin(((x[300:, None, :] - means[None]) ** 2).sum(-1), axis=1)
+    assert (pred == y[300:]).mean() > 0.8
+    with pytest.raises(ValueError, match="num_classes=1"):
+        make_synthetic(num_records=5, num_features=2, num_classes=1, rng=np.random.default_rng())
