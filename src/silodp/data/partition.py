@@ -20,6 +20,7 @@ __all__ = [
     "assemble",
     "assign_subjects",
     "cap_records",
+    "cap_span",
     "dirichlet_label_skew",
     "first_subjects",
     "shards",
@@ -409,3 +410,31 @@ def cap_records(
             f"{emptied[:10].tolist()} empty; raise the caps."
         )
     return dataset.subset(idx, dropped=dropped)
+
+
+def cap_span(dataset: FederatedDataset, *, span: int, seed: int) -> FederatedDataset:
+    """Keeps each subject's records in at most ``span`` silos.
+
+    For each subject the silos it occupies get a fixed random priority from ``seed``; its
+    records outside its ``span`` highest-priority silos are dropped (counted in
+    ``dropped_records``). A silo left empty is an error.
+    """
+    span = check_int("span", span, 1)
+    seed = check_int("seed", seed, 0)
+    occupied = dataset.histogram() > 0
+    if int(occupied.sum(axis=0).max()) <= span:
+        return dataset
+    priority = np.random.default_rng(seed).random(occupied.shape)
+    priority[~occupied] = -1.0
+    # rank 0 = highest priority silo of each subject (column)
+    rank = np.argsort(np.argsort(-priority, axis=0), axis=0)
+    allowed = occupied & (rank < span)
+    keep = allowed[dataset.silo, dataset.subject]
+    idx = np.flatnonzero(keep)
+    emptied = np.flatnonzero(np.bincount(dataset.silo[idx], minlength=dataset.num_silos) == 0)
+    if len(emptied):
+        raise ValueError(
+            f"Capping the span at {span} silos per subject leaves silo(s) "
+            f"{emptied[:10].tolist()} empty; raise span."
+        )
+    return dataset.subset(idx, dropped=int(len(dataset) - len(idx)))

@@ -49,7 +49,8 @@ def gaussian_noise(
     check_non_negative("std", std)
     if secure:
         numel = math.prod(shape)
-        values = _secure_standard_normal(numel).reshape(tuple(shape)) * std
+        # np.asarray: a 0-d array times a float is a numpy scalar, which from_numpy rejects.
+        values = np.asarray(_secure_standard_normal(numel).reshape(tuple(shape)) * std)
         return torch.from_numpy(values).to(dtype)
     if generator is None:
         raise ValueError("Expected a torch.Generator for noise (or secure=True), got None.")

@@ -1,0 +1,230 @@
+"""The ``silodp`` command line: run experiments, describe data, account privacy."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from tqdm import tqdm
+
+from silodp.accounting.plan import CalibrationError, PrivacyPlan, account_plan, calibrate_noise
+from silodp.algorithms import ALGORITHMS, AlgorithmConfig, make_algorithm
+from silodp.config import ConfigError, default_config_path, load_config
+from silodp.federated import RoundResult
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Cross-silo federated learning with differential privacy at the record, silo or "
+    "subject level.",
+)
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code=2)
+
+
+def _progress(name: str, rounds: int) -> Any:
+    bar = tqdm(total=rounds, desc=f"{name:>15}", unit="round", file=sys.stderr, leave=True)
+
+    def update(result: RoundResult) -> None:
+        postfix = {}
+        if result.test_accuracy is not None:
+            postfix["acc"] = f"{result.test_accuracy:.3f}"
+        for unit, value in result.epsilon.items():
+            postfix[f"ε_{unit}"] = f"{value:.3g}"
+        bar.set_postfix(postfix)
+        bar.update(1)
+        if result.round == rounds:
+            bar.close()
+
+    return update
+
+
+@app.command()
+def run(
+    config: Annotated[
+        Optional[Path], typer.Argument(help="Experiment TOML; omitted: the built-in demo.")
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("runs/demo"),
+    overwrite: Annotated[bool, typer.Option(help="Replace results already in --out.")] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+) -> None:
+    """Run an experiment: train every listed algorithm, write metrics, summaries and plots."""
+    from silodp.runner import OutputExistsError, run_experiment
+
+    path = config or default_config_path()
+    try:
+        cfg = load_config(path)
+    except ConfigError as err:
+        _fail(str(err))
+    logging.basicConfig(level=logging.WARNING)
+    typer.echo(f"silodp: running {cfg.name!r} ({', '.join(cfg.algorithms)}) from {path}")
+    try:
+        summary = run_experiment(
+            cfg,
+            out,
+            overwrite=overwrite,
+            progress=None if quiet else _progress,
+            log=typer.echo,
+        )
+    except (OutputExistsError, CalibrationError, ValueError, FileNotFoundError) as err:
+        _fail(str(err))
+    typer.echo(f"\nresults in {out}/")
+    for item in summary["runs"]:
+        eps = ", ".join(
+            f"{u}={'inf' if v is None else format(v, '.3g')}" for u, v in item["epsilon"].items()
+        ) or "not private"
+        acc = item["test_accuracy"]
+        typer.echo(
+            f"  {item['algorithm']:>15}: accuracy {acc:.3f}  ε({eps})"
+            + (f" at δ={item['delta']:g}" if item["delta"] else "")
+        )
+
+
+@app.command()
+def describe(
+    config: Annotated[Path, typer.Argument(help="Experiment TOML whose [data] to describe.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Describe a config's federated data: records per silo and subject, span, subjects."""
+    from silodp.data.build import build_federated_data
+    from silodp.data.describe import describe as describe_data
+    from silodp.data.describe import format_description
+
+    try:
+        cfg = load_config(config)
+        data = build_federated_data(cfg.data)
+    except (ConfigError, ValueError, FileNotFoundError) as err:
+        _fail(str(err))
+    info = describe_data(data.train)
+    typer.echo(json.dumps(info, indent=2) if as_json else format_description(info))
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+@app.command()
+def account(
+    algorithm: Annotated[str, typer.Option(help=f"One of: {', '.join(ALGORITHMS)}.")],
+    delta: Annotated[float, typer.Option(help="δ of the reported ε.")] = 1e-5,
+    noise_multiplier: Annotated[
+        Optional[float], typer.Option(help="σ; report the ε it gives.")
+    ] = None,
+    target_epsilon: Annotated[
+        Optional[float], typer.Option(help="ε to reach; report the σ it needs.")
+    ] = None,
+    sample_rate: Annotated[
+        float, typer.Option(help="Per-step Poisson sampling rate q (records; subjects with "
+                                 "--sampling subject).")
+    ] = 1.0,
+    steps: Annotated[int, typer.Option(help="Local steps per round T.")] = 1,
+    rounds: Annotated[int, typer.Option(help="Rounds R.")] = 1,
+    silos: Annotated[int, typer.Option(help="Silos S.")] = 1,
+    silos_per_round: Annotated[
+        Optional[int], typer.Option(help="Silos taking part per round (default S).")
+    ] = None,
+    span: Annotated[
+        Optional[int], typer.Option(help="Silos one subject may span (default S).")
+    ] = None,
+    group_size: Annotated[
+        int, typer.Option(help="Bound k on one subject's records in one silo.")
+    ] = 1,
+    sampling: Annotated[str, typer.Option(help="higradavg_dp: record or subject.")] = "record",
+    unit: Annotated[
+        Optional[str], typer.Option(help="Unit of --target-epsilon (default: the "
+                                         "algorithm's calibration unit).")
+    ] = None,
+    per_round: Annotated[bool, typer.Option(help="Also list ε after every round.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """What ε does a plan spend (--noise-multiplier), or what σ reaches an ε (--target-epsilon)?"""
+    if (noise_multiplier is None) == (target_epsilon is None):
+        _fail("Expected exactly one of --noise-multiplier and --target-epsilon.")
+    try:
+        config = AlgorithmConfig(
+            local_steps=steps,
+            batch_size=1,
+            noise_multiplier=noise_multiplier or 0.0,
+            group_size=group_size,
+            sampling=sampling,
+        )
+        probe = make_algorithm(algorithm, config)
+        plan = PrivacyPlan(
+            sampling_rates=(sample_rate,) * silos,
+            rounds=rounds,
+            silos_per_round=silos_per_round or silos,
+            span=span or silos,
+            delta=delta,
+        )
+        if probe.calibration_unit is None:
+            _fail(f"Algorithm {algorithm!r} is not differentially private; it has no ε.")
+        method = "given"
+        if target_epsilon is not None:
+            noise_multiplier = calibrate_noise(
+                algorithm, config, plan, target_epsilon=target_epsilon, unit=unit
+            )
+            method = "calibrated"
+        assert noise_multiplier is not None
+        algo = make_algorithm(algorithm, replace(config, noise_multiplier=noise_multiplier))
+        curve = account_plan(algo, plan, per_round=True)
+    except (ValueError, CalibrationError) as err:
+        _fail(str(err))
+    final = curve[-1]
+    main_unit = unit or probe.calibration_unit
+    result: dict[str, Any] = {
+        "algorithm": algorithm,
+        "epsilon": {u: _finite(e.epsilon) for u, e in final.items()},
+        "noise_multiplier": noise_multiplier,
+        "noise_multiplier_source": method,
+        "delta": delta,
+        "method": final[main_unit].route if main_unit in final else None,
+        "routes": {u: {k: _finite(v) for k, v in e.routes.items()} for u, e in final.items()},
+        "epsilon_route": {u: e.route for u, e in final.items()},
+        "plan": {
+            "sample_rate": sample_rate, "steps": steps, "rounds": rounds, "silos": silos,
+            "silos_per_round": plan.silos_per_round, "span": plan.span,
+            "group_size": group_size, "sampling": sampling,
+        },
+        "threat_model": probe.threat_model,
+    }
+    mu = _mu(algo, plan)
+    if mu:
+        result["mu"] = mu
+    if per_round:
+        result["per_round"] = [
+            {u: _finite(e.epsilon) for u, e in row.items()} for row in curve
+        ]
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    typer.echo(f"{algorithm}: σ = {noise_multiplier:.6g} ({method}), δ = {delta:g}")
+    for u, e in final.items():
+        typer.echo(f"  {u:>8}: ε = {e.epsilon:.4f}  via {e.route}  "
+                   f"(routes: {', '.join(f'{k}={v:.4g}' for k, v in e.routes.items())})")
+    for u, m in (mu or {}).items():
+        typer.echo(f"  {u:>8}: μ = {m:.4f} (Gaussian DP)")
+    typer.echo(f"  threat model: {probe.threat_model}")
+
+
+def _mu(algorithm: Any, plan: PrivacyPlan) -> dict[str, float]:
+    from silodp.accounting import FederatedAccountant
+
+    acc = FederatedAccountant(units=algorithm.units, span=plan.span, delta=plan.delta,
+                              routes=("rdp",))
+    events = [algorithm.silo_privacy(sampling_rate=r) for r in plan.sampling_rates]
+    acc.compose_round([e for e in events if e is not None], count=plan.rounds,
+                      participants=plan.silos_per_round)
+    return acc.mu()
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()

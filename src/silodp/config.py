@@ -1,0 +1,271 @@
+"""Experiment configuration: parsed once from TOML into frozen dataclasses.
+
+A config file has a top-level ``name`` and ``algorithms`` list and the tables ``[data]``
+(:class:`~silodp.data.build.DataConfig`), ``[model]``, ``[training]`` and ``[privacy]``;
+``[algorithm.NAME]`` tables override training/privacy keys for one algorithm. Unknown keys are
+errors (a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from silodp._validation import (
+    check_choice,
+    check_in_range,
+    check_int,
+    check_positive,
+)
+from silodp.algorithms import ALGORITHMS
+from silodp.data.build import DataConfig
+from silodp.models import MODELS
+
+__all__ = [
+    "ConfigError",
+    "ExperimentConfig",
+    "ModelConfig",
+    "PrivacyConfig",
+    "TrainingConfig",
+    "default_config_path",
+    "load_config",
+    "parse_config",
+    "to_toml_dict",
+]
+
+
+class ConfigError(ValueError):
+    """A config file is malformed: unknown key, wrong type or value out of range."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    name: str = "mlp"
+
+    def __post_init__(self) -> None:
+        check_choice("model.name", self.name, MODELS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingConfig:
+    """Federated training schedule (public).
+
+    ``silos_per_round`` defaults to every silo.
+    """
+
+    rounds: int = 20
+    silos_per_round: int | None = None
+    local_steps: int = 10
+    batch_size: int = 32
+    lr: float = 0.1
+    server_lr: float = 1.0
+    seed: int = 0
+    eval_every: int = 1
+
+    def __post_init__(self) -> None:
+        check_int("training.rounds", self.rounds, 1)
+        if self.silos_per_round is not None:
+            check_int("training.silos_per_round", self.silos_per_round, 1)
+        check_int("training.local_steps", self.local_steps, 1)
+        check_int("training.batch_size", self.batch_size, 1)
+        check_positive("training.lr", self.lr)
+        check_positive("training.server_lr", self.server_lr)
+        check_int("training.seed", self.seed, 0)
+        check_int("training.eval_every", self.eval_every, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrivacyConfig:
+    """Privacy target and mechanism parameters.
+
+    Attributes:
+      epsilon: target ε at each algorithm's calibration unit (``local_item_dp``: record; the
+        subject-level algorithms: subject). Ignored when ``noise_multiplier`` is set.
+      delta: δ of every reported ε.
+      noise_multiplier: σ to use as is (skips calibration).
+      clip: clipping bound C.
+      span: public bound on silos per subject (default: number of silos, the worst case).
+      group_size: public bound k on one subject's records in one silo (default: the largest
+        count in the data after any cap).
+      sampling: HiGradAvgDP batch selection (``record`` or ``subject``).
+      subject_records: records per sampled subject for subject-level sampling.
+      secure_noise: draw noise from the OS CSPRNG.
+    """
+
+    epsilon: float | None = 4.0
+    delta: float = 1e-5
+    noise_multiplier: float | None = None
+    clip: float = 1.0
+    span: int | None = None
+    group_size: int | None = None
+    sampling: str = "record"
+    subject_records: int = 8
+    secure_noise: bool = False
+
+    def __post_init__(self) -> None:
+        if self.epsilon is not None:
+            check_positive("privacy.epsilon", self.epsilon)
+        check_in_range("privacy.delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
+        if self.noise_multiplier is not None:
+            check_in_range("privacy.noise_multiplier", self.noise_multiplier, 0.0, math.inf)
+        if self.epsilon is None and self.noise_multiplier is None:
+            raise ConfigError("Expected privacy.epsilon or privacy.noise_multiplier, got neither.")
+        check_positive("privacy.clip", self.clip)
+        if self.span is not None:
+            check_int("privacy.span", self.span, 1)
+        if self.group_size is not None:
+            check_int("privacy.group_size", self.group_size, 1)
+        check_choice("privacy.sampling", self.sampling, ("record", "subject"))
+        check_int("privacy.subject_records", self.subject_records, 1)
+
+
+_OVERRIDABLE = {f.name for f in fields(TrainingConfig)} | {f.name for f in fields(PrivacyConfig)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExperimentConfig:
+    """A whole experiment: data, model, schedule, privacy, and the algorithms to compare."""
+
+    name: str = "experiment"
+    algorithms: tuple[str, ...] = ("fedavg",)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.algorithms:
+            raise ConfigError("Expected at least one algorithm in `algorithms`, got none.")
+        for name in self.algorithms:
+            check_choice("algorithms", name, ALGORITHMS)
+        if len(set(self.algorithms)) != len(self.algorithms):
+            raise ConfigError(f"Expected distinct algorithms, got {list(self.algorithms)}.")
+        for name, table in self.overrides.items():
+            if name not in self.algorithms:
+                raise ConfigError(
+                    f"Expected [algorithm.{name}] to name one of the listed algorithms "
+                    f"{list(self.algorithms)}."
+                )
+            unknown = set(table) - _OVERRIDABLE
+            if unknown:
+                raise ConfigError(
+                    f"Unknown key(s) {sorted(unknown)} in [algorithm.{name}]; expected keys of "
+                    "[training] or [privacy]."
+                )
+        if (
+            self.training.silos_per_round is not None
+            and self.training.silos_per_round > self.data.num_silos
+            and self.data.allocation != "column"
+        ):
+            raise ConfigError(
+                f"Expected training.silos_per_round={self.training.silos_per_round} <= "
+                f"data.num_silos={self.data.num_silos}."
+            )
+        for name in self.algorithms:  # validate every override now, not mid-run
+            self.for_algorithm(name)
+
+    def for_algorithm(self, name: str) -> tuple[TrainingConfig, PrivacyConfig]:
+        """Training and privacy settings of ``name`` with its overrides applied."""
+        table = dict(self.overrides.get(name, {}))
+        train_keys = {f.name for f in fields(TrainingConfig)}
+        training = dataclasses.replace(
+            self.training, **{k: v for k, v in table.items() if k in train_keys}
+        )
+        privacy_table = {k: v for k, v in table.items() if k not in train_keys}
+        if "noise_multiplier" in privacy_table and "epsilon" not in privacy_table:
+            privacy_table["epsilon"] = None
+        privacy = dataclasses.replace(self.privacy, **privacy_table)
+        return training, privacy
+
+
+def _build(cls: type, table: Any, section: str) -> Any:
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"Expected [{section}] to be a table, got {type(table).__name__}.")
+    names = {f.name for f in fields(cls)}
+    unknown = set(table) - names
+    if unknown:
+        raise ConfigError(
+            f"Unknown key(s) {sorted(unknown)} in [{section}]; expected some of {sorted(names)}."
+        )
+    values = dict(table)
+    for f in fields(cls):
+        if f.name in values and isinstance(values[f.name], list):
+            values[f.name] = tuple(values[f.name])
+    try:
+        return cls(**values)
+    except TypeError as err:
+        raise ConfigError(f"Bad value in [{section}]: {err}") from err
+
+
+def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
+    """Builds an :class:`ExperimentConfig` from a parsed TOML mapping."""
+    top = {"name", "algorithms", "data", "model", "training", "privacy", "algorithm"}
+    unknown = set(raw) - top
+    if unknown:
+        raise ConfigError(f"Unknown top-level key(s) {sorted(unknown)}; expected {sorted(top)}.")
+    algorithms = raw.get("algorithms", ["fedavg"])
+    if isinstance(algorithms, str):
+        algorithms = [algorithms]
+    if not isinstance(algorithms, list):
+        raise ConfigError(f"Expected `algorithms` to be a list of names, got {algorithms!r}.")
+    overrides = raw.get("algorithm", {})
+    if not isinstance(overrides, Mapping):
+        raise ConfigError("Expected [algorithm.NAME] tables.")
+    try:
+        return ExperimentConfig(
+            name=str(raw.get("name", "experiment")),
+            algorithms=tuple(algorithms),
+            data=_build(DataConfig, raw.get("data", {}), "data"),
+            model=_build(ModelConfig, raw.get("model", {}), "model"),
+            training=_build(TrainingConfig, raw.get("training", {}), "training"),
+            privacy=_build(PrivacyConfig, raw.get("privacy", {}), "privacy"),
+            overrides={k: dict(v) for k, v in overrides.items()},
+        )
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Reads and validates a TOML experiment config."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"Expected a config file at {str(path)!r}; it does not exist.")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"Config {str(path)!r} is not valid TOML: {err}") from err
+    return parse_config(raw)
+
+
+def default_config_path() -> Path:
+    """The built-in demo config shipped with the package."""
+    return Path(str(resources.files("silodp") / "defaults" / "demo.toml"))
+
+
+def _clean(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _clean(getattr(value, f.name)) for f in fields(value)
+                if getattr(value, f.name) is not None}
+    if isinstance(value, Mapping):
+        return {k: _clean(v) for k, v in value.items() if v is not None}
+    if isinstance(value, tuple | list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def to_toml_dict(config: ExperimentConfig) -> dict[str, Any]:
+    """A TOML-serialisable mapping that :func:`parse_config` reads back to ``config``."""
+    out = _clean(config)
+    overrides = out.pop("overrides", {})
+    if overrides:
+        out["algorithm"] = overrides
+    return out

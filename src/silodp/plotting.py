@@ -1,0 +1,103 @@
+"""Figures of a run (matplotlib, Agg backend). Only the runner and CLI import this module."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from silodp.io import atomic_write  # noqa: E402
+
+__all__ = ["plot_batch_histograms", "plot_comparison", "plot_epsilon", "plot_training"]
+
+Metrics = Sequence[Mapping[str, Any]]
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
+    return path
+
+
+def _series(metrics: Metrics, key: str) -> tuple[list[int], list[float]]:
+    rows = [(m["round"], m[key]) for m in metrics if m.get(key) is not None]
+    return [r for r, _ in rows], [v for _, v in rows]
+
+
+def plot_training(metrics: Metrics, path: Path, title: str) -> Path:
+    """Test accuracy and loss against round."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((left, "test_accuracy", "test accuracy"), (right, "test_loss", "test loss")):
+        rounds, values = _series(metrics, key)
+        ax.plot(rounds, values, marker="o", markersize=3)
+        ax.set_xlabel("round")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_epsilon(metrics: Metrics, path: Path, title: str, delta: float) -> Path:
+    """ε per privacy unit against round."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    units = sorted({u for m in metrics for u in m.get("epsilon", {})})
+    for unit in units:
+        rows = [(m["round"], m["epsilon"][unit]) for m in metrics if m["epsilon"].get(unit) is not None]
+        ax.plot([r for r, _ in rows], [v for _, v in rows], marker="o", markersize=3, label=unit)
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"ε at δ={delta:g}")
+    if units:
+        ax.legend(title="unit")
+    else:
+        ax.text(0.5, 0.5, "not private", ha="center", va="center", transform=ax.transAxes)
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def plot_batch_histograms(metrics: Metrics, path: Path, title: str) -> Path:
+    """Histograms of the largest subject group per mini-batch and distinct subjects per batch."""
+    groups = [g for m in metrics for g in m.get("largest_group_per_batch", [])]
+    distinct = [d for m in metrics for d in m.get("subjects_per_batch", [])]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    if groups:
+        left.hist(groups, bins=range(0, max(groups) + 2), align="left", rwidth=0.85)
+    left.set_xlabel("records of the largest subject in a mini-batch")
+    left.set_ylabel("mini-batches")
+    if distinct:
+        right.hist(distinct, bins=min(30, max(distinct) + 1), rwidth=0.85)
+    right.set_xlabel("distinct subjects in a mini-batch")
+    right.set_ylabel("mini-batches")
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_comparison(
+    runs: Mapping[str, Metrics], path: Path, *, unit: str = "subject", delta: float
+) -> Path:
+    """Utility against round (left) and ε at ``unit`` against round (right), all methods."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, metrics in runs.items():
+        rounds, acc = _series(metrics, "test_accuracy")
+        left.plot(rounds, acc, marker="o", markersize=3, label=name)
+        rows = [(m["round"], m["epsilon"][unit]) for m in metrics
+                if m.get("epsilon", {}).get(unit) is not None]
+        if rows:
+            right.plot([r for r, _ in rows], [v for _, v in rows], marker="o", markersize=3,
+                       label=name)
+    left.set_xlabel("round")
+    left.set_ylabel("test accuracy")
+    left.grid(alpha=0.3)
+    left.legend()
+    right.set_xlabel("round")
+    right.set_ylabel(f"{unit}-level ε at δ={delta:g}")
+    right.set_yscale("log")
+    right.grid(alpha=0.3)
+    right.legend()
+    return _save(fig, path)
