@@ -97,7 +97,11 @@ def plot_comparison(
     left.legend()
     right.set_xlabel("round")
     right.set_ylabel(f"{unit}-level ε at δ={delta:g}")
-    right.set_yscale("log")
+    if right.lines:
+        right.set_yscale("log")
+        right.legend()
+    else:
+        right.text(0.5, 0.5, "no private run", ha="center", va="center",
+                   transform=right.transAxes)
     right.grid(alpha=0.3)
-    right.legend()
     return _save(fig, path)

@@ -106,17 +106,19 @@ def group_epsilon_dp(
     k = check_int("group_size", group_size, 1)
     m = check_int("compositions", compositions, 1)
     check_in_range("delta", delta, 0.0, 1.0, lo_open=True, hi_open=True)
-    best = math.inf
-    top = delta / (m * k)
-    for log_delta_r in np.linspace(math.log(top), math.log(top) - 40.0, 161):
-        delta_r = math.exp(log_delta_r)
-        eps_r = epsilon_at(delta_r)
+    # ε_r = epsilon_at(δ_r) never increases with δ_r, so the largest δ_r on the grid (steps of
+    # 0.25 nats down from δ/(mk)) that meets the budget gives the smallest ε. The scan goes as
+    # deep as floats allow: large groups need δ_r ~ e^{-(k-1) ε_r}, far below δ. The budget is
+    # checked in log space (no clamping of the exponent, which could accept an invalid δ_r).
+    log_budget = math.log(delta)
+    top = math.log(delta / (m * k))
+    for log_delta_r in np.arange(top, max(top - 700.0, -740.0), -0.25):
+        eps_r = epsilon_at(math.exp(log_delta_r))
         if not math.isfinite(eps_r):
-            continue
-        total_delta = m * k * math.exp(min((k - 1) * eps_r, 700.0)) * delta_r
-        if total_delta <= delta:
-            best = min(best, m * k * eps_r)
-    return best
+            break  # then also infinite at every smaller δ_r
+        if math.log(m * k) + (k - 1) * eps_r + log_delta_r <= log_budget:
+            return m * k * eps_r
+    return math.inf
 
 
 def gdp_delta(mu: float, epsilon: float) -> float:

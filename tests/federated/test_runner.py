@@ -1,0 +1,125 @@
+"""End-to-end runs: outputs, reproducibility, privacy numbers matching `silodp account`."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from silodp.config import parse_config
+from silodp.runner import OutputExistsError, run_experiment
+
+TINY = {
+    "name": "tiny",
+    "algorithms": ["fedavg", "local_item_dp", "higradavg_dp"],
+    "data": {"source": "digits", "num_silos": 3, "num_subjects": 60, "max_records": 600},
+    "model": {"name": "mlp"},
+    "training": {"rounds": 3, "local_steps": 2, "batch_size": 32, "lr": 0.5},
+    "privacy": {"noise_multiplier": 1.5, "epsilon": None, "group_size": 4},
+}
+
+
+def _tiny(**privacy: object) -> dict:
+    raw = json.loads(json.dumps({k: v for k, v in TINY.items()}))
+    raw["privacy"] = {k: v for k, v in {**raw["privacy"], **privacy}.items() if v is not None}
+    return raw
+
+
+def _metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_run_writes_every_output(tmp_path: Path) -> None:
+    summary = run_experiment(parse_config(_tiny()), tmp_path)
+    assert [r["algorithm"] for r in summary["runs"]] == TINY["algorithms"]
+    assert (tmp_path / "comparison.png").stat().st_size > 0
+    assert json.loads((tmp_path / "data.json").read_text())["num_silos"] == 3
+    for name in TINY["algorithms"]:
+        run_dir = tmp_path / name
+        for f in ("config.toml", "metrics.jsonl", "summary.json", "model.pt",
+                  "accuracy_loss.png", "epsilon.png", "batch_histograms.png"):
+            assert (run_dir / f).is_file(), f
+        rows = _metrics(run_dir / "metrics.jsonl")
+        assert [r["round"] for r in rows] == [1, 2, 3]
+        for row in rows:
+            assert {"round", "test_accuracy", "test_loss", "epsilon", "wall_time_s"} <= set(row)
+            assert 0.0 <= row["test_accuracy"] <= 1.0
+            assert len(row["largest_group_per_batch"]) == 3 * 2  # silos x local steps
+        done = json.loads((run_dir / "summary.json").read_text())
+        assert done["status"] == "complete" and done["rounds_completed"] == 3
+    item = _metrics(tmp_path / "local_item_dp" / "metrics.jsonl")
+    assert set(item[-1]["epsilon"]) == {"record", "subject"}
+    # item-level DP leaves subjects with k records far less protected
+    assert item[-1]["epsilon"]["subject"] > item[-1]["epsilon"]["record"]
+    assert item[0]["epsilon"]["record"] < item[-1]["epsilon"]["record"]
+    assert _metrics(tmp_path / "fedavg" / "metrics.jsonl")[-1]["epsilon"] == {}
+
+
+def test_seeded_runs_are_reproducible(tmp_path: Path) -> None:
+    cfg = parse_config({**_tiny(), "algorithms": ["local_item_dp"]})
+    run_experiment(cfg, tmp_path / "a")
+    run_experiment(cfg, tmp_path / "b")
+    a = _metrics(tmp_path / "a" / "local_item_dp" / "metrics.jsonl")
+    b = _metrics(tmp_path / "b" / "local_item_dp" / "metrics.jsonl")
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_time_s"} for r in rows]  # noqa: E731
+    assert strip(a) == strip(b)
+
+
+def test_existing_results_are_not_overwritten(tmp_path: Path) -> None:
+    cfg = parse_config({**_tiny(), "algorithms": ["fedavg"]})
+    run_experiment(cfg, tmp_path)
+    before = (tmp_path / "fedavg" / "metrics.jsonl").read_text()
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        run_experiment(cfg, tmp_path)
+    assert (tmp_path / "fedavg" / "metrics.jsonl").read_text() == before
+    run_experiment(cfg, tmp_path, overwrite=True)
+
+
+def test_unreachable_target_fails_before_writing_anything(tmp_path: Path) -> None:
+    raw = _tiny(noise_multiplier=None, epsilon=1e-6)
+    raw["algorithms"] = ["user_ldp"]
+    raw["training"]["rounds"] = 50
+    with pytest.raises(ValueError, match="unreachable"):
+        run_experiment(parse_config(raw), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_interrupted_run_keeps_privacy_spent(tmp_path: Path) -> None:
+    cfg = parse_config({**_tiny(), "algorithms": ["local_item_dp"]})
+    calls = []
+
+    def stop_after_two(name: str, rounds: int):
+        def cb(result) -> None:
+            calls.append(result.round)
+            if result.round == 2:
+                raise KeyboardInterrupt
+        return cb
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, tmp_path, progress=stop_after_two)
+    rows = _metrics(tmp_path / "local_item_dp" / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2]
+    assert rows[-1]["epsilon"]["record"] > 0
+    summary = json.loads((tmp_path / "local_item_dp" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds_completed"] == 2
+
+
+def test_metrics_epsilon_matches_account_command(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from silodp.cli import app
+
+    cfg = parse_config({**_tiny(), "algorithms": ["local_item_dp", "higradavg_dp"]})
+    summary = run_experiment(cfg, tmp_path)
+    for item in summary["runs"]:
+        args = shlex.split(item["account_command"])[1:] + ["--per-round", "--json"]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        account = json.loads(result.output)
+        rows = _metrics(tmp_path / item["algorithm"] / "metrics.jsonl")
+        assert len(account["per_round"]) == len(rows)
+        for row, expected in zip(rows, account["per_round"], strict=True):
+            for unit, value in expected.items():
+                assert row["epsilon"][unit] == pytest.approx(value, rel=1e-9)

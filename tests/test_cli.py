@@ -1,0 +1,110 @@
+"""The silodp command line as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from silodp.accounting.conversions import gdp_epsilon
+from silodp.cli import app
+
+runner = CliRunner()
+
+
+def test_account_json_shape_and_value() -> None:
+    result = runner.invoke(app, [
+        "account", "--algorithm", "local_item_dp", "--noise-multiplier", "1.0",
+        "--delta", "1e-5", "--sample-rate", "0.01", "--steps", "100", "--rounds", "10",
+        "--silos", "4", "--group-size", "2", "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert set(out["epsilon"]) == {"record", "subject"}
+    assert out["noise_multiplier"] == 1.0 and out["delta"] == 1e-5
+    assert out["method"] == "pld"
+    # subject: k=2 records per silo, composed over span=4 silos
+    assert out["epsilon"]["subject"] > 2 * out["epsilon"]["record"]
+    assert out["plan"]["span"] == 4
+
+
+def test_account_user_ldp_matches_gaussian_dp_closed_form() -> None:
+    result = runner.invoke(app, [
+        "account", "--algorithm", "user_ldp", "--noise-multiplier", "20", "--steps", "5",
+        "--rounds", "4", "--silos", "3", "--json",
+    ])
+    out = json.loads(result.output)
+    # 20 steps of a Gaussian with multiplier 20/2 per silo, three silos at subject level
+    mu_silo = math.sqrt(20) / 10.0
+    assert out["mu"]["silo"] == pytest.approx(mu_silo)
+    assert out["mu"]["subject"] == pytest.approx(mu_silo * math.sqrt(3))
+    exact = gdp_epsilon(mu_silo * math.sqrt(3), 1e-5)
+    assert exact <= out["epsilon"]["subject"] <= exact * 1.01 + 1e-3
+
+
+def test_account_target_epsilon_returns_a_sigma_meeting_it() -> None:
+    result = runner.invoke(app, [
+        "account", "--algorithm", "higradavg_dp", "--target-epsilon", "3", "--sample-rate",
+        "0.05", "--steps", "20", "--rounds", "5", "--silos", "2", "--group-size", "3", "--json",
+    ])
+    out = json.loads(result.output)
+    assert out["noise_multiplier_source"] == "calibrated"
+    assert out["epsilon"]["subject"] <= 3.0
+    assert out["epsilon"]["subject"] > 2.8
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--algorithm", "fedavg", "--noise-multiplier", "1"], "not differentially private"),
+        (["--algorithm", "nope", "--noise-multiplier", "1"], "'nope'"),
+        (["--algorithm", "local_item_dp"], "exactly one of"),
+        (["--algorithm", "local_item_dp", "--noise-multiplier", "1", "--delta", "0"], "delta=0"),
+        (["--algorithm", "local_item_dp", "--noise-multiplier", "1", "--sample-rate", "1.5"],
+         "1.5"),
+        (["--algorithm", "user_ldp", "--target-epsilon", "1e-9", "--steps", "100",
+          "--rounds", "100"], "unreachable"),
+        (["--algorithm", "user_ldp", "--target-epsilon", "1", "--unit", "record"], "'record'"),
+    ],
+)
+def test_account_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["account", *args])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_describe_prints_the_data_view(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[data]\nsource = "digits"\nnum_silos = 4\nnum_subjects = 30\n')
+    result = runner.invoke(app, ["describe", str(cfg), "--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert info["num_silos"] == 4 and info["num_subjects"] == 30
+    assert sum(info["records_per_silo"]) == info["num_records"]
+
+
+@pytest.mark.integration
+def test_run_smoke_config_end_to_end(tmp_path: Path) -> None:
+    smoke = Path(__file__).resolve().parents[1] / "configs" / "smoke.toml"
+    result = runner.invoke(app, ["run", str(smoke), "--out", str(tmp_path), "--quiet"])
+    assert result.exit_code == 0, result.output
+    names = ["fedavg", "local_item_dp", "local_group_dp", "higradavg_dp", "user_ldp"]
+    for name in names:
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["status"] == "complete"
+        if name != "fedavg":
+            unit = "record" if name == "local_item_dp" else "subject"
+            assert 3.5 < summary["epsilon"][unit] <= 4.0
+    assert (tmp_path / "comparison.png").is_file()
+
+
+def test_run_with_bad_config_fails_cleanly(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('algorithms = ["fedavg"]\n[training]\nrounds = -2\n')
+    result = runner.invoke(app, ["run", str(cfg), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "training.rounds=-2" in result.output
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,84 @@
+"""Experiment config parsing: round trip and clear errors."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+import tomli_w
+
+from silodp.config import (
+    ConfigError,
+    default_config_path,
+    load_config,
+    parse_config,
+    to_toml_dict,
+)
+
+
+def test_default_demo_config_parses_and_lists_the_five_algorithms() -> None:
+    cfg = load_config(default_config_path())
+    assert cfg.algorithms == (
+        "fedavg", "local_item_dp", "local_group_dp", "higradavg_dp", "user_ldp"
+    )
+    assert cfg.data.source == "digits"
+    assert cfg.privacy.epsilon == 4.0 and cfg.privacy.delta == 1e-5
+
+
+def test_round_trip_through_toml() -> None:
+    raw = {
+        "name": "x",
+        "algorithms": ["local_item_dp", "higradavg_dp"],
+        "data": {"source": "synthetic", "num_silos": 3, "max_records": 300},
+        "training": {"rounds": 3, "batch_size": 16},
+        "privacy": {"epsilon": 2.0, "span": 2},
+        "algorithm": {"higradavg_dp": {"sampling": "subject", "lr": 0.3}},
+    }
+    cfg = parse_config(raw)
+    again = parse_config(tomllib.loads(tomli_w.dumps(to_toml_dict(cfg))))
+    assert again == cfg
+
+
+def test_overrides_apply_per_algorithm() -> None:
+    cfg = parse_config(
+        {
+            "algorithms": ["local_item_dp", "higradavg_dp"],
+            "algorithm": {"higradavg_dp": {"sampling": "subject", "lr": 0.3,
+                                           "noise_multiplier": 2.0}},
+        }
+    )
+    training, privacy = cfg.for_algorithm("higradavg_dp")
+    assert training.lr == 0.3 and privacy.sampling == "subject"
+    assert privacy.noise_multiplier == 2.0 and privacy.epsilon is None
+    training, privacy = cfg.for_algorithm("local_item_dp")
+    assert training.lr == 0.1 and privacy.sampling == "record"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"algorithms": ["nope"]}, "'nope'"),
+        ({"training": {"rounds": 0}}, "training.rounds=0"),
+        ({"training": {"batchsize": 3}}, "batchsize"),
+        ({"privacy": {"delta": 2.0}}, "privacy.delta=2.0"),
+        ({"privacy": {"epsilon": -1.0}}, "privacy.epsilon=-1.0"),
+        ({"model": {"name": "resnet"}}, "'resnet'"),
+        ({"data": {"num_silos": 0}}, "num_silos"),
+        ({"colour": "blue"}, "colour"),
+        ({"algorithms": ["fedavg"], "algorithm": {"user_ldp": {"lr": 1.0}}}, "user_ldp"),
+        ({"algorithm": {"fedavg": {"momentum": 0.9}}}, "momentum"),
+        ({"data": {"num_silos": 2}, "training": {"silos_per_round": 3}}, "silos_per_round=3"),
+    ],
+)
+def test_bad_config_names_the_value(raw: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        parse_config(raw)
+
+
+def test_missing_and_malformed_files(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "none.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = [unclosed")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
