@@ -83,14 +83,16 @@ def plot_comparison(
 ) -> Path:
     """Utility against round (left) and ε at ``unit`` against round (right), all methods."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name, metrics in runs.items():
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (name, metrics) in enumerate(runs.items()):
+        colour = colours[i % len(colours)]
         rounds, acc = _series(metrics, "test_accuracy")
-        left.plot(rounds, acc, marker="o", markersize=3, label=name)
+        left.plot(rounds, acc, marker="o", markersize=3, label=name, color=colour)
         rows = [(m["round"], m["epsilon"][unit]) for m in metrics
                 if m.get("epsilon", {}).get(unit) is not None]
         if rows:
             right.plot([r for r, _ in rows], [v for _, v in rows], marker="o", markersize=3,
-                       label=name)
+                       label=name, color=colour)
     left.set_xlabel("round")
     left.set_ylabel("test accuracy")
     left.grid(alpha=0.3)

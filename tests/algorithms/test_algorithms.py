@@ -1,0 +1,259 @@
+"""Each algorithm's local update: shapes, events, diagnostics, seeding, sampling rates."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from scipy import stats
+
+from silodp.accounting.events import gaussian_steps, poisson_gaussian_steps
+from silodp.algorithms import ALGORITHMS, AlgorithmConfig, SiloData, SiloUpdate, make_algorithm
+from silodp.algorithms.base import average_params, batch_diagnostics, poisson_mask
+from silodp.algorithms.higradavg import HiGradAvgDP, select_subject_batch
+from silodp.models import build_model
+
+ALPHA = 1e-6
+
+
+def _silo(n: int = 24, subjects: int = 6, seed: int = 0, silo: int = 2) -> SiloData:
+    gen = torch.Generator().manual_seed(seed)
+    return SiloData(
+        silo=silo,
+        x=torch.randn(n, 4, generator=gen),
+        y=torch.randint(0, 3, (n,), generator=gen),
+        subject=torch.arange(n) % subjects + 100,
+    )
+
+
+def _model_params(seed: int = 0):
+    model = build_model("mlp", (4,), 3, seed=seed)
+    return model, {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+CONFIG = AlgorithmConfig(local_steps=4, batch_size=8, lr=0.05, clip=0.7, noise_multiplier=1.3,
+                         group_size=4)
+
+
+def _run(name: str, seed: int, config: AlgorithmConfig = CONFIG, silo: SiloData | None = None):
+    model, params = _model_params()
+    algo = make_algorithm(name, config)
+    return algo.local_update(model, params, silo or _silo(), torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_local_update_contract(name) -> None:
+    silo = _silo()
+    model, params = _model_params()
+    before = {k: v.clone() for k, v in params.items()}
+    algo = make_algorithm(name, CONFIG)
+    update = algo.local_update(model, params, silo, torch.Generator().manual_seed(0))
+    assert isinstance(update, SiloUpdate)
+    assert update.silo == 2 and update.num_records == 24
+    assert update.params.keys() == params.keys()
+    for k in params:
+        assert update.params[k].shape == params[k].shape
+        assert update.params[k].dtype == params[k].dtype
+        assert torch.isfinite(update.params[k]).all()
+        assert not torch.equal(update.params[k], params[k])
+        assert torch.equal(params[k], before[k])  # the input is not modified
+    assert len(update.group_sizes) == CONFIG.local_steps
+    assert len(update.subjects_per_batch) == CONFIG.local_steps
+    assert all(0 <= d <= 6 for d in update.subjects_per_batch)
+    assert all(g <= 24 // 6 for g in update.group_sizes)
+    assert all((g == 0) == (d == 0) for g, d in zip(update.group_sizes, update.subjects_per_batch,
+                                                      strict=True))
+    rate = algo.sampling_rate(num_records=24, num_subjects=6)
+    if name == "fedavg":
+        assert update.privacy is None and algo.silo_privacy(sampling_rate=rate) is None
+    else:
+        assert update.privacy == algo.silo_privacy(sampling_rate=rate)
+        assert update.privacy == algo.silo_privacy_for(silo)
+        assert set(update.privacy.events) == set(algo.units)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_seeding(name) -> None:
+    a, b, c = _run(name, 1), _run(name, 1), _run(name, 2)
+    for k in a.params:
+        assert torch.equal(a.params[k], b.params[k])
+    assert a.group_sizes == b.group_sizes and a.subjects_per_batch == b.subjects_per_batch
+    assert any(not torch.equal(a.params[k], c.params[k]) for k in a.params)
+
+
+@pytest.mark.parametrize("name", sorted(set(ALGORITHMS) - {"fedavg"}))
+def test_secure_noise_is_not_reproducible_from_the_seed(name) -> None:
+    config = replace(CONFIG, secure_noise=True)
+    a, b = _run(name, 1, config), _run(name, 1, config)
+    # same seed -> same batches, but the noise comes from the OS
+    assert a.group_sizes == b.group_sizes
+    assert all(not torch.equal(a.params[k], b.params[k]) for k in a.params)
+
+
+def test_events_per_algorithm() -> None:
+    cfg = CONFIG
+    item = make_algorithm("local_item_dp", cfg).silo_privacy(sampling_rate=0.25)
+    assert item.events["record"] == poisson_gaussian_steps(0.25, 1.3, 4)
+    assert item.record_event == item.events["record"] and item.group_size == 4
+    assert item.events["subject"].event.sensitivities == (0.0, 1.0, 2.0, 3.0, 4.0)
+    assert make_algorithm("local_group_dp", cfg).silo_privacy(sampling_rate=0.25) == item
+    ldp = make_algorithm("user_ldp", cfg).silo_privacy(sampling_rate=0.25)
+    assert ldp.events == {"silo": gaussian_steps(1.3 / 2, 4), "subject": gaussian_steps(1.3 / 2, 4)}
+    hi = make_algorithm("higradavg_dp", cfg).silo_privacy(sampling_rate=0.25)
+    assert hi.events == {"subject": poisson_gaussian_steps(1 - 0.75**4, 1.3, 4)}
+    hi_sub = make_algorithm("higradavg_dp", replace(cfg, sampling="subject"))
+    assert hi_sub.silo_privacy(sampling_rate=0.25).events == {
+        "subject": poisson_gaussian_steps(0.25, 1.3, 4)
+    }
+
+
+def test_sampling_rates() -> None:
+    assert make_algorithm("local_item_dp", CONFIG).sampling_rate(num_records=80, num_subjects=5) \
+        == pytest.approx(0.1)
+    assert make_algorithm("local_item_dp", CONFIG).sampling_rate(num_records=5, num_subjects=5) \
+        == 1.0
+    hi = make_algorithm("higradavg_dp", replace(CONFIG, sampling="subject"))
+    assert hi.sampling_rate(num_records=1000, num_subjects=32) == pytest.approx(0.25)
+    assert hi.sampling_rate(num_records=1000, num_subjects=4) == 1.0
+
+
+# --- sampling statistics --------------------------------------------------------------------
+
+
+def _binom_p(successes: int, trials: int, p: float) -> float:
+    return stats.binomtest(successes, trials, p).pvalue
+
+
+def test_poisson_mask_rate() -> None:
+    gen = torch.Generator().manual_seed(0)
+    n, rate, reps = 500, 0.1, 40
+    picked = [poisson_mask(n, rate, gen) for _ in range(reps)]
+    total = sum(int(p.numel()) for p in picked)
+    assert _binom_p(total, n * reps, rate) > ALPHA
+    assert _binom_p(total, n * reps, rate * 1.2) < ALPHA
+    assert _binom_p(total, n * reps, rate / 1.2) < ALPHA
+    for p in picked:
+        assert p.unique().numel() == p.numel() and (p >= 0).all() and (p < n).all()
+    assert poisson_mask(10, 1.0, gen).tolist() == list(range(10))
+    assert poisson_mask(10, 0.0, gen).numel() == 0
+
+
+def test_local_item_dp_batch_sizes_follow_the_rate() -> None:
+    """Every subject has one record, so distinct subjects per batch = batch size ~ Bin(n, q)."""
+    n, batch, steps = 60, 12, 60
+    silo = _silo(n=n, subjects=n)
+    update = _run("local_item_dp", 3, replace(CONFIG, local_steps=steps, batch_size=batch), silo)
+    total = sum(update.subjects_per_batch)
+    q = batch / n
+    assert _binom_p(total, n * steps, q) > ALPHA
+    assert _binom_p(total, n * steps, q * 1.25) < ALPHA
+    assert max(update.group_sizes) == 1
+
+
+def test_select_subject_batch_rate_and_cap() -> None:
+    gen = torch.Generator().manual_seed(4)
+    # 300 subjects with 1..6 records, shuffled order, arbitrary ids
+    counts = torch.arange(300) % 6 + 1
+    ids = torch.repeat_interleave(torch.arange(300) * 7 - 50, counts)
+    subjects = ids[torch.randperm(ids.numel(), generator=gen)]
+    rate, per_subject, reps = 0.3, 3, 40
+    chosen_total = 0
+    chosen_big = 0  # subjects with 6 records: still chosen at rate q, not 1-(1-q)^6
+    for _ in range(reps):
+        idx = select_subject_batch(subjects, rate=rate, per_subject=per_subject, generator=gen)
+        assert torch.equal(idx, torch.sort(idx).values) and idx.unique().numel() == idx.numel()
+        picked = subjects[idx]
+        uniq, got = torch.unique(picked, return_counts=True)
+        have = torch.stack([(subjects == u).sum() for u in uniq])
+        # never more than per_subject records, and all of them up to that cap
+        assert torch.equal(got, torch.clamp(have, max=per_subject))
+        chosen_total += uniq.numel()
+        chosen_big += int((have == 6).sum())
+    assert _binom_p(chosen_total, 300 * reps, rate) > ALPHA
+    assert _binom_p(chosen_total, 300 * reps, rate * 1.15) < ALPHA
+    assert _binom_p(chosen_total, 300 * reps, rate / 1.15) < ALPHA
+    assert _binom_p(chosen_big, 50 * reps, rate) > ALPHA
+    assert _binom_p(chosen_big, 50 * reps, 1 - (1 - rate) ** 6) < ALPHA
+
+
+def test_select_subject_batch_picks_records_at_random() -> None:
+    gen = torch.Generator().manual_seed(0)
+    subjects = torch.zeros(10, dtype=torch.int64)
+    seen = torch.zeros(10)
+    for _ in range(400):
+        idx = select_subject_batch(subjects, rate=1.0, per_subject=2, generator=gen)
+        assert idx.numel() == 2
+        seen[idx] += 1
+    # each record kept with prob 2/10: 80 of 400 expected
+    assert stats.chisquare(seen.numpy()).pvalue > ALPHA
+
+
+def test_higradavg_subject_sampling_caps_records_per_subject() -> None:
+    silo = _silo(n=60, subjects=5)  # 12 records each
+    cfg = replace(CONFIG, sampling="subject", subject_records=3, batch_size=2, local_steps=30)
+    update = _run("higradavg_dp", 0, cfg, silo)
+    assert max(update.group_sizes) == 3
+    assert all(g in (0, 3) for g in update.group_sizes)
+
+
+def test_higradavg_subject_rate() -> None:
+    rec = HiGradAvgDP(replace(CONFIG, group_size=3))
+    assert rec.subject_rate(0.1) == pytest.approx(1 - 0.9**3)
+    sub = HiGradAvgDP(replace(CONFIG, sampling="subject"))
+    assert sub.subject_rate(0.1) == 0.1
+
+
+# --- server and helpers ---------------------------------------------------------------------
+
+
+def test_aggregate_is_average_with_server_lr() -> None:
+    _, params = _model_params()
+    ups = [_run("fedavg", s) for s in (1, 2, 3)]
+    algo = make_algorithm("fedavg", replace(CONFIG, server_lr=0.5))
+    out = algo.aggregate(params, ups)
+    for k in params:
+        mean = torch.stack([u.params[k] for u in ups]).mean(0)
+        torch.testing.assert_close(out[k], params[k] + 0.5 * (mean - params[k]))
+    same = average_params(params, [])
+    assert all(torch.equal(same[k], params[k]) for k in params)
+
+
+def test_batch_diagnostics() -> None:
+    assert batch_diagnostics(torch.tensor([5, 5, 2, 5, 9])) == (3, 3)
+    assert batch_diagnostics(torch.tensor([], dtype=torch.int64)) == (0, 0)
+
+
+def test_silo_data_counts() -> None:
+    silo = _silo(n=24, subjects=6)
+    assert silo.num_records == 24 and silo.num_subjects == 6
+
+
+# --- config validation ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("local_steps", 0, r"local_steps=0"),
+        ("local_steps", 2.5, r"local_steps=2\.5"),
+        ("batch_size", 0, r"batch_size=0"),
+        ("lr", 0.0, r"lr=0\.0"),
+        ("lr", -0.1, r"lr=-0\.1"),
+        ("server_lr", 0, r"server_lr=0"),
+        ("clip", -1.0, r"clip=-1\.0"),
+        ("clip", float("nan"), r"clip=nan"),
+        ("noise_multiplier", -0.5, r"noise_multiplier=-0\.5"),
+        ("group_size", 0, r"group_size=0"),
+        ("sampling", "silo", r"sampling='silo'"),
+        ("subject_records", 0, r"subject_records=0"),
+    ],
+)
+def test_config_validation_names_the_value(field, value, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        AlgorithmConfig(**{field: value})
+
+
+def test_unknown_algorithm_is_named() -> None:
+    with pytest.raises(ValueError, match=r"algorithm='dp_magic'"):
+        make_algorithm("dp_magic", CONFIG)

@@ -1,0 +1,160 @@
+"""Sensitivity of each algorithm's pre-noise aggregate to removing one subject (hypothesis).
+
+Two layers: (1) the aggregates built from the gradient helpers, on random data, subject
+assignments and clip bounds; (2) the algorithms' own ``local_update`` with σ = 0, one step and
+q = 1, from which the pre-noise aggregate is read back as (w0 - w1)·scale/lr.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from silodp.algorithms import AlgorithmConfig, SiloData, make_algorithm
+from silodp.models import MLP
+from silodp.privacy.gradients import (
+    batch_gradient,
+    clip_factors,
+    per_example_gradients,
+    per_example_norms,
+    subject_average_weights,
+    tree_norm,
+    weighted_sum,
+)
+
+TOL = 1e-9
+SETTINGS = settings(max_examples=30, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+_MODEL = MLP(5, 3, hidden=8).double()
+
+
+def _params(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(v.shape, generator=gen, dtype=torch.float64)
+            for k, v in _MODEL.named_parameters()}
+
+
+def _data(n: int, seed: int, scale: float):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 5, generator=gen, dtype=torch.float64) * scale
+    y = torch.randint(0, 3, (n,), generator=gen)
+    return x, y
+
+
+def _diff_norm(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return float(tree_norm({k: a[k] - b[k] for k in a}))
+
+
+subject_lists = st.lists(st.integers(min_value=0, max_value=5), min_size=2, max_size=14).filter(
+    lambda s: len(set(s)) >= 2
+)
+clips = st.floats(min_value=1e-3, max_value=10.0, allow_nan=False)
+seeds = st.integers(min_value=0, max_value=2**16)
+scales = st.sampled_from([0.1, 1.0, 10.0])
+
+
+def _item_sum(params, x, y, clip):
+    grads = per_example_gradients(_MODEL, params, x, y)
+    return weighted_sum(grads, clip_factors(per_example_norms(grads), clip))
+
+
+def _subject_sum(params, x, y, subjects, clip):
+    grads = per_example_gradients(_MODEL, params, x, y)
+    weights = subject_average_weights(clip_factors(per_example_norms(grads), clip), subjects)
+    return weighted_sum(grads, weights)
+
+
+def _clipped_mean(params, x, y, clip):
+    g = batch_gradient(_MODEL, params, x, y)
+    factor = min(1.0, clip / (float(tree_norm(g)) + 1e-12))
+    return {k: v * factor for k, v in g.items()}
+
+
+@SETTINGS
+@given(subjects=subject_lists, clip=clips, seed=seeds, scale=scales, pick=st.integers(0, 100))
+def test_clipped_sums_move_at_most_the_stated_sensitivity(subjects, clip, seed, scale, pick):
+    subj = torch.tensor(subjects)
+    x, y = _data(len(subjects), seed, scale)
+    params = _params(seed)
+    victim = sorted(set(subjects))[pick % len(set(subjects))]
+    keep = subj != victim
+    k = int((~keep).sum())
+
+    # local_item_dp / local_group_dp: sum of clipped per-record gradients, ≤ k·C
+    full = _item_sum(params, x, y, clip)
+    without = _item_sum(params, x[keep], y[keep], clip)
+    assert _diff_norm(full, without) <= k * clip * (1 + TOL)
+
+    # higradavg_dp: sum over subjects of their average clipped gradient, ≤ C
+    full = _subject_sum(params, x, y, subj, clip)
+    without = _subject_sum(params, x[keep], y[keep], subj[keep], clip)
+    assert _diff_norm(full, without) <= clip * (1 + TOL)
+
+    # user_ldp: clipped batch-mean gradient; any replacement of the batch moves it ≤ 2C
+    other_x, other_y = _data(len(subjects), seed + 1, scale * 3)
+    a = _clipped_mean(params, x, y, clip)
+    assert float(tree_norm(a)) <= clip * (1 + TOL)
+    assert _diff_norm(a, _clipped_mean(params, other_x, other_y, clip)) <= 2 * clip * (1 + TOL)
+    assert _diff_norm(a, _clipped_mean(params, x[keep], y[keep], clip)) <= 2 * clip * (1 + TOL)
+
+
+# --- through the algorithms' own local_update ---------------------------------------------
+
+
+def _silo(x, y, subjects) -> SiloData:
+    return SiloData(silo=0, x=x, y=y, subject=subjects)
+
+
+def _pre_noise_aggregate(name, config, params, silo) -> dict[str, torch.Tensor]:
+    """Runs one noiseless step at q = 1 and reads the aggregate back from the parameter change."""
+    algo = make_algorithm(name, config)
+    update = algo.local_update(_MODEL, params, silo, torch.Generator().manual_seed(0))
+    if name == "user_ldp":
+        scale = 1.0  # w1 = w0 - lr·(clipped mean gradient)
+    elif name == "higradavg_dp":
+        q = algo.sampling_rate(num_records=silo.num_records, num_subjects=silo.num_subjects)
+        assert q == 1.0
+        scale = algo.subject_rate(q) * silo.num_subjects  # public expected subjects
+    else:
+        q = algo.sampling_rate(num_records=silo.num_records, num_subjects=silo.num_subjects)
+        assert q == 1.0
+        scale = q * silo.num_records  # expected batch size
+    return {k: (params[k] - update.params[k]) * scale / config.lr for k in params}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(subjects=subject_lists, clip=clips, seed=seeds, pick=st.integers(0, 100),
+       sampling=st.sampled_from(["record", "subject"]))
+def test_local_update_sensitivity(subjects, clip, seed, pick, sampling):
+    subj = torch.tensor(subjects)
+    x, y = _data(len(subjects), seed, 3.0)
+    params = _params(seed)
+    victim = sorted(set(subjects))[pick % len(set(subjects))]
+    keep = subj != victim
+    k = int((~keep).sum())
+    full = _silo(x, y, subj)
+    reduced = _silo(x[keep], y[keep], subj[keep])
+    config = AlgorithmConfig(local_steps=1, batch_size=64, lr=0.5, clip=clip, noise_multiplier=0.0,
+                             group_size=max(subjects.count(a) for a in set(subjects)),
+                             sampling=sampling, subject_records=64)
+
+    for name in ("local_item_dp", "local_group_dp"):
+        a = _pre_noise_aggregate(name, config, params, full)
+        b = _pre_noise_aggregate(name, config, params, reduced)
+        assert _diff_norm(a, b) <= k * clip * (1 + 1e-7)
+        # and it is exactly the helpers' clipped sum (the algorithm's own code path agrees)
+        ref = _item_sum(params, x, y, clip)
+        assert _diff_norm(a, ref) <= 1e-7 * (1 + float(tree_norm(ref)))
+
+    a = _pre_noise_aggregate("higradavg_dp", config, params, full)
+    b = _pre_noise_aggregate("higradavg_dp", config, params, reduced)
+    assert _diff_norm(a, b) <= clip * (1 + 1e-7)
+    ref = _subject_sum(params, x, y, subj, clip)
+    assert _diff_norm(a, ref) <= 1e-7 * (1 + float(tree_norm(ref)))
+
+    a = _pre_noise_aggregate("user_ldp", config, params, full)
+    b = _pre_noise_aggregate("user_ldp", config, params, reduced)
+    assert float(tree_norm(a)) <= clip * (1 + 1e-7)
+    assert _diff_norm(a, b) <= 2 * clip * (1 + 1e-7)
