@@ -37,7 +37,7 @@ test-fast: install
 
 lint: install
 	$(BIN)/ruff check src tests
-	$(BIN)/mypy src
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

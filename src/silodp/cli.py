@@ -8,7 +8,7 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from tqdm import tqdm
@@ -51,7 +51,7 @@ def _progress(name: str, rounds: int) -> Any:
 @app.command()
 def run(
     config: Annotated[
-        Optional[Path], typer.Argument(help="Experiment TOML; omitted: the built-in demo.")
+        Path | None, typer.Argument(help="Experiment TOML; omitted: the built-in demo.")
     ] = None,
     out: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("runs/demo"),
     overwrite: Annotated[bool, typer.Option(help="Replace results already in --out.")] = False,
@@ -79,9 +79,13 @@ def run(
         _fail(str(err))
     typer.echo(f"\nresults in {out}/")
     for item in summary["runs"]:
-        eps = ", ".join(
-            f"{u}={'inf' if v is None else format(v, '.3g')}" for u, v in item["epsilon"].items()
-        ) or "not private"
+        eps = (
+            ", ".join(
+                f"{u}={'inf' if v is None else format(v, '.3g')}"
+                for u, v in item["epsilon"].items()
+            )
+            or "not private"
+        )
         acc = item["test_accuracy"]
         typer.echo(
             f"  {item['algorithm']:>15}: accuracy {acc:.3f}  ε({eps})"
@@ -117,31 +121,33 @@ def account(
     algorithm: Annotated[str, typer.Option(help=f"One of: {', '.join(ALGORITHMS)}.")],
     delta: Annotated[float, typer.Option(help="δ of the reported ε.")] = 1e-5,
     noise_multiplier: Annotated[
-        Optional[float], typer.Option(help="σ; report the ε it gives.")
+        float | None, typer.Option(help="σ; report the ε it gives.")
     ] = None,
     target_epsilon: Annotated[
-        Optional[float], typer.Option(help="ε to reach; report the σ it needs.")
+        float | None, typer.Option(help="ε to reach; report the σ it needs.")
     ] = None,
     sample_rate: Annotated[
-        float, typer.Option(help="Per-step Poisson sampling rate q (records; subjects with "
-                                 "--sampling subject).")
+        float,
+        typer.Option(
+            help="Per-step Poisson sampling rate q (records; subjects with --sampling subject)."
+        ),
     ] = 1.0,
     steps: Annotated[int, typer.Option(help="Local steps per round T.")] = 1,
     rounds: Annotated[int, typer.Option(help="Rounds R.")] = 1,
     silos: Annotated[int, typer.Option(help="Silos S.")] = 1,
     silos_per_round: Annotated[
-        Optional[int], typer.Option(help="Silos taking part per round (default S).")
+        int | None, typer.Option(help="Silos taking part per round (default S).")
     ] = None,
     span: Annotated[
-        Optional[int], typer.Option(help="Silos one subject may span (default S).")
+        int | None, typer.Option(help="Silos one subject may span (default S).")
     ] = None,
     group_size: Annotated[
         int, typer.Option(help="Bound k on one subject's records in one silo.")
     ] = 1,
     sampling: Annotated[str, typer.Option(help="higradavg_dp: record or subject.")] = "record",
     unit: Annotated[
-        Optional[str], typer.Option(help="Unit of --target-epsilon (default: the "
-                                         "algorithm's calibration unit).")
+        str | None,
+        typer.Option(help="Unit of --target-epsilon (default: the algorithm's calibration unit)."),
     ] = None,
     per_round: Annotated[bool, typer.Option(help="Also list ε after every round.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -190,9 +196,14 @@ def account(
         "routes": {u: {k: _finite(v) for k, v in e.routes.items()} for u, e in final.items()},
         "epsilon_route": {u: e.route for u, e in final.items()},
         "plan": {
-            "sample_rate": sample_rate, "steps": steps, "rounds": rounds, "silos": silos,
-            "silos_per_round": plan.silos_per_round, "span": plan.span,
-            "group_size": group_size, "sampling": sampling,
+            "sample_rate": sample_rate,
+            "steps": steps,
+            "rounds": rounds,
+            "silos": silos,
+            "silos_per_round": plan.silos_per_round,
+            "span": plan.span,
+            "group_size": group_size,
+            "sampling": sampling,
         },
         "threat_model": probe.threat_model,
     }
@@ -200,16 +211,16 @@ def account(
     if mu:
         result["mu"] = mu
     if per_round:
-        result["per_round"] = [
-            {u: _finite(e.epsilon) for u, e in row.items()} for row in curve
-        ]
+        result["per_round"] = [{u: _finite(e.epsilon) for u, e in row.items()} for row in curve]
     if as_json:
         typer.echo(json.dumps(result))
         return
     typer.echo(f"{algorithm}: σ = {noise_multiplier:.6g} ({method}), δ = {delta:g}")
     for u, e in final.items():
-        typer.echo(f"  {u:>8}: ε = {e.epsilon:.4f}  via {e.route}  "
-                   f"(routes: {', '.join(f'{k}={v:.4g}' for k, v in e.routes.items())})")
+        typer.echo(
+            f"  {u:>8}: ε = {e.epsilon:.4f}  via {e.route}  "
+            f"(routes: {', '.join(f'{k}={v:.4g}' for k, v in e.routes.items())})"
+        )
     for u, m in (mu or {}).items():
         typer.echo(f"  {u:>8}: μ = {m:.4f} (Gaussian DP)")
     typer.echo(f"  threat model: {probe.threat_model}")
@@ -218,11 +229,13 @@ def account(
 def _mu(algorithm: Any, plan: PrivacyPlan) -> dict[str, float]:
     from silodp.accounting import FederatedAccountant
 
-    acc = FederatedAccountant(units=algorithm.units, span=plan.span, delta=plan.delta,
-                              routes=("rdp",))
+    acc = FederatedAccountant(
+        units=algorithm.units, span=plan.span, delta=plan.delta, routes=("rdp",)
+    )
     events = [algorithm.silo_privacy(sampling_rate=r) for r in plan.sampling_rates]
-    acc.compose_round([e for e in events if e is not None], count=plan.rounds,
-                      participants=plan.silos_per_round)
+    acc.compose_round(
+        [e for e in events if e is not None], count=plan.rounds, participants=plan.silos_per_round
+    )
     return acc.mu()
 
 

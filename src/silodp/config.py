@@ -253,8 +253,11 @@ def default_config_path() -> Path:
 
 def _clean(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _clean(getattr(value, f.name)) for f in fields(value)
-                if getattr(value, f.name) is not None}
+        return {
+            f.name: _clean(getattr(value, f.name))
+            for f in fields(value)
+            if getattr(value, f.name) is not None
+        }
     if isinstance(value, Mapping):
         return {k: _clean(v) for k, v in value.items() if v is not None}
     if isinstance(value, tuple | list):

@@ -12,7 +12,7 @@ from typing import Any
 __all__ = ["atomic_write", "write_json", "write_jsonl", "write_text"]
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
     """Calls ``write(tmp)`` on a temporary file beside ``path``, then renames it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

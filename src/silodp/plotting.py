@@ -33,7 +33,10 @@ def _series(metrics: Metrics, key: str) -> tuple[list[int], list[float]]:
 def plot_training(metrics: Metrics, path: Path, title: str) -> Path:
     """Test accuracy and loss against round."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, label in ((left, "test_accuracy", "test accuracy"), (right, "test_loss", "test loss")):
+    for ax, key, label in (
+        (left, "test_accuracy", "test accuracy"),
+        (right, "test_loss", "test loss"),
+    ):
         rounds, values = _series(metrics, key)
         ax.plot(rounds, values, marker="o", markersize=3)
         ax.set_xlabel("round")
@@ -48,7 +51,9 @@ def plot_epsilon(metrics: Metrics, path: Path, title: str, delta: float) -> Path
     fig, ax = plt.subplots(figsize=(6, 4))
     units = sorted({u for m in metrics for u in m.get("epsilon", {})})
     for unit in units:
-        rows = [(m["round"], m["epsilon"][unit]) for m in metrics if m["epsilon"].get(unit) is not None]
+        rows = [
+            (m["round"], m["epsilon"][unit]) for m in metrics if m["epsilon"].get(unit) is not None
+        ]
         ax.plot([r for r, _ in rows], [v for _, v in rows], marker="o", markersize=3, label=unit)
     ax.set_xlabel("round")
     ax.set_ylabel(f"ε at δ={delta:g}")
@@ -88,11 +93,20 @@ def plot_comparison(
         colour = colours[i % len(colours)]
         rounds, acc = _series(metrics, "test_accuracy")
         left.plot(rounds, acc, marker="o", markersize=3, label=name, color=colour)
-        rows = [(m["round"], m["epsilon"][unit]) for m in metrics
-                if m.get("epsilon", {}).get(unit) is not None]
+        rows = [
+            (m["round"], m["epsilon"][unit])
+            for m in metrics
+            if m.get("epsilon", {}).get(unit) is not None
+        ]
         if rows:
-            right.plot([r for r, _ in rows], [v for _, v in rows], marker="o", markersize=3,
-                       label=name, color=colour)
+            right.plot(
+                [r for r, _ in rows],
+                [v for _, v in rows],
+                marker="o",
+                markersize=3,
+                label=name,
+                color=colour,
+            )
     left.set_xlabel("round")
     left.set_ylabel("test accuracy")
     left.grid(alpha=0.3)
@@ -103,7 +117,6 @@ def plot_comparison(
         right.set_yscale("log")
         right.legend()
     else:
-        right.text(0.5, 0.5, "no private run", ha="center", va="center",
-                   transform=right.transAxes)
+        right.text(0.5, 0.5, "no private run", ha="center", va="center", transform=right.transAxes)
     right.grid(alpha=0.3)
     return _save(fig, path)

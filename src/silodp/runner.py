@@ -76,16 +76,28 @@ class PreparedRun:
         if self.plan is None or self.noise_multiplier is None:
             return None
         args = [
-            "silodp", "account", "--algorithm", self.name,
-            "--noise-multiplier", repr(self.noise_multiplier),
-            "--delta", repr(self.privacy.delta),
-            "--sample-rate", repr(max(self.plan.sampling_rates)),
-            "--steps", str(self.training.local_steps),
-            "--rounds", str(self.training.rounds),
-            "--silos", str(self.train.num_silos),
-            "--silos-per-round", str(self.silos_per_round),
-            "--span", str(self.span),
-            "--group-size", str(self.group_size),
+            "silodp",
+            "account",
+            "--algorithm",
+            self.name,
+            "--noise-multiplier",
+            repr(self.noise_multiplier),
+            "--delta",
+            repr(self.privacy.delta),
+            "--sample-rate",
+            repr(max(self.plan.sampling_rates)),
+            "--steps",
+            str(self.training.local_steps),
+            "--rounds",
+            str(self.training.rounds),
+            "--silos",
+            str(self.train.num_silos),
+            "--silos-per-round",
+            str(self.silos_per_round),
+            "--span",
+            str(self.span),
+            "--group-size",
+            str(self.group_size),
         ]
         if self.name == "higradavg_dp":
             args += ["--sampling", self.privacy.sampling]
@@ -102,7 +114,13 @@ def _bound_data(
     if privacy.group_size is not None:
         train = cap_records(train, per_silo=privacy.group_size, seed=seed)
         return train, privacy.group_size, "config", span, span_source
-    return train, train.max_records_per_subject_per_silo(), "data (largest n_{s,a})", span, span_source
+    return (
+        train,
+        train.max_records_per_subject_per_silo(),
+        "data (largest n_{s,a})",
+        span,
+        span_source,
+    )
 
 
 def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> PreparedRun:
@@ -152,9 +170,7 @@ def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> Pre
         else:
             assert privacy.epsilon is not None
             started = time.perf_counter()
-            sigma = calibrate_noise(
-                name, algo_config, plan, target_epsilon=privacy.epsilon
-            )
+            sigma = calibrate_noise(name, algo_config, plan, target_epsilon=privacy.epsilon)
             calibration = {
                 "method": "calibrated",
                 "target_epsilon": privacy.epsilon,
@@ -199,7 +215,9 @@ def _summary(
     run: PreparedRun, results: list[RoundResult], status: str, started: float
 ) -> dict[str, Any]:
     last = results[-1] if results else None
-    final_acc = next((r.test_accuracy for r in reversed(results) if r.test_accuracy is not None), None)
+    final_acc = next(
+        (r.test_accuracy for r in reversed(results) if r.test_accuracy is not None), None
+    )
     final_loss = next((r.test_loss for r in reversed(results) if r.test_loss is not None), None)
     algorithm = run.algorithm
     return {
@@ -253,7 +271,9 @@ def _train(
     started = time.perf_counter()
     write_text(run_dir / "config.toml", tomli_w.dumps(_resolved_config(config, run)))
     model = build_model(
-        config.model.name, data.train.feature_shape, data.train.num_classes,
+        config.model.name,
+        data.train.feature_shape,
+        data.train.num_classes,
         seed=run.training.seed,
     )
     accountant = (
@@ -279,7 +299,7 @@ def _train(
         rows.append(result.to_json())
         write_jsonl(run_dir / "metrics.jsonl", rows)
 
-    callbacks = [record]
+    callbacks: list[Callable[[RoundResult], None]] = [record]
     if progress is not None:
         callbacks.append(progress(run.name, run.training.rounds))
     write_json(run_dir / "summary.json", _summary(run, results, "running", started))
@@ -314,15 +334,19 @@ def run_experiment(
     out = Path(out_dir)
     _check_output(out, config.algorithms, overwrite)
     data = build_federated_data(config.data)
-    log(f"data: {len(data.train)} training records, {data.train.num_silos} silos, "
-        f"{data.train.num_subjects} subjects, {len(data.test)} test records")
+    log(
+        f"data: {len(data.train)} training records, {data.train.num_silos} silos, "
+        f"{data.train.num_subjects} subjects, {len(data.test)} test records"
+    )
     runs = []
     for name in config.algorithms:
         run = prepare_run(name, config, data)
         if run.noise_multiplier is not None:
-            log(f"{name}: noise multiplier {run.noise_multiplier:.4g} "
+            log(
+                f"{name}: noise multiplier {run.noise_multiplier:.4g} "
                 f"({run.calibration['method']}), group size k={run.group_size}, span={run.span}, "
-                f"{run.train.dropped_records} record(s) dropped by these bounds")
+                f"{run.train.dropped_records} record(s) dropped by these bounds"
+            )
         runs.append(run)
     write_json(out / "data.json", describe(data.train))
     all_rows: dict[str, list[dict[str, Any]]] = {}

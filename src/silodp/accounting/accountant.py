@@ -199,7 +199,9 @@ class FederatedAccountant:
         passes every silo that may take part with the number that does.
         """
         check_int("count", count, 1)
-        taking_part = len(silos) if participants is None else check_int("participants", participants, 1)
+        taking_part = (
+            len(silos) if participants is None else check_int("participants", participants, 1)
+        )
         for unit in self.units:
             reporting = [s for s in silos if unit in s.events]
             if not reporting:
@@ -224,7 +226,9 @@ class FederatedAccountant:
                     else None
                 )
             mu_sq = _mu_squared(worst)
-            state.mu_sq = None if mu_sq is None or state.mu_sq is None else state.mu_sq + times * mu_sq
+            state.mu_sq = (
+                None if mu_sq is None or state.mu_sq is None else state.mu_sq + times * mu_sq
+            )
             if unit == "subject" and self.routes & {"rdp-group", "dp-group"}:
                 self._compose_group(state, silos, m, count)
         self.rounds += count
@@ -276,7 +280,9 @@ class FederatedAccountant:
                 name = "pld-mixture" if state.mixture else "pld"
                 routes[name] = float(state.pld.get_epsilon_for_delta(self.delta))
             if state.rdp is not None:
-                routes["rdp"] = conversions.rdp_epsilon(conversions.RDP_ORDERS, state.rdp, self.delta)
+                routes["rdp"] = conversions.rdp_epsilon(
+                    conversions.RDP_ORDERS, state.rdp, self.delta
+                )
             if state.group_rdp is not None and state.group_size is not None:
                 orders, _ = conversions.rdp_group_curve(
                     conversions.RDP_ORDERS, conversions.RDP_ORDERS, state.group_size
@@ -288,7 +294,7 @@ class FederatedAccountant:
                 record_pld = state.record_pld
                 if "dp-group" in self.routes and record_pld is not None:
                     routes["dp-group"] = conversions.group_epsilon_dp(
-                        lambda d: float(record_pld.get_epsilon_for_delta(d)),
+                        record_pld.get_epsilon_for_delta,
                         group_size=state.group_size,
                         delta=self.delta,
                         compositions=max(state.max_silos, 1),

@@ -35,7 +35,11 @@ __all__ = [
 # divided by a group's 2^c still reach the useful range.
 RDP_ORDERS: np.ndarray = np.unique(
     np.concatenate(
-        [1.0 + np.arange(1, 100) / 10.0, np.arange(11.0, 64.0), np.round(np.geomspace(64.0, 2048.0, 16))]
+        [
+            1.0 + np.arange(1, 100) / 10.0,
+            np.arange(11.0, 64.0),
+            np.round(np.geomspace(64.0, 2048.0, 16)),
+        ]
     )
 )
 

@@ -46,8 +46,9 @@ def subject_mixture_steps(
     check_int("group_size", group_size, 1)
     check_int("steps", steps, 1)
     support = tuple(float(j) for j in range(group_size + 1))
-    probs = tuple(float(p) for p in stats.binom.pmf(range(group_size + 1), group_size,
-                                                       sampling_probability))
+    probs = tuple(
+        float(p) for p in stats.binom.pmf(range(group_size + 1), group_size, sampling_probability)
+    )
     total = sum(probs)
     probs = tuple(p / total for p in probs)
     inner = dp_event.MixtureOfGaussiansDpEvent(float(noise_multiplier), support, probs)

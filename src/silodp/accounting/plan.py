@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from silodp._validation import check_in_range, check_int, check_positive, check_probability
 from silodp.accounting.accountant import Estimate, FederatedAccountant
@@ -61,13 +62,13 @@ def _accountant(
     algorithm: Algorithm,
     plan: PrivacyPlan,
     units: Sequence[str] | None = None,
-    **kwargs: object,
+    **kwargs: Any,
 ) -> FederatedAccountant:
     return FederatedAccountant(
         units=units or algorithm.units,
         span=plan.span,
         delta=plan.delta,
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
 
 
@@ -82,10 +83,11 @@ def account_plan(
     *,
     per_round: bool = False,
     accountant_factory: Callable[..., FederatedAccountant] | None = None,
-    **accountant_kwargs: object,
+    **accountant_kwargs: Any,
 ) -> list[dict[str, Estimate]]:
     """ε per unit after each round (``per_round``) or only after the last one."""
-    accountant = (accountant_factory or _accountant)(algorithm, plan, **accountant_kwargs)
+    factory = accountant_factory or _accountant
+    accountant = factory(algorithm, plan, **accountant_kwargs)
     silos = _silo_events(algorithm, plan)
     if not silos:
         return [{}] * (plan.rounds if per_round else 1)
@@ -118,7 +120,9 @@ def calibrate_noise(
     probe = make_algorithm(algorithm_name, config)
     unit = unit or probe.calibration_unit
     if unit is None:
-        raise CalibrationError(f"Algorithm {algorithm_name!r} is not private; nothing to calibrate.")
+        raise CalibrationError(
+            f"Algorithm {algorithm_name!r} is not private; nothing to calibrate."
+        )
     if unit not in probe.units:
         raise CalibrationError(
             f"Expected unit={unit!r} to be one of the units {algorithm_name!r} protects: "
@@ -144,7 +148,9 @@ def calibrate_noise(
                 f"{MAX_NOISE_MULTIPLIER:g}); raise epsilon or delta, or use fewer rounds/steps."
             )
     lo = hi / 2.0 if hi > 1.0 else 0.0
-    hi = _bisect(lambda s: epsilon(s, fast, CALIBRATION_DISCRETIZATION), lo, hi, target_epsilon, rel_tol)
+    hi = _bisect(
+        lambda s: epsilon(s, fast, CALIBRATION_DISCRETIZATION), lo, hi, target_epsilon, rel_tol
+    )
     # The tighter routes can only lower ε, so the answer lies at or below ``hi``.
     if epsilon(hi / 4.0, full, CALIBRATION_DISCRETIZATION) <= target_epsilon:
         lo = 0.0

@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -64,8 +63,8 @@ class RoundResult:
         }
 
 
-class SimulationCallback(Protocol):
-    def __call__(self, result: RoundResult) -> None: ...
+#: Called with each round's result as soon as the round ends (progress, checkpoints, logs).
+SimulationCallback = Callable[[RoundResult], None]
 
 
 def silo_tensors(train: FederatedDataset) -> list[SiloData]:
@@ -181,9 +180,7 @@ class Simulator:
             subjects_per_batch=[d for u in updates for d in u.subjects_per_batch],
         )
 
-    def run(
-        self, rounds: int, callbacks: Sequence[SimulationCallback] = ()
-    ) -> list[RoundResult]:
+    def run(self, rounds: int, callbacks: Sequence[SimulationCallback] = ()) -> list[RoundResult]:
         results = []
         for r in range(1, check_int("rounds", rounds, 1) + 1):
             result = self.run_round(r, evaluate_now=r % self.eval_every == 0 or r == rounds)

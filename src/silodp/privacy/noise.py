@@ -66,6 +66,7 @@ def add_gaussian_noise(
 ) -> dict[str, torch.Tensor]:
     """Returns ``tensors`` with independent ``N(0, std^2)`` noise added to every coordinate."""
     return {
-        name: t + gaussian_noise(t.shape, std=std, generator=generator, secure=secure, dtype=t.dtype)
+        name: t
+        + gaussian_noise(t.shape, std=std, generator=generator, secure=secure, dtype=t.dtype)
         for name, t in tensors.items()
     }
