@@ -114,13 +114,14 @@ def _bound_data(
     if privacy.group_size is not None:
         train = cap_records(train, per_silo=privacy.group_size, seed=seed)
         return train, privacy.group_size, "config", span, span_source
-    return (
-        train,
-        train.max_records_per_subject_per_silo(),
-        "data (largest n_{s,a})",
-        span,
-        span_source,
+    largest = train.max_records_per_subject_per_silo()
+    logger.warning(
+        "privacy.group_size is not set: using the data's largest records-per-subject-per-silo "
+        "(%d) as the bound k. That bound depends on the data; set privacy.group_size to a "
+        "public bound for a strictly valid subject-level guarantee.",
+        largest,
     )
+    return train, largest, "data (largest n_{s,a}; set privacy.group_size)", span, span_source
 
 
 def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> PreparedRun:

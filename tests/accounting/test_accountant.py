@@ -22,8 +22,15 @@ from silodp.accounting.pld import event_pld
 from silodp.algorithms import AlgorithmConfig, make_algorithm
 
 
-def _single(event: dp_event.DpEvent, *, unit: str = "record", delta: float = 1e-5,
-            routes=("pld", "rdp"), count: int = 1, **kw) -> FederatedAccountant:
+def _single(
+    event: dp_event.DpEvent,
+    *,
+    unit: str = "record",
+    delta: float = 1e-5,
+    routes=("pld", "rdp"),
+    count: int = 1,
+    **kw,
+) -> FederatedAccountant:
     acc = FederatedAccountant(units=(unit,), span=1, delta=delta, routes=routes, **kw)
     acc.compose_round([SiloPrivacy({unit: event})], count=count)
     return acc
@@ -62,9 +69,8 @@ OPACUS_ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
 
 
 def _silodp_rdp_eps(q: float, sigma: float, steps: int, delta: float = 1e-5) -> float:
-    return _single(poisson_gaussian_steps(q, sigma, steps), routes=("rdp",), delta=delta).epsilons()[
-        "record"
-    ]
+    acc = _single(poisson_gaussian_steps(q, sigma, steps), routes=("rdp",), delta=delta)
+    return acc.epsilons()["record"]
 
 
 def _opacus_rdp_eps(q, sigma, steps, delta=1e-5) -> float:

@@ -138,8 +138,9 @@ def test_group_epsilon_dp_matches_hand_value(sigma, k, m) -> None:
     assert got <= hand * 1.02
     # and the value is attained by a δ_r meeting the budget
     eps_r = got / (m * k)
-    log_dr = optimize.brentq(lambda t: eps_at(math.exp(t)) - eps_r, -700.0, math.log(0.5),
-                             xtol=1e-12)
+    log_dr = optimize.brentq(
+        lambda t: eps_at(math.exp(t)) - eps_r, -700.0, math.log(0.5), xtol=1e-12
+    )
     assert math.log(m * k) + (k - 1) * eps_r + log_dr <= math.log(delta) + 1e-6
 
 

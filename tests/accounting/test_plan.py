@@ -34,20 +34,25 @@ def _epsilon(name: str, sigma: float, unit: str, plan: PrivacyPlan = PLAN) -> fl
 )
 def test_calibration_is_valid_and_tight(name, unit, target) -> None:
     algo = make_algorithm(name, CONFIG)
-    sigma = calibrate_noise(name, CONFIG, PLAN, target_epsilon=target,
-                            unit=None if unit == algo.calibration_unit else unit)
+    sigma = calibrate_noise(
+        name,
+        CONFIG,
+        PLAN,
+        target_epsilon=target,
+        unit=None if unit == algo.calibration_unit else unit,
+    )
     assert _epsilon(name, sigma, unit) <= target
     assert _epsilon(name, sigma * 0.97, unit) > target
 
 
 def test_calibration_default_unit_is_the_algorithms() -> None:
     sigma_default = calibrate_noise("local_item_dp", CONFIG, PLAN, target_epsilon=2.0)
-    sigma_record = calibrate_noise("local_item_dp", CONFIG, PLAN, target_epsilon=2.0,
-                                   unit="record")
+    sigma_record = calibrate_noise("local_item_dp", CONFIG, PLAN, target_epsilon=2.0, unit="record")
     assert sigma_default == sigma_record
     # subject-level protection of the same mechanism needs more noise
-    sigma_subject = calibrate_noise("local_item_dp", CONFIG, PLAN, target_epsilon=2.0,
-                                    unit="subject")
+    sigma_subject = calibrate_noise(
+        "local_item_dp", CONFIG, PLAN, target_epsilon=2.0, unit="subject"
+    )
     assert sigma_subject > sigma_record
 
 
@@ -140,7 +145,12 @@ def test_accountant_factory_is_used() -> None:
     ],
 )
 def test_plan_validation(kwargs, match) -> None:
-    base = {"sampling_rates": (0.1, 0.2, 0.3), "rounds": 2, "silos_per_round": 2, "span": 1,
-            "delta": 1e-5}
+    base = {
+        "sampling_rates": (0.1, 0.2, 0.3),
+        "rounds": 2,
+        "silos_per_round": 2,
+        "span": 1,
+        "delta": 1e-5,
+    }
     with pytest.raises(ValueError, match=match):
         PrivacyPlan(**{**base, **kwargs})

@@ -32,8 +32,9 @@ def _model_params(seed: int = 0):
     return model, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-CONFIG = AlgorithmConfig(local_steps=4, batch_size=8, lr=0.05, clip=0.7, noise_multiplier=1.3,
-                         group_size=4)
+CONFIG = AlgorithmConfig(
+    local_steps=4, batch_size=8, lr=0.05, clip=0.7, noise_multiplier=1.3, group_size=4
+)
 
 
 def _run(name: str, seed: int, config: AlgorithmConfig = CONFIG, silo: SiloData | None = None):
@@ -62,8 +63,10 @@ def test_local_update_contract(name) -> None:
     assert len(update.subjects_per_batch) == CONFIG.local_steps
     assert all(0 <= d <= 6 for d in update.subjects_per_batch)
     assert all(g <= 24 // 6 for g in update.group_sizes)
-    assert all((g == 0) == (d == 0) for g, d in zip(update.group_sizes, update.subjects_per_batch,
-                                                      strict=True))
+    assert all(
+        (g == 0) == (d == 0)
+        for g, d in zip(update.group_sizes, update.subjects_per_batch, strict=True)
+    )
     rate = algo.sampling_rate(num_records=24, num_subjects=6)
     if name == "fedavg":
         assert update.privacy is None and algo.silo_privacy(sampling_rate=rate) is None
@@ -109,10 +112,12 @@ def test_events_per_algorithm() -> None:
 
 
 def test_sampling_rates() -> None:
-    assert make_algorithm("local_item_dp", CONFIG).sampling_rate(num_records=80, num_subjects=5) \
-        == pytest.approx(0.1)
-    assert make_algorithm("local_item_dp", CONFIG).sampling_rate(num_records=5, num_subjects=5) \
-        == 1.0
+    assert make_algorithm("local_item_dp", CONFIG).sampling_rate(
+        num_records=80, num_subjects=5
+    ) == pytest.approx(0.1)
+    assert (
+        make_algorithm("local_item_dp", CONFIG).sampling_rate(num_records=5, num_subjects=5) == 1.0
+    )
     hi = make_algorithm("higradavg_dp", replace(CONFIG, sampling="subject"))
     assert hi.sampling_rate(num_records=1000, num_subjects=32) == pytest.approx(0.25)
     assert hi.sampling_rate(num_records=1000, num_subjects=4) == 1.0
@@ -257,3 +262,23 @@ def test_config_validation_names_the_value(field, value, match) -> None:
 def test_unknown_algorithm_is_named() -> None:
     with pytest.raises(ValueError, match=r"algorithm='dp_magic'"):
         make_algorithm("dp_magic", CONFIG)
+
+
+@pytest.mark.parametrize("name", ["local_item_dp", "local_group_dp", "higradavg_dp"])
+def test_silo_above_the_accounted_group_bound_is_refused(name: str) -> None:
+    from silodp.algorithms import AlgorithmConfig, SiloData, make_algorithm
+    from silodp.models import build_model
+
+    model = build_model("mlp", (4,), 2)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    silo = SiloData(
+        silo=0,
+        x=torch.zeros(6, 4),
+        y=torch.zeros(6, dtype=torch.long),
+        subject=torch.tensor([0, 0, 0, 1, 2, 3]),
+    )
+    algorithm = make_algorithm(name, AlgorithmConfig(group_size=2, local_steps=1))
+    with pytest.raises(ValueError, match="3 records of one subject.*group_size=2"):
+        algorithm.local_update(model, params, silo, torch.Generator().manual_seed(0))
+    ok = make_algorithm(name, AlgorithmConfig(group_size=3, local_steps=1))
+    ok.local_update(model, params, silo, torch.Generator().manual_seed(0))

@@ -24,16 +24,17 @@ from silodp.privacy.gradients import (
 )
 
 TOL = 1e-9
-SETTINGS = settings(max_examples=30, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 _MODEL = MLP(5, 3, hidden=8).double()
 
 
 def _params(seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    return {k: torch.randn(v.shape, generator=gen, dtype=torch.float64)
-            for k, v in _MODEL.named_parameters()}
+    return {
+        k: torch.randn(v.shape, generator=gen, dtype=torch.float64)
+        for k, v in _MODEL.named_parameters()
+    }
 
 
 def _data(n: int, seed: int, scale: float):
@@ -125,8 +126,13 @@ def _pre_noise_aggregate(name, config, params, silo) -> dict[str, torch.Tensor]:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(subjects=subject_lists, clip=clips, seed=seeds, pick=st.integers(0, 100),
-       sampling=st.sampled_from(["record", "subject"]))
+@given(
+    subjects=subject_lists,
+    clip=clips,
+    seed=seeds,
+    pick=st.integers(0, 100),
+    sampling=st.sampled_from(["record", "subject"]),
+)
 def test_local_update_sensitivity(subjects, clip, seed, pick, sampling):
     subj = torch.tensor(subjects)
     x, y = _data(len(subjects), seed, 3.0)
@@ -136,9 +142,16 @@ def test_local_update_sensitivity(subjects, clip, seed, pick, sampling):
     k = int((~keep).sum())
     full = _silo(x, y, subj)
     reduced = _silo(x[keep], y[keep], subj[keep])
-    config = AlgorithmConfig(local_steps=1, batch_size=64, lr=0.5, clip=clip, noise_multiplier=0.0,
-                             group_size=max(subjects.count(a) for a in set(subjects)),
-                             sampling=sampling, subject_records=64)
+    config = AlgorithmConfig(
+        local_steps=1,
+        batch_size=64,
+        lr=0.5,
+        clip=clip,
+        noise_multiplier=0.0,
+        group_size=max(subjects.count(a) for a in set(subjects)),
+        sampling=sampling,
+        subject_records=64,
+    )
 
     for name in ("local_item_dp", "local_group_dp"):
         a = _pre_noise_aggregate(name, config, params, full)

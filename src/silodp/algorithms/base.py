@@ -147,6 +147,17 @@ class Algorithm(ABC):
         return self.silo_privacy(sampling_rate=rate)
 
 
+def check_group_bound(silo: SiloData, group_size: int) -> None:
+    """Refuses a silo in which a subject holds more records than the accounted bound ``k``."""
+    _, counts = torch.unique(silo.subject, return_counts=True)
+    largest = int(counts.max())
+    if largest > group_size:
+        raise ValueError(
+            f"Silo {silo.silo} holds {largest} records of one subject, above the accounted "
+            f"group_size={group_size}; cap the data (privacy.group_size) or raise the bound."
+        )
+
+
 def batch_diagnostics(subjects: torch.Tensor) -> tuple[int, int]:
     """(largest group of one subject, distinct subjects) in a mini-batch."""
     if subjects.numel() == 0:

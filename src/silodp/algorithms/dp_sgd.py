@@ -25,6 +25,7 @@ from silodp.algorithms.base import (
     SiloData,
     SiloUpdate,
     batch_diagnostics,
+    check_group_bound,
     poisson_mask,
 )
 from silodp.privacy.gradients import (
@@ -85,6 +86,7 @@ class LocalItemDP(Algorithm):
     ) -> SiloUpdate:
         cfg = self.config
         q = self.sampling_rate(num_records=silo.num_records, num_subjects=silo.num_subjects)
+        check_group_bound(silo, cfg.group_size)
         expected = q * silo.num_records
         local = {k: v.clone() for k, v in params.items()}
         groups, distinct = [], []

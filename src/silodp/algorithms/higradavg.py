@@ -29,6 +29,7 @@ from silodp.algorithms.base import (
     SiloData,
     SiloUpdate,
     batch_diagnostics,
+    check_group_bound,
     poisson_mask,
 )
 from silodp.algorithms.dp_sgd import noisy_sgd_step, zeros_like
@@ -95,6 +96,8 @@ class HiGradAvgDP(Algorithm):
     ) -> SiloUpdate:
         cfg = self.config
         n, subjects = silo.num_records, silo.num_subjects
+        if cfg.sampling == "record":  # the inclusion rate 1-(1-q)^k relies on the bound k
+            check_group_bound(silo, cfg.group_size)
         q = self.sampling_rate(num_records=n, num_subjects=subjects)
         rate = self.subject_rate(q)
         expected_subjects = rate * subjects
