@@ -9,7 +9,7 @@ those events only.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -141,6 +141,27 @@ class Algorithm(ABC):
         """Poisson sampling rate of a silo's batches: ``q = min(1, B / n_s)`` for records."""
         return min(1.0, self.config.batch_size / num_records)
 
+    def run_steps(
+        self,
+        params: Params,
+        silo: SiloData,
+        *,
+        select: Callable[[], torch.Tensor],
+        step: Callable[[Params, torch.Tensor], Params],
+    ) -> SiloUpdate:
+        """``local_steps`` times: pick a batch with ``select``, update with ``step``; records
+        the per-batch diagnostics and the events of :meth:`silo_privacy_for`."""
+        local = {k: v.clone() for k, v in params.items()}
+        groups, distinct = [], []
+        for _ in range(self.config.local_steps):
+            idx = select()
+            local = step(local, idx)
+            largest, subjects = batch_diagnostics(silo.subject[idx])
+            groups.append(largest)
+            distinct.append(subjects)
+        privacy = self.silo_privacy_for(silo)
+        return SiloUpdate(silo.silo, local, silo.num_records, privacy, groups, distinct)
+
     def silo_privacy_for(self, silo: SiloData) -> SiloPrivacy | None:
         """The events one round runs in ``silo`` (from its public size only)."""
         rate = self.sampling_rate(num_records=silo.num_records, num_subjects=silo.num_subjects)
@@ -164,6 +185,11 @@ def batch_diagnostics(subjects: torch.Tensor) -> tuple[int, int]:
         return 0, 0
     _, counts = torch.unique(subjects, return_counts=True)
     return int(counts.max()), int(counts.numel())
+
+
+def uniform_batch(n: int, size: int, generator: torch.Generator) -> torch.Tensor:
+    """``min(size, n)`` distinct indices drawn uniformly (sampling without replacement)."""
+    return torch.randperm(n, generator=generator)[: min(size, n)]
 
 
 def poisson_mask(n: int, rate: float, generator: torch.Generator) -> torch.Tensor:

@@ -15,6 +15,8 @@ Guarantees hold against the server and the other silos (noise is added locally).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -22,9 +24,9 @@ from silodp.accounting import SiloPrivacy
 from silodp.accounting.events import poisson_gaussian_steps, subject_mixture_steps
 from silodp.algorithms.base import (
     Algorithm,
+    AlgorithmConfig,
     SiloData,
     SiloUpdate,
-    batch_diagnostics,
     check_group_bound,
     poisson_mask,
 )
@@ -37,29 +39,40 @@ from silodp.privacy.gradients import (
 )
 from silodp.privacy.noise import gaussian_noise
 
-__all__ = ["LocalGroupDP", "LocalItemDP", "noisy_sgd_step"]
+__all__ = ["LocalGroupDP", "LocalItemDP", "clipped_noisy_step"]
 
 
-def noisy_sgd_step(
+def clipped_noisy_step(
+    model: nn.Module,
     params: Params,
-    summed: Params,
+    silo: SiloData,
+    idx: torch.Tensor,
     *,
-    noise_std: float,
+    config: AlgorithmConfig,
     scale: float,
-    lr: float,
     generator: torch.Generator,
-    secure: bool,
+    weigh: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> Params:
-    """``w - η (sum + N(0, noise_std²)) / scale``: one noisy step on a clipped sum."""
+    """``w - η (Σ_i w_i clip(g_i) + N(0, σ²C²)) / scale`` on the batch ``idx``.
+
+    ``weigh(factors, subjects)`` turns the clip factors into the weights of the sum (default:
+    the factors themselves, i.e. a plain sum of clipped gradients).
+    """
+    if idx.numel():
+        grads = per_example_gradients(model, params, silo.x[idx], silo.y[idx])
+        factors = clip_factors(per_example_norms(grads), config.clip)
+        weights = factors if weigh is None else weigh(factors, silo.subject[idx])
+        summed = weighted_sum(grads, weights)
+    else:
+        summed = {k: torch.zeros_like(v) for k, v in params.items()}
+    std = config.noise_multiplier * config.clip
     out: Params = {}
     for name, value in params.items():
-        noise = gaussian_noise(value.shape, std=noise_std, generator=generator, secure=secure)
-        out[name] = value - lr * (summed[name] + noise) / scale
+        noise = gaussian_noise(
+            value.shape, std=std, generator=generator, secure=config.secure_noise
+        )
+        out[name] = value - config.lr * (summed[name] + noise) / scale
     return out
-
-
-def zeros_like(params: Params) -> Params:
-    return {k: torch.zeros_like(v) for k, v in params.items()}
 
 
 class LocalItemDP(Algorithm):
@@ -85,33 +98,22 @@ class LocalItemDP(Algorithm):
         self, model: nn.Module, params: Params, silo: SiloData, generator: torch.Generator
     ) -> SiloUpdate:
         cfg = self.config
-        q = self.sampling_rate(num_records=silo.num_records, num_subjects=silo.num_subjects)
         check_group_bound(silo, cfg.group_size)
-        expected = q * silo.num_records
-        local = {k: v.clone() for k, v in params.items()}
-        groups, distinct = [], []
-        for _ in range(cfg.local_steps):
-            idx = poisson_mask(silo.num_records, q, generator)
-            if idx.numel():
-                grads = per_example_gradients(model, local, silo.x[idx], silo.y[idx])
-                factors = clip_factors(per_example_norms(grads), cfg.clip)
-                summed = weighted_sum(grads, factors)
-            else:
-                summed = zeros_like(local)
-            local = noisy_sgd_step(
+        q = self.sampling_rate(num_records=silo.num_records, num_subjects=silo.num_subjects)
+        return self.run_steps(
+            params,
+            silo,
+            select=lambda: poisson_mask(silo.num_records, q, generator),
+            step=lambda local, idx: clipped_noisy_step(
+                model,
                 local,
-                summed,
-                noise_std=cfg.noise_multiplier * cfg.clip,
-                scale=expected,
-                lr=cfg.lr,
+                silo,
+                idx,
+                config=cfg,
+                scale=q * silo.num_records,
                 generator=generator,
-                secure=cfg.secure_noise,
-            )
-            g, d = batch_diagnostics(silo.subject[idx])
-            groups.append(g)
-            distinct.append(d)
-        privacy = self.silo_privacy_for(silo)
-        return SiloUpdate(silo.silo, local, silo.num_records, privacy, groups, distinct)
+            ),
+        )
 
 
 class LocalGroupDP(LocalItemDP):

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from silodp.accounting import SiloPrivacy
-from silodp.algorithms.base import Algorithm, SiloData, SiloUpdate, batch_diagnostics
+from silodp.algorithms.base import Algorithm, SiloData, SiloUpdate, uniform_batch
 from silodp.privacy.gradients import Params, batch_gradient
 
 __all__ = ["FedAvg"]
@@ -27,14 +27,14 @@ class FedAvg(Algorithm):
         self, model: nn.Module, params: Params, silo: SiloData, generator: torch.Generator
     ) -> SiloUpdate:
         cfg = self.config
-        local = {k: v.clone() for k, v in params.items()}
-        groups, distinct = [], []
-        batch = min(cfg.batch_size, silo.num_records)
-        for _ in range(cfg.local_steps):
-            idx = torch.randperm(silo.num_records, generator=generator)[:batch]
+
+        def step(local: Params, idx: torch.Tensor) -> Params:
             grads = batch_gradient(model, local, silo.x[idx], silo.y[idx])
-            local = {k: v - cfg.lr * grads[k] for k, v in local.items()}
-            g, d = batch_diagnostics(silo.subject[idx])
-            groups.append(g)
-            distinct.append(d)
-        return SiloUpdate(silo.silo, local, silo.num_records, None, groups, distinct)
+            return {k: v - cfg.lr * grads[k] for k, v in local.items()}
+
+        return self.run_steps(
+            params,
+            silo,
+            select=lambda: uniform_batch(silo.num_records, cfg.batch_size, generator),
+            step=step,
+        )

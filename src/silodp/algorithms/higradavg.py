@@ -28,19 +28,11 @@ from silodp.algorithms.base import (
     Algorithm,
     SiloData,
     SiloUpdate,
-    batch_diagnostics,
     check_group_bound,
     poisson_mask,
 )
-from silodp.algorithms.dp_sgd import noisy_sgd_step, zeros_like
-from silodp.privacy.gradients import (
-    Params,
-    clip_factors,
-    per_example_gradients,
-    per_example_norms,
-    subject_average_weights,
-    weighted_sum,
-)
+from silodp.algorithms.dp_sgd import clipped_noisy_step
+from silodp.privacy.gradients import Params, subject_average_weights
 
 __all__ = ["HiGradAvgDP", "select_subject_batch"]
 
@@ -99,35 +91,27 @@ class HiGradAvgDP(Algorithm):
         if cfg.sampling == "record":  # the inclusion rate 1-(1-q)^k relies on the bound k
             check_group_bound(silo, cfg.group_size)
         q = self.sampling_rate(num_records=n, num_subjects=subjects)
-        rate = self.subject_rate(q)
-        expected_subjects = rate * subjects
-        local = {k: v.clone() for k, v in params.items()}
-        groups, distinct = [], []
-        for _ in range(cfg.local_steps):
+        expected_subjects = self.subject_rate(q) * subjects
+
+        def select() -> torch.Tensor:
             if cfg.sampling == "subject":
-                idx = select_subject_batch(
+                return select_subject_batch(
                     silo.subject, rate=q, per_subject=cfg.subject_records, generator=generator
                 )
-            else:
-                idx = poisson_mask(n, q, generator)
-            if idx.numel():
-                grads = per_example_gradients(model, local, silo.x[idx], silo.y[idx])
-                factors = clip_factors(per_example_norms(grads), cfg.clip)
-                weights = subject_average_weights(factors, silo.subject[idx])
-                summed = weighted_sum(grads, weights)
-            else:
-                summed = zeros_like(local)
-            local = noisy_sgd_step(
+            return poisson_mask(n, q, generator)
+
+        return self.run_steps(
+            params,
+            silo,
+            select=select,
+            step=lambda local, idx: clipped_noisy_step(
+                model,
                 local,
-                summed,
-                noise_std=cfg.noise_multiplier * cfg.clip,
+                silo,
+                idx,
+                config=cfg,
                 scale=expected_subjects,
-                lr=cfg.lr,
                 generator=generator,
-                secure=cfg.secure_noise,
-            )
-            g, d = batch_diagnostics(silo.subject[idx])
-            groups.append(g)
-            distinct.append(d)
-        privacy = self.silo_privacy(sampling_rate=q)
-        return SiloUpdate(silo.silo, local, n, privacy, groups, distinct)
+                weigh=subject_average_weights,
+            ),
+        )

@@ -15,7 +15,7 @@ from torch import nn
 
 from silodp.accounting import SiloPrivacy
 from silodp.accounting.events import gaussian_steps
-from silodp.algorithms.base import Algorithm, SiloData, SiloUpdate, batch_diagnostics
+from silodp.algorithms.base import Algorithm, SiloData, SiloUpdate, uniform_batch
 from silodp.privacy.gradients import Params, batch_gradient, tree_norm
 from silodp.privacy.noise import gaussian_noise
 
@@ -42,13 +42,11 @@ class UserLDP(Algorithm):
         self, model: nn.Module, params: Params, silo: SiloData, generator: torch.Generator
     ) -> SiloUpdate:
         cfg = self.config
-        local = {k: v.clone() for k, v in params.items()}
-        groups, distinct = [], []
-        batch = min(cfg.batch_size, silo.num_records)
-        for _ in range(cfg.local_steps):
-            idx = torch.randperm(silo.num_records, generator=generator)[:batch]
+
+        def step(local: Params, idx: torch.Tensor) -> Params:
             grads = batch_gradient(model, local, silo.x[idx], silo.y[idx])
             factor = torch.clamp(cfg.clip / (tree_norm(grads) + 1e-12), max=1.0)
+            out: Params = {}
             for name, value in local.items():
                 noise = gaussian_noise(
                     value.shape,
@@ -56,9 +54,12 @@ class UserLDP(Algorithm):
                     generator=generator,
                     secure=cfg.secure_noise,
                 )
-                local[name] = value - cfg.lr * (grads[name] * factor + noise)
-            g, d = batch_diagnostics(silo.subject[idx])
-            groups.append(g)
-            distinct.append(d)
-        privacy = self.silo_privacy_for(silo)
-        return SiloUpdate(silo.silo, local, silo.num_records, privacy, groups, distinct)
+                out[name] = value - cfg.lr * (grads[name] * factor + noise)
+            return out
+
+        return self.run_steps(
+            params,
+            silo,
+            select=lambda: uniform_batch(silo.num_records, cfg.batch_size, generator),
+            step=step,
+        )
