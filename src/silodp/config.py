@@ -56,12 +56,15 @@ class ModelConfig:
 class TrainingConfig:
     """Federated training schedule (public).
 
-    ``silos_per_round`` defaults to every silo.
+    ``silos_per_round`` defaults to every silo. ``local_steps`` are the mini-batch steps of
+    the DP-SGD family; ``local_epochs`` the epochs of ULDP's per-subject (and ULDP-NAIVE's
+    per-silo) training.
     """
 
     rounds: int = 20
     silos_per_round: int | None = None
     local_steps: int = 10
+    local_epochs: int = 1
     batch_size: int = 32
     lr: float = 0.1
     server_lr: float = 1.0
@@ -73,6 +76,7 @@ class TrainingConfig:
         if self.silos_per_round is not None:
             check_int("training.silos_per_round", self.silos_per_round, 1)
         check_int("training.local_steps", self.local_steps, 1)
+        check_int("training.local_epochs", self.local_epochs, 1)
         check_int("training.batch_size", self.batch_size, 1)
         check_positive("training.lr", self.lr)
         check_positive("training.server_lr", self.server_lr)
@@ -92,7 +96,9 @@ class PrivacyConfig:
       clip: clipping bound C.
       span: public bound on silos per subject (default: number of silos, the worst case).
       group_size: public bound k on one subject's records in one silo (default: the largest
-        count in the data after any cap).
+        count in the data after any cap); for ``uldp_group`` the bound on a subject's records
+        in the whole federation, a number or ``"max"``/``"median"`` of the subjects' counts.
+      subject_rate: ULDP subject-level Poisson sub-sampling rate q (1: every subject).
       sampling: HiGradAvgDP batch selection (``record`` or ``subject``).
       subject_records: records per sampled subject for subject-level sampling.
       secure_noise: draw noise from the OS CSPRNG.
@@ -103,7 +109,8 @@ class PrivacyConfig:
     noise_multiplier: float | None = None
     clip: float = 1.0
     span: int | None = None
-    group_size: int | None = None
+    group_size: int | str | None = None
+    subject_rate: float = 1.0
     sampling: str = "record"
     subject_records: int = 8
     secure_noise: bool = False
@@ -119,8 +126,11 @@ class PrivacyConfig:
         check_positive("privacy.clip", self.clip)
         if self.span is not None:
             check_int("privacy.span", self.span, 1)
-        if self.group_size is not None:
+        if isinstance(self.group_size, str):
+            check_choice("privacy.group_size", self.group_size, ("max", "median"))
+        elif self.group_size is not None:
             check_int("privacy.group_size", self.group_size, 1)
+        check_in_range("privacy.subject_rate", self.subject_rate, 0.0, 1.0, lo_open=True)
         check_choice("privacy.sampling", self.sampling, ("record", "subject"))
         check_int("privacy.subject_records", self.subject_records, 1)
 

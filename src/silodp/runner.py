@@ -17,13 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tomli_w
 import torch
 
 from silodp import plotting
 from silodp.accounting import FederatedAccountant
 from silodp.accounting.plan import PrivacyPlan, calibrate_noise
-from silodp.algorithms import Algorithm, AlgorithmConfig, make_algorithm
+from silodp.algorithms import ALGORITHMS, Algorithm, AlgorithmConfig, make_algorithm
+from silodp.algorithms.uldp import SECURE_AGGREGATION
 from silodp.config import ExperimentConfig, PrivacyConfig, TrainingConfig, to_toml_dict
 from silodp.data import FederatedData, FederatedDataset
 from silodp.data.build import build_federated_data
@@ -39,11 +41,6 @@ logger = logging.getLogger(__name__)
 
 ProgressFactory = Callable[[str, int], Callable[[RoundResult], None]]
 
-SECURE_AGGREGATION_NOTE = (
-    "local noise: the reported epsilon holds against the server and the other silos "
-    "without secure aggregation"
-)
-
 
 class OutputExistsError(FileExistsError):
     """The output directory already holds results of a run."""
@@ -58,7 +55,7 @@ class PreparedRun:
     training: TrainingConfig
     privacy: PrivacyConfig
     train: FederatedDataset
-    group_size: int
+    group_size: int | None
     group_size_source: str
     span: int
     span_source: str
@@ -96,39 +93,69 @@ class PreparedRun:
             str(self.silos_per_round),
             "--span",
             str(self.span),
-            "--group-size",
-            str(self.group_size),
         ]
+        if self.group_size is not None:
+            args += ["--group-size", str(self.group_size)]
         if self.name == "higradavg_dp":
             args += ["--sampling", self.privacy.sampling]
         return shlex.join(args)
 
 
+def _group_bound(train: FederatedDataset, value: int | str, scope: str) -> int:
+    if isinstance(value, int):
+        return value
+    counts = train.histogram().sum(axis=0) if scope == "federation" else train.histogram()
+    counts = counts[counts > 0]
+    return int(counts.max()) if value == "max" else max(1, int(np.median(counts)))
+
+
 def _bound_data(
-    train: FederatedDataset, privacy: PrivacyConfig, seed: int
-) -> tuple[FederatedDataset, int, str, int, str]:
-    """Applies the public span and group bounds (dropping excess records, SPEC §1)."""
+    train: FederatedDataset, privacy: PrivacyConfig, seed: int, scope: str | None
+) -> tuple[FederatedDataset, int | None, str, int, str]:
+    """Applies the public span and group bounds (dropping excess records, SPEC §1).
+
+    ``scope`` says what the group bound counts: a subject's records in one silo (``silo``) or
+    in the whole federation (``federation``, ULDP-GROUP-k); ``None`` when the algorithm's
+    accounting does not use one.
+    """
     span_source = "config" if privacy.span is not None else "number of silos (worst case)"
     span = min(privacy.span or train.num_silos, train.num_silos)
     train = cap_span(train, span=span, seed=seed)
+    if scope is None:
+        return train, None, "not used by this algorithm", span, span_source
+    where = "in one silo" if scope == "silo" else "in the federation"
     if privacy.group_size is not None:
-        train = cap_records(train, per_silo=privacy.group_size, seed=seed)
-        return train, privacy.group_size, "config", span, span_source
-    largest = train.max_records_per_subject_per_silo()
+        k = _group_bound(train, privacy.group_size, scope)
+        if scope == "federation":
+            train = cap_records(train, total=k, seed=seed)
+        else:
+            train = cap_records(train, per_silo=k, seed=seed)
+        source = (
+            "config"
+            if isinstance(privacy.group_size, int)
+            else f"data ({privacy.group_size} records of a subject {where})"
+        )
+        return train, k, source, span, span_source
+    largest = _group_bound(train, "max", scope)
     logger.warning(
-        "privacy.group_size is not set: using the data's largest records-per-subject-per-silo "
-        "(%d) as the bound k. That bound depends on the data; set privacy.group_size to a "
-        "public bound for a strictly valid subject-level guarantee.",
+        "privacy.group_size is not set: using the data's largest count of one subject's "
+        "records %s (%d) as the bound k. That bound depends on the data; set "
+        "privacy.group_size to a public bound for a strictly valid subject-level guarantee.",
+        where,
         largest,
     )
-    return train, largest, "data (largest n_{s,a}; set privacy.group_size)", span, span_source
+    return train, largest, f"data (largest {where}; set privacy.group_size)", span, span_source
 
 
 def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> PreparedRun:
     """Resolves bounds, the privacy plan and σ for algorithm ``name``; trains nothing."""
     training, privacy = config.for_algorithm(name)
+    cls = ALGORITHMS[name]
+    uses_group = cls.uses_group_bound and not (
+        name == "higradavg_dp" and privacy.sampling == "subject"
+    )
     train, group_size, group_source, span, span_source = _bound_data(
-        data.train, privacy, config.data.seed
+        data.train, privacy, config.data.seed, cls.group_scope if uses_group else None
     )
     silos_per_round = training.silos_per_round or train.num_silos
     if silos_per_round > train.num_silos:
@@ -142,12 +169,19 @@ def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> Pre
         server_lr=training.server_lr,
         clip=privacy.clip,
         noise_multiplier=privacy.noise_multiplier or 0.0,
-        group_size=group_size,
+        group_size=group_size or 1,
         sampling=privacy.sampling,
         subject_records=privacy.subject_records,
+        local_epochs=training.local_epochs,
+        subject_rate=privacy.subject_rate,
         secure_noise=privacy.secure_noise,
     )
     probe = make_algorithm(name, algo_config)
+    if probe.threat_model == SECURE_AGGREGATION and silos_per_round != train.num_silos:
+        raise ValueError(
+            f"{name} splits its noise over all {train.num_silos} silos; expected "
+            f"training.silos_per_round={silos_per_round} to be {train.num_silos}."
+        )
     plan: PrivacyPlan | None = None
     sigma: float | None = None
     calibration: dict[str, Any] = {"method": "not private"}
@@ -181,7 +215,7 @@ def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> Pre
         algo_config = dataclasses.replace(algo_config, noise_multiplier=sigma)
     return PreparedRun(
         name=name,
-        algorithm=make_algorithm(name, algo_config),
+        algorithm=make_algorithm(name, algo_config, train),
         training=training,
         privacy=privacy,
         train=train,
@@ -247,9 +281,26 @@ def _summary(
             else None
         ),
         "threat_model": algorithm.threat_model,
+        "weights_private": getattr(algorithm, "weights_private", None),
+        "notes": _notes(algorithm),
         "account_command": run.account_command(),
         "wall_time_s": round(time.perf_counter() - started, 3),
     }
+
+
+def _notes(algorithm: Algorithm) -> list[str]:
+    notes = []
+    if getattr(algorithm, "weights_private", True) is False:
+        notes.append(
+            "weights not private: the weights n_{s,a}/n_a were computed in the clear from "
+            "every silo's subject histogram"
+        )
+    if algorithm.threat_model == SECURE_AGGREGATION:
+        notes.append(
+            "the in-process simulator does not implement secure aggregation: ε holds for the "
+            "released model; against the server it assumes secure aggregation"
+        )
+    return notes
 
 
 def _check_output(out_dir: Path, names: tuple[str, ...], overwrite: bool) -> None:
@@ -345,7 +396,9 @@ def run_experiment(
         if run.noise_multiplier is not None:
             log(
                 f"{name}: noise multiplier {run.noise_multiplier:.4g} "
-                f"({run.calibration['method']}), group size k={run.group_size}, span={run.span}, "
+                f"({run.calibration['method']}), "
+                + (f"group size k={run.group_size}, " if run.group_size else "")
+                + f"span={run.span}, "
                 f"{run.train.dropped_records} record(s) dropped by these bounds"
             )
         runs.append(run)

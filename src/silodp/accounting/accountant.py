@@ -52,19 +52,30 @@ class SiloPrivacy:
         relative to that unit's sensitivity).
       record_event: the record-level event where the subject guarantee can also be derived by
         group conversion (DP-SGD based mechanisms).
-      group_size: the public bound ``k`` on one subject's records in one silo used for group
-        conversion.
+      group_size: the public bound ``k`` used for group conversion.
+      group_scope: ``silo`` when ``group_size`` bounds one subject's records inside one silo
+        (the group-converted guarantee then composes over the ``span`` silos), ``federation``
+        when it bounds the subject's records in the whole federation (the group conversion
+        applies once to all silos' mechanisms jointly, as in ULDP-GROUP-k).
+      scope: ``silo`` when the events are this silo's own mechanism (the server sees each
+        silo's output), ``aggregate`` when they describe the securely aggregated sum of all
+        silos of the round (noise split over silos; counted once per round, and valid against
+        the server only under secure aggregation).
     """
 
     events: Mapping[str, dp_event.DpEvent]
     record_event: dp_event.DpEvent | None = None
     group_size: int | None = None
+    group_scope: str = "silo"
+    scope: str = "silo"
 
     def __post_init__(self) -> None:
         for unit in self.events:
             check_choice("unit", unit, UNITS)
         if (self.record_event is None) != (self.group_size is None):
             raise ValueError("Expected record_event and group_size to be given together.")
+        check_choice("group_scope", self.group_scope, ("silo", "federation"))
+        check_choice("scope", self.scope, ("silo", "aggregate"))
 
 
 @dataclass(frozen=True)
@@ -118,7 +129,7 @@ class _UnitState:
     group_size: int | None = None
     group_rdp: np.ndarray | None = None
     record_pld: pld_lib.PrivacyLossDistribution | None = None
-    max_silos: int = 0
+    group_silos: int = 0
     touched: bool = False
     routes_failed: set[str] = field(default_factory=set)
 
@@ -212,10 +223,15 @@ class FederatedAccountant:
                 s.record_event if s.record_event is not None and not _rdp_supported(e) else e
                 for s, e in zip(reporting, events, strict=True)
             ]
+            scopes = {s.scope for s in reporting}
+            if len(scopes) > 1:
+                raise ValueError(f"Expected one event scope per round, got {sorted(scopes)}.")
             state = self._state[unit]
             state.touched = True
-            m = min(self.span, taking_part, len(events)) if unit == "subject" else 1
-            state.max_silos = max(state.max_silos, m)
+            if scopes == {"aggregate"} or unit != "subject":
+                m = 1  # one aggregate mechanism per round; records/silos compose in parallel
+            else:
+                m = min(self.span, taking_part, len(events))
             worst = self._worst(events, proxies)
             times = m * count
             self._compose_pld(state, worst, times)
@@ -257,9 +273,12 @@ class FederatedAccountant:
             raise ValueError(
                 f"Expected the same group_size every round, got {group} after {state.group_size}."
             )
+        if any(s.group_scope == "federation" for s in with_record):
+            m = 1  # the bound holds for all silos jointly: convert the joint mechanism once
+        state.group_silos = max(state.group_silos, m)
         record = self._worst([s.record_event for s in with_record if s.record_event])
         curve = conversions.rdp_curve(record)
-        orders, grouped = conversions.rdp_group_curve(conversions.RDP_ORDERS, curve, group)
+        _, grouped = conversions.rdp_group_curve(conversions.RDP_ORDERS, curve, group)
         add = m * count * grouped
         state.group_rdp = add if state.group_rdp is None else state.group_rdp + add
         if "dp-group" in self.routes and state.record_pld is not None:
@@ -297,7 +316,7 @@ class FederatedAccountant:
                         record_pld.get_epsilon_for_delta,
                         group_size=state.group_size,
                         delta=self.delta,
-                        compositions=max(state.max_silos, 1),
+                        compositions=max(state.group_silos, 1),
                     )
             finite = {k: v for k, v in routes.items() if math.isfinite(v)}
             if finite:

@@ -7,7 +7,9 @@ from silodp.algorithms.base import Algorithm, AlgorithmConfig, SiloData, SiloUpd
 from silodp.algorithms.dp_sgd import LocalGroupDP, LocalItemDP
 from silodp.algorithms.fedavg import FedAvg
 from silodp.algorithms.higradavg import HiGradAvgDP
+from silodp.algorithms.uldp import UldpAvg, UldpAvgW, UldpGroup, UldpNaive, UldpSgd
 from silodp.algorithms.user_ldp import UserLDP
+from silodp.data import FederatedDataset
 
 __all__ = [
     "ALGORITHMS",
@@ -19,11 +21,26 @@ __all__ = [
 ]
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, LocalItemDP, LocalGroupDP, HiGradAvgDP, UserLDP)
+    cls.name: cls
+    for cls in (
+        FedAvg,
+        LocalItemDP,
+        LocalGroupDP,
+        HiGradAvgDP,
+        UserLDP,
+        UldpNaive,
+        UldpGroup,
+        UldpAvg,
+        UldpSgd,
+        UldpAvgW,
+    )
 }
 
 
-def make_algorithm(name: str, config: AlgorithmConfig) -> Algorithm:
-    """The algorithm registered as ``name`` with ``config``."""
+def make_algorithm(
+    name: str, config: AlgorithmConfig, train: FederatedDataset | None = None
+) -> Algorithm:
+    """The algorithm registered as ``name`` with ``config`` (set up for ``train`` if given)."""
     check_choice("algorithm", name, ALGORITHMS)
-    return ALGORITHMS[name](config)
+    cls = ALGORITHMS[name]
+    return cls(config) if train is None else cls.for_data(config, train)

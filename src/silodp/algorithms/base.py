@@ -11,14 +11,21 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
-from silodp._validation import check_choice, check_int, check_non_negative, check_positive
+from silodp._validation import (
+    check_choice,
+    check_int,
+    check_non_negative,
+    check_positive,
+    check_probability,
+)
 from silodp.accounting import SiloPrivacy
+from silodp.data import FederatedDataset
 from silodp.privacy.gradients import Params
 
 __all__ = ["Algorithm", "AlgorithmConfig", "SiloData", "SiloUpdate", "average_params"]
@@ -40,6 +47,8 @@ class AlgorithmConfig:
         (Poisson subjects, up to ``subject_records`` records each).
       subject_records: records used per sampled subject with ``sampling="subject"``.
       secure_noise: draw noise from the OS CSPRNG rather than the seeded generator.
+      local_epochs: Q, epochs of per-subject (ULDP-AVG) or per-silo (ULDP-NAIVE) training.
+      subject_rate: ULDP subject-level Poisson sub-sampling rate q (1: every subject).
     """
 
     local_steps: int = 10
@@ -52,9 +61,13 @@ class AlgorithmConfig:
     sampling: str = "record"
     subject_records: int = 8
     secure_noise: bool = False
+    local_epochs: int = 1
+    subject_rate: float = 1.0
 
     def __post_init__(self) -> None:
         check_int("local_steps", self.local_steps, 1)
+        check_int("local_epochs", self.local_epochs, 1)
+        check_probability("subject_rate", self.subject_rate)
         check_int("batch_size", self.batch_size, 1)
         check_positive("lr", self.lr)
         check_positive("server_lr", self.server_lr)
@@ -86,7 +99,11 @@ class SiloData:
 
 @dataclass
 class SiloUpdate:
-    """A silo's result for one round: new local parameters, events run, diagnostics."""
+    """A silo's result for one round: its message to the server, events run, diagnostics.
+
+    ``params`` is the message: the silo's new local parameters for averaging algorithms, or
+    its noisy weighted sum of model deltas for the ULDP family.
+    """
 
     silo: int
     params: Params
@@ -119,6 +136,10 @@ class Algorithm(ABC):
     calibration_unit: ClassVar[str | None] = None
     #: Threat model statement reported with results.
     threat_model: ClassVar[str] = ""
+    #: Whether the accounting relies on ``config.group_size`` (a bound on a subject's records).
+    uses_group_bound: ClassVar[bool] = False
+    #: What ``group_size`` bounds: a subject's records in one silo, or in the federation.
+    group_scope: ClassVar[str] = "silo"
 
     def __init__(self, config: AlgorithmConfig) -> None:
         self.config = config
@@ -127,11 +148,29 @@ class Algorithm(ABC):
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy | None:
         """The events one round runs in a silo whose batches are drawn at ``sampling_rate``."""
 
+    @classmethod
+    def for_data(cls, config: AlgorithmConfig, train: FederatedDataset) -> Algorithm:
+        """The algorithm set up for a federation (server-side public facts, e.g. weights)."""
+        return cls(config)
+
+    def configure_round(self, round_index: int, generator: torch.Generator) -> Any:
+        """Server step before a round: what it sends every silo besides the model (e.g. this
+        round's subject weights). ``None`` for algorithms that need nothing."""
+        return None
+
     @abstractmethod
     def local_update(
-        self, model: nn.Module, params: Params, silo: SiloData, generator: torch.Generator
+        self,
+        model: nn.Module,
+        params: Params,
+        silo: SiloData,
+        generator: torch.Generator,
+        instructions: Any = None,
     ) -> SiloUpdate:
-        """Runs one round of local training from ``params`` on ``silo``."""
+        """Runs one round of local training from ``params`` on ``silo``.
+
+        ``instructions`` is what :meth:`configure_round` returned for this round.
+        """
 
     def aggregate(self, params: Params, updates: Sequence[SiloUpdate]) -> Params:
         """Server step: average of the sampled silos' models (post-processing)."""

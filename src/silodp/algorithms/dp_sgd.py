@@ -16,6 +16,7 @@ Guarantees hold against the server and the other silos (noise is added locally).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -82,6 +83,7 @@ class LocalItemDP(Algorithm):
     units = ("record", "subject")
     calibration_unit = "record"
     threat_model = "local noise: holds against the server and other silos"
+    uses_group_bound = True
 
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
         cfg = self.config
@@ -92,10 +94,16 @@ class LocalItemDP(Algorithm):
             {"record": record, "subject": subject},
             record_event=record,
             group_size=cfg.group_size,
+            group_scope=self.group_scope,
         )
 
     def local_update(
-        self, model: nn.Module, params: Params, silo: SiloData, generator: torch.Generator
+        self,
+        model: nn.Module,
+        params: Params,
+        silo: SiloData,
+        generator: torch.Generator,
+        instructions: Any = None,
     ) -> SiloUpdate:
         cfg = self.config
         check_group_bound(silo, cfg.group_size)

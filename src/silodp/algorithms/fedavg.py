@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -24,7 +26,12 @@ class FedAvg(Algorithm):
         return None
 
     def local_update(
-        self, model: nn.Module, params: Params, silo: SiloData, generator: torch.Generator
+        self,
+        model: nn.Module,
+        params: Params,
+        silo: SiloData,
+        generator: torch.Generator,
+        instructions: Any = None,
     ) -> SiloUpdate:
         cfg = self.config
 

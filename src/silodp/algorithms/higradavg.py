@@ -19,6 +19,8 @@ public, as ``n_s`` is in DP-SGD.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -63,6 +65,7 @@ class HiGradAvgDP(Algorithm):
     units = ("subject",)
     calibration_unit = "subject"
     threat_model = "local noise: holds against the server and other silos"
+    uses_group_bound = True  # the record-sampling inclusion rate 1-(1-q)^k
 
     def sampling_rate(self, *, num_records: int, num_subjects: int) -> float:
         """Record rate ``B/n_s``, or subject rate ``B/(subjects in silo)`` with subject sampling."""
@@ -84,7 +87,12 @@ class HiGradAvgDP(Algorithm):
         )
 
     def local_update(
-        self, model: nn.Module, params: Params, silo: SiloData, generator: torch.Generator
+        self,
+        model: nn.Module,
+        params: Params,
+        silo: SiloData,
+        generator: torch.Generator,
+        instructions: Any = None,
     ) -> SiloUpdate:
         cfg = self.config
         n, subjects = silo.num_records, silo.num_subjects

@@ -10,6 +10,8 @@ protected by the composition over those silos. Holds against the server and othe
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -39,7 +41,12 @@ class UserLDP(Algorithm):
         return SiloPrivacy({"silo": event, "subject": event})
 
     def local_update(
-        self, model: nn.Module, params: Params, silo: SiloData, generator: torch.Generator
+        self,
+        model: nn.Module,
+        params: Params,
+        silo: SiloData,
+        generator: torch.Generator,
+        instructions: Any = None,
     ) -> SiloUpdate:
         cfg = self.config
 

@@ -98,9 +98,15 @@ def evaluate(
     return correct / len(test), loss_sum / len(test)
 
 
-def round_generator(seed: int, round_index: int, silo: int) -> torch.Generator:
-    """An independent generator for one silo in one round."""
-    state = np.random.SeedSequence([seed, round_index, silo]).generate_state(2, dtype=np.uint32)
+#: Independent random streams of one round.
+SILO_STREAM, SAMPLING_STREAM, SERVER_STREAM = 0, 1, 2
+
+
+def round_generator(seed: int, round_index: int, stream: int, silo: int = 0) -> torch.Generator:
+    """An independent generator for one stream (a silo's update, silo sampling, the server's
+    round set-up) of one round."""
+    entropy = [seed, round_index, stream, silo]
+    state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
     return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
 
@@ -142,7 +148,7 @@ class Simulator:
     def sample_silos(self, round_index: int) -> list[int]:
         if self.silos_per_round == len(self.silos):
             return list(range(len(self.silos)))
-        gen = round_generator(self.seed, round_index, -1)
+        gen = round_generator(self.seed, round_index, SAMPLING_STREAM)
         perm = torch.randperm(len(self.silos), generator=gen)[: self.silos_per_round]
         return sorted(int(s) for s in perm)
 
@@ -150,10 +156,17 @@ class Simulator:
         """One round: local updates of the sampled silos, accounting, aggregation, evaluation."""
         start = time.perf_counter()
         chosen = self.sample_silos(round_index)
+        instructions = self.algorithm.configure_round(
+            round_index, round_generator(self.seed, round_index, SERVER_STREAM)
+        )
         updates: list[SiloUpdate] = []
         for s in chosen:
-            gen = round_generator(self.seed, round_index, s)
-            updates.append(self.algorithm.local_update(self.model, self.params, self.silos[s], gen))
+            gen = round_generator(self.seed, round_index, SILO_STREAM, s)
+            updates.append(
+                self.algorithm.local_update(
+                    self.model, self.params, self.silos[s], gen, instructions
+                )
+            )
         privacy = [u.privacy for u in updates if u.privacy is not None]
         epsilon: dict[str, float] = {}
         routes: dict[str, str] = {}

@@ -1,0 +1,301 @@
+"""The ULDP-FL family (Kato et al., "ULDP-FL: federated learning with across-silo user-level
+differential privacy"): subject-level DP when a subject's records sit in several silos.
+
+* ``uldp_naive``: non-private local training, the silo's model delta clipped to C, noise
+  ``N(0, σ²C²·S)`` per silo. A subject may move every silo's delta, so the sum has sensitivity
+  S·C; the summed noise has std σ·C·S: one Gaussian (σ) per round.
+* ``uldp_group`` (ULDP-GROUP-k): at most k records per subject in the whole federation (fixed,
+  seeded flags; the rest dropped before training), DP-SGD in each silo; the record-level
+  guarantee of all silos jointly is converted to groups of k.
+* ``uldp_avg`` / ``uldp_sgd``: per silo and per subject, train from the global model on that
+  subject's records only (Q epochs; one gradient step for SGD), clip the delta to C, weight it
+  by ``w_{s,a}`` (``w >= 0``, ``Σ_s w_{s,a} <= 1``), sum over subjects and add ``N(0, σ²C²/S)``.
+  Removing a subject moves the sum over silos by at most ``Σ_s w_{s,a} C <= C`` and the summed
+  noise has std σC: one Gaussian (σ) per round, sub-sampled at rate q when the server samples
+  subjects (it zeroes the weights of the others). The server divides the secure sum by the
+  public expected number of subjects ``q·|U|`` and applies the global learning rate.
+* ``uldp_avg_w``: ``uldp_avg`` with ``w_{s,a} = n_{s,a}/n_a``.
+
+The noise is split over silos, so these guarantees hold for the released model and, against
+the server, only if it sees nothing but the sum of the silos' messages (secure aggregation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from silodp.accounting import SiloPrivacy
+from silodp.accounting.events import gaussian_steps, poisson_gaussian_steps
+from silodp.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    SiloData,
+    SiloUpdate,
+    uniform_batch,
+)
+from silodp.algorithms.dp_sgd import LocalItemDP
+from silodp.data import FederatedDataset
+from silodp.privacy.gradients import Params, batch_gradient, tree_norm
+from silodp.privacy.noise import gaussian_noise
+from silodp.privacy.per_subject import per_subject_deltas, subject_batches
+
+__all__ = [
+    "RoundWeights",
+    "UldpAvg",
+    "UldpAvgW",
+    "UldpGroup",
+    "UldpNaive",
+    "UldpSgd",
+    "check_weights",
+    "record_weights",
+    "uniform_weights",
+]
+
+SECURE_AGGREGATION = (
+    "secure aggregation: noise is split over silos; ε holds for the released model and, "
+    "against the server, only if it sees just the sum of the silos' messages"
+)
+
+
+def uniform_weights(num_silos: int, num_subjects: int) -> np.ndarray:
+    """``w_{s,a} = 1/S`` for every silo and subject."""
+    return np.full((num_silos, num_subjects), 1.0 / num_silos)
+
+
+def record_weights(histogram: np.ndarray) -> np.ndarray:
+    """``w_{s,a} = n_{s,a} / n_a`` (0 for subjects without records)."""
+    hist = np.asarray(histogram, dtype=np.float64)
+    totals = hist.sum(axis=0, keepdims=True)
+    return np.divide(hist, totals, out=np.zeros_like(hist), where=totals > 0)
+
+
+def check_weights(weights: np.ndarray, *, tolerance: float = 1e-9) -> np.ndarray:
+    """Validates ULDP weights: finite, ``w >= 0`` and ``Σ_s w_{s,a} <= 1`` for every subject."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 2:
+        raise ValueError(f"Expected weights of shape (silos, subjects), got {w.shape}.")
+    if not np.isfinite(w).all():
+        raise ValueError("Expected finite weights; found NaN or inf.")
+    if (w < 0).any():
+        s, a = np.argwhere(w < 0)[0]
+        raise ValueError(f"Expected weights >= 0, got w[{s}, {a}]={w[s, a]}.")
+    sums = w.sum(axis=0)
+    over = np.flatnonzero(sums > 1.0 + tolerance)
+    if len(over):
+        a = int(over[0])
+        raise ValueError(
+            f"Expected the weights of every subject to sum to at most 1 over silos; subject {a} "
+            f"sums to {sums[a]:.6g} ({len(over)} subject(s) over)."
+        )
+    return w
+
+
+@dataclass(frozen=True)
+class RoundWeights:
+    """This round's subject weights (zero for subjects not sub-sampled), silos x subjects."""
+
+    weights: torch.Tensor
+    sampled: torch.Tensor
+
+
+class UldpNaive(Algorithm):
+    """Local non-private training; clipped silo delta + ``N(0, σ²C²S)``; secure sum."""
+
+    name = "uldp_naive"
+    units = ("subject",)
+    calibration_unit = "subject"
+    threat_model = SECURE_AGGREGATION
+
+    def __init__(self, config: AlgorithmConfig, *, num_silos: int | None = None) -> None:
+        super().__init__(config)
+        self.num_silos = num_silos
+
+    @classmethod
+    def for_data(cls, config: AlgorithmConfig, train: FederatedDataset) -> Algorithm:
+        return cls(config, num_silos=train.num_silos)
+
+    def sampling_rate(self, *, num_records: int, num_subjects: int) -> float:
+        return 1.0
+
+    def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
+        event = gaussian_steps(self.config.noise_multiplier, 1)
+        return SiloPrivacy({"subject": event}, scope="aggregate")
+
+    def local_update(
+        self,
+        model: nn.Module,
+        params: Params,
+        silo: SiloData,
+        generator: torch.Generator,
+        instructions: Any = None,
+    ) -> SiloUpdate:
+        cfg = self.config
+        if self.num_silos is None:
+            raise ValueError("uldp_naive needs num_silos; build it with for_data().")
+        steps = cfg.local_epochs * math.ceil(silo.num_records / cfg.batch_size)
+
+        def step(local: Params, idx: torch.Tensor) -> Params:
+            grads = batch_gradient(model, local, silo.x[idx], silo.y[idx])
+            return {k: v - cfg.lr * grads[k] for k, v in local.items()}
+
+        local = {k: v.clone() for k, v in params.items()}
+        for _ in range(steps):
+            local = step(local, uniform_batch(silo.num_records, cfg.batch_size, generator))
+        delta = {k: local[k] - params[k] for k in params}
+        factor = torch.clamp(cfg.clip / (tree_norm(delta) + 1e-12), max=1.0)
+        std = cfg.noise_multiplier * cfg.clip * math.sqrt(self.num_silos)
+        message = {
+            k: v * factor
+            + gaussian_noise(v.shape, std=std, generator=generator, secure=cfg.secure_noise)
+            for k, v in delta.items()
+        }
+        privacy = self.silo_privacy(sampling_rate=1.0)
+        return SiloUpdate(silo.silo, message, silo.num_records, privacy)
+
+    def aggregate(self, params: Params, updates: Any) -> Params:
+        """``w + η_g · Σ_s message_s / S`` (the sum is what secure aggregation reveals)."""
+        total = {k: sum(u.params[k] for u in updates) for k in params}
+        scale = float(self.num_silos or len(updates))
+        return {k: v + self.config.server_lr * total[k] / scale for k, v in params.items()}
+
+
+class UldpGroup(LocalItemDP):
+    """ULDP-GROUP-k: ≤ k records per subject federation-wide, DP-SGD per silo, group privacy.
+
+    ``group_size`` is the federation-wide bound k (the runner drops records above it with
+    fixed seeded flags). The subject guarantee converts the record-level guarantee of all
+    silos jointly (``group_scope="federation"``: no composition over silos) and is also
+    bounded by the per-silo mixture analysis composed over the silos a subject spans; the
+    smaller is reported.
+    """
+
+    name = "uldp_group"
+    calibration_unit = "subject"
+    group_scope = "federation"
+
+
+class UldpAvg(Algorithm):
+    """ULDP-AVG with uniform weights ``1/S``: per-subject training and weighted clipping."""
+
+    name = "uldp_avg"
+    units = ("subject",)
+    calibration_unit = "subject"
+    threat_model = SECURE_AGGREGATION
+    #: one full-batch gradient step per subject instead of Q epochs of mini-batches
+    single_step: ClassVar[bool] = False
+    #: whether the weights were computed without revealing silos' histograms
+    weights_private: ClassVar[bool] = True
+
+    def __init__(self, config: AlgorithmConfig, *, weights: np.ndarray | None = None) -> None:
+        super().__init__(config)
+        self.weights = None if weights is None else torch.from_numpy(check_weights(weights))
+
+    @classmethod
+    def make_weights(cls, train: FederatedDataset) -> np.ndarray:
+        return uniform_weights(train.num_silos, train.num_subjects)
+
+    @classmethod
+    def for_data(cls, config: AlgorithmConfig, train: FederatedDataset) -> Algorithm:
+        return cls(config, weights=cls.make_weights(train))
+
+    @property
+    def num_subjects(self) -> int:
+        if self.weights is None:
+            raise ValueError(f"{self.name} needs weights; build it with for_data().")
+        return int(self.weights.shape[1])
+
+    def sampling_rate(self, *, num_records: int, num_subjects: int) -> float:
+        return self.config.subject_rate
+
+    def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
+        sigma = self.config.noise_multiplier
+        event = (
+            gaussian_steps(sigma, 1)
+            if sampling_rate >= 1.0
+            else poisson_gaussian_steps(sampling_rate, sigma, 1)
+        )
+        return SiloPrivacy({"subject": event}, scope="aggregate")
+
+    def configure_round(self, round_index: int, generator: torch.Generator) -> RoundWeights:
+        """Server: Poisson-samples subjects at ``subject_rate``; zeroes the others' weights."""
+        if self.weights is None:
+            raise ValueError(f"{self.name} needs weights; build it with for_data().")
+        q = self.config.subject_rate
+        if q >= 1.0:
+            sampled = torch.ones(self.num_subjects, dtype=torch.bool)
+        else:
+            sampled = torch.rand(self.num_subjects, generator=generator) < q
+        return RoundWeights(self.weights * sampled.to(self.weights.dtype), sampled)
+
+    def local_update(
+        self,
+        model: nn.Module,
+        params: Params,
+        silo: SiloData,
+        generator: torch.Generator,
+        instructions: Any = None,
+    ) -> SiloUpdate:
+        cfg = self.config
+        if not isinstance(instructions, RoundWeights):
+            raise ValueError(f"{self.name} needs this round's RoundWeights from configure_round.")
+        row = instructions.weights[silo.silo]
+        present = torch.unique(silo.subject)
+        order = present[row[present] > 0]
+        total = {k: torch.zeros_like(v) for k, v in params.items()}
+        if order.numel():
+            batches = subject_batches(
+                silo.subject,
+                order,
+                epochs=1 if self.single_step else cfg.local_epochs,
+                batch_size=None if self.single_step else cfg.batch_size,
+                generator=generator,
+            )
+            for rows, deltas in per_subject_deltas(
+                model, params, silo.x, silo.y, batches, lr=cfg.lr
+            ):
+                flat = torch.cat([d.reshape(d.shape[0], -1) for d in deltas.values()], dim=1)
+                factors = torch.clamp(cfg.clip / (flat.norm(dim=1) + 1e-12), max=1.0)
+                coeff = factors * row[order[rows]].to(factors.dtype)
+                for k, d in deltas.items():
+                    total[k] += torch.tensordot(coeff, d, dims=1)
+        num_silos = int(instructions.weights.shape[0])
+        std = cfg.noise_multiplier * cfg.clip / math.sqrt(num_silos)
+        message = {
+            k: v + gaussian_noise(v.shape, std=std, generator=generator, secure=cfg.secure_noise)
+            for k, v in total.items()
+        }
+        privacy = self.silo_privacy(sampling_rate=cfg.subject_rate)
+        return SiloUpdate(
+            silo.silo, message, silo.num_records, privacy, subjects_per_batch=[int(order.numel())]
+        )
+
+    def aggregate(self, params: Params, updates: Any) -> Params:
+        """``w + η_g · Σ_s message_s / (q·|U|)``: the secure sum over the public expected
+        number of sampled subjects."""
+        total = {k: sum(u.params[k] for u in updates) for k in params}
+        scale = self.config.subject_rate * self.num_subjects
+        return {k: v + self.config.server_lr * total[k] / scale for k, v in params.items()}
+
+
+class UldpSgd(UldpAvg):
+    """ULDP-SGD: as ULDP-AVG with one full-batch gradient step per subject."""
+
+    name = "uldp_sgd"
+    single_step = True
+
+
+class UldpAvgW(UldpAvg):
+    """ULDP-AVG-w: weights ``n_{s,a}/n_a``, computed here in the clear from the histogram."""
+
+    name = "uldp_avg_w"
+    weights_private = False
+
+    @classmethod
+    def make_weights(cls, train: FederatedDataset) -> np.ndarray:
+        return record_weights(train.histogram())

@@ -1,0 +1,183 @@
+"""Per-subject local training, vectorised across subjects (ULDP-AVG/SGD's hot path).
+
+For every subject of a silo: start from the global model, train on that subject's records
+only (``epochs`` epochs of mini-batch SGD, or one full-batch gradient step), and return the
+model delta. Subjects are trained together with ``torch.func.vmap`` over stacked parameter
+copies; subjects are processed in chunks so memory stays bounded for thousands of subjects.
+
+Batching: each epoch, every subject's records are shuffled (one draw of random keys for all
+subjects) and cut into batches of ``batch_size``; a subject with fewer records simply has
+empty (masked) batches at the end of the epoch, which leave its parameters unchanged. The naive
+loop :func:`per_subject_deltas_loop` trains one subject at a time on exactly the same batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+from torch.nn import functional as F
+
+from silodp._validation import check_int, check_positive
+from silodp.privacy.gradients import Params
+
+__all__ = [
+    "SubjectBatches",
+    "default_chunk_size",
+    "per_subject_deltas",
+    "per_subject_deltas_loop",
+    "subject_batches",
+]
+
+#: Memory budget for one chunk's stacked parameters, gradients and updates.
+CHUNK_BUDGET_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class SubjectBatches:
+    """Record indices of each subject's mini-batches for one round.
+
+    ``index[e, j]`` is a ``(subjects, batch)`` tensor of record indices for epoch ``e``, step
+    ``j``; ``mask[e, j]`` marks the real ones (padding is masked out).
+    """
+
+    index: torch.Tensor  # (epochs, steps, subjects, batch)
+    mask: torch.Tensor  # same shape, bool
+
+    @property
+    def num_subjects(self) -> int:
+        return int(self.index.shape[2])
+
+
+def subject_batches(
+    subjects: torch.Tensor,
+    order: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int | None,
+    generator: torch.Generator,
+) -> SubjectBatches:
+    """Plans every subject's batches.
+
+    Args:
+      subjects: subject id of each record of the silo.
+      order: the subject ids to train, in output order.
+      epochs: local epochs Q.
+      batch_size: records per batch; ``None`` for one full batch per epoch.
+      generator: shuffles each subject's records every epoch.
+    """
+    check_int("epochs", epochs, 1)
+    num = int(order.numel())
+    lookup = torch.full((int(max(subjects.max(), order.max())) + 1,), -1, dtype=torch.long)
+    lookup[order] = torch.arange(num)
+    row_of_record = lookup[subjects]
+    records = torch.nonzero(row_of_record >= 0).flatten()
+    rows = row_of_record[records]
+    by_row = torch.argsort(rows, stable=True)
+    rows, records = rows[by_row], records[by_row]
+    counts = torch.bincount(rows, minlength=num)
+    position = torch.arange(len(rows)) - (torch.cumsum(counts, 0) - counts)[rows]
+    longest = max(int(counts.max()), 1) if num else 1
+    size = longest if batch_size is None else min(check_int("batch_size", batch_size, 1), longest)
+    steps = math.ceil(longest / size)
+    padded = torch.full((num, steps * size), -1, dtype=torch.long)
+    padded[rows, position] = records
+    valid = padded >= 0
+    index, mask = [], []
+    for _ in range(epochs):
+        keys = torch.rand(padded.shape, generator=generator, dtype=torch.float64)
+        keys[~valid] = math.inf  # padding sorts last
+        perm = torch.argsort(keys, dim=1)
+        shuffled = torch.gather(padded, 1, perm)
+        index.append(shuffled.clamp(min=0).reshape(num, steps, size).transpose(0, 1))
+        mask.append((shuffled >= 0).reshape(num, steps, size).transpose(0, 1))
+    return SubjectBatches(torch.stack(index), torch.stack(mask))
+
+
+def default_chunk_size(params: Params) -> int:
+    """Subjects per chunk so stacked params, grads and updates fit the memory budget."""
+    numel = sum(p.numel() for p in params.values())
+    return max(1, min(512, CHUNK_BUDGET_BYTES // (4 * 4 * max(numel, 1))))
+
+
+def _chunks(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(n, start + size))
+
+
+def per_subject_deltas(
+    model: nn.Module,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batches: SubjectBatches,
+    *,
+    lr: float,
+    chunk_size: int | None = None,
+) -> Iterator[tuple[slice, Params]]:
+    """Trains every planned subject from ``params``; yields ``(rows, deltas)`` chunk by chunk.
+
+    ``deltas[name]`` has a leading dimension of the chunk's subjects (rows of ``batches``).
+    """
+    check_positive("lr", lr)
+    chunk = chunk_size or default_chunk_size(params)
+
+    def masked_loss(
+        p: Params, xb: torch.Tensor, yb: torch.Tensor, mb: torch.Tensor
+    ) -> torch.Tensor:
+        logits = functional_call(model, p, (xb,))
+        losses = F.cross_entropy(logits, yb, reduction="none")
+        weights = mb.to(losses.dtype)
+        return (losses * weights).sum() / weights.sum().clamp(min=1.0)
+
+    subject_grad = vmap(grad(masked_loss))
+    epochs, steps = batches.index.shape[:2]
+    for rows in _chunks(batches.num_subjects, chunk):
+        width = rows.stop - rows.start
+        local = {
+            k: v.detach().unsqueeze(0).expand(width, *v.shape).clone() for k, v in params.items()
+        }
+        for e in range(epochs):
+            for j in range(steps):
+                idx = batches.index[e, j, rows]
+                mb = batches.mask[e, j, rows]
+                if not bool(mb.any()):
+                    continue
+                grads = subject_grad(local, x[idx], y[idx], mb)
+                local = {k: v - lr * grads[k] for k, v in local.items()}
+        yield rows, {k: local[k] - params[k].unsqueeze(0) for k in params}
+
+
+def per_subject_deltas_loop(
+    model: nn.Module,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batches: SubjectBatches,
+    *,
+    lr: float,
+) -> list[Params]:
+    """Reference: one model copy trained at a time on the same batches (slow; for checks)."""
+    out = []
+    epochs, steps = batches.index.shape[:2]
+    for row in range(batches.num_subjects):
+        local = {k: v.detach().clone() for k, v in params.items()}
+        for e in range(epochs):
+            for j in range(steps):
+                keep = batches.mask[e, j, row]
+                if not bool(keep.any()):
+                    continue
+                idx = batches.index[e, j, row][keep]
+                leaves = {k: v.detach().requires_grad_() for k, v in local.items()}
+                loss = F.cross_entropy(functional_call(model, leaves, (x[idx],)), y[idx])
+                grads = torch.autograd.grad(loss, list(leaves.values()))
+                local = {
+                    k: (v - lr * g).detach()
+                    for (k, v), g in zip(leaves.items(), grads, strict=True)
+                }
+        out.append({k: local[k] - params[k] for k in params})
+    return out
