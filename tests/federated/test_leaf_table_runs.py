@@ -110,3 +110,28 @@ def test_csv_table_with_subject_and_silo_columns(tmp_path: Path) -> None:
     assert item["status"] == "complete" and item["epsilon"]["subject"] <= 8.0
     data = json.loads((tmp_path / "out" / "data.json").read_text())
     assert data["num_silos"] == 3 and data["num_subjects"] == 50
+
+
+def test_uldp_tabular_config_runs_every_method_on_a_generated_csv(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    n = 600
+    x = rng.normal(size=(n, 8))
+    label = (x[:, 0] - x[:, 1] + 0.3 * rng.normal(size=n) > 0).astype(int)
+    customer = rng.zipf(2.0, n) % 60
+    bank = rng.integers(0, 4, n)
+    header = ",".join([f"f{i}" for i in range(8)] + ["label", "customer", "bank"])
+    rows = [
+        ",".join(f"{v:.5f}" for v in x[i]) + f",{label[i]},c{customer[i]},b{bank[i]}"
+        for i in range(n)
+    ]
+    (tmp_path / "table.csv").write_text("\n".join([header, *rows]))
+    raw = tomllib.loads((CONFIGS / "uldp_tabular.toml").read_text())
+    raw["data"]["path"] = str(tmp_path / "table.csv")
+    raw["training"]["rounds"] = 3
+    summary = run_experiment(parse_config(raw), tmp_path / "out")
+    assert [r["algorithm"] for r in summary["runs"]] == raw["algorithms"]
+    for item in summary["runs"]:
+        assert item["status"] == "complete"
+        if item["algorithm"] != "fedavg":
+            assert 3.0 < item["epsilon"]["subject"] <= 4.0
+    assert (tmp_path / "out" / "comparison.png").is_file()

@@ -123,3 +123,45 @@ def test_metrics_epsilon_matches_account_command(tmp_path: Path) -> None:
         for row, expected in zip(rows, account["per_round"], strict=True):
             for unit, value in expected.items():
                 assert row["epsilon"][unit] == pytest.approx(value, rel=1e-9)
+
+
+def test_silo_sampling_runs_a_subset_each_round_and_accounts_it(tmp_path: Path) -> None:
+    raw = _tiny()
+    raw["algorithms"] = ["local_item_dp"]
+    raw["data"]["num_silos"] = 4
+    raw["training"]["silos_per_round"] = 2
+    raw["training"]["rounds"] = 4
+    summary = run_experiment(parse_config(raw), tmp_path)
+    rows = _metrics(tmp_path / "local_item_dp" / "metrics.jsonl")
+    assert all(len(r["silos"]) == 2 for r in rows)
+    assert len({tuple(r["silos"]) for r in rows}) > 1  # different silos over rounds
+    # the planned worst case (every silo each round) bounds what was spent
+    from typer.testing import CliRunner
+
+    from silodp.cli import app
+
+    args = shlex.split(summary["runs"][0]["account_command"])[1:] + ["--json"]
+    planned = json.loads(CliRunner().invoke(app, args).output)
+    for unit, value in rows[-1]["epsilon"].items():
+        assert value <= planned["epsilon"][unit] * (1 + 1e-9)
+
+
+def test_uldp_needs_every_silo_each_round(tmp_path: Path) -> None:
+    raw = _tiny()
+    raw["algorithms"] = ["uldp_avg"]
+    raw["training"]["silos_per_round"] = 2
+    with pytest.raises(ValueError, match="splits its noise over all 3 silos"):
+        run_experiment(parse_config(raw), tmp_path)
+
+
+def test_uldp_avg_w_outputs_say_weights_are_not_private(tmp_path: Path) -> None:
+    raw = _tiny()
+    raw["algorithms"] = ["uldp_avg", "uldp_avg_w"]
+    summary = run_experiment(parse_config(raw), tmp_path)
+    avg, avg_w = summary["runs"]
+    assert avg_w["weights_private"] is False
+    assert any("weights not private" in n for n in avg_w["notes"])
+    assert not any("weights not private" in n for n in avg["notes"])
+    assert any("secure aggregation" in n for n in avg["notes"])
+    rows = _metrics(tmp_path / "uldp_avg" / "metrics.jsonl")
+    assert all(r["epsilon"]["subject"] > 0 for r in rows)
