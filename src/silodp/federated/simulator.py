@@ -46,13 +46,13 @@ class RoundResult:
     subjects_per_batch: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
-        def finite(v: float) -> float | None:
-            return v if math.isfinite(v) else None
+        def finite(v: float | None) -> float | None:
+            return v if v is not None and math.isfinite(v) else None
 
         return {
             "round": self.round,
             "test_accuracy": self.test_accuracy,
-            "test_loss": self.test_loss,
+            "test_loss": finite(self.test_loss),
             "epsilon": {k: finite(v) for k, v in self.epsilon.items()},
             "epsilon_route": self.epsilon_route,
             "mu": self.mu,
