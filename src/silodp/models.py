@@ -71,18 +71,54 @@ class MLP(nn.Module):
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
+class LinearLSTM(nn.Module):
+    """A stacked LSTM built from ``nn.Linear`` layers (same maths as ``nn.LSTM``).
+
+    Per layer: ``gates = W_ih x_t + W_hh h_{t-1} + b`` (input projection of all steps at once,
+    recurrent projection per step). Made of linear layers so per-example gradient norms come
+    from activations and output gradients (see :mod:`silodp.privacy.ghost`), where ``vmap``
+    over ``nn.LSTM`` falls back to a per-example loop.
+    """
+
+    def __init__(self, input_size: int, hidden: int, num_layers: int) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.input_proj = nn.ModuleList(
+            nn.Linear(input_size if i == 0 else hidden, 4 * hidden) for i in range(num_layers)
+        )
+        self.recurrent = nn.ModuleList(
+            nn.Linear(hidden, 4 * hidden, bias=False) for _ in range(num_layers)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, steps, _ = x.shape
+        out = x
+        for proj, rec in zip(self.input_proj, self.recurrent, strict=True):
+            projected = proj(out)  # (B, T, 4H)
+            h = x.new_zeros(batch, self.hidden)
+            c = x.new_zeros(batch, self.hidden)
+            hs = []
+            for t in range(steps):
+                gates = projected[:, t] + rec(h)
+                i, f, g, o = gates.chunk(4, dim=1)
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                h = torch.sigmoid(o) * torch.tanh(c)
+                hs.append(h)
+            out = torch.stack(hs, dim=1)
+        return out
+
+
 class ShakespeareLSTM(nn.Module):
     """LEAF's next-character model: embedding 8, two stacked LSTM(256), linear head."""
 
     def __init__(self, num_classes: int = 80, embed_dim: int = 8, hidden: int = 256) -> None:
         super().__init__()
         self.embed = nn.Embedding(num_classes, embed_dim)
-        self.lstm = nn.LSTM(embed_dim, hidden, num_layers=2, batch_first=True)
+        self.lstm = LinearLSTM(embed_dim, hidden, num_layers=2)
         self.head = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, _ = self.lstm(self.embed(x))
-        return self.head(out[:, -1, :])
+        return self.head(self.lstm(self.embed(x))[:, -1, :])
 
 
 def _image_side(shape: tuple[int, ...]) -> tuple[int, int]:

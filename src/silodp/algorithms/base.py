@@ -49,6 +49,9 @@ class AlgorithmConfig:
       secure_noise: draw noise from the OS CSPRNG rather than the seeded generator.
       local_epochs: Q, epochs of per-subject (ULDP-AVG) or per-silo (ULDP-NAIVE) training.
       subject_rate: ULDP subject-level Poisson sub-sampling rate q (1: every subject).
+      grad_method: per-example clipping path: ``auto`` (activation/gradient contractions where
+        every layer supports them, else ``vmap``), or ``vmap`` (materialised per-example
+        gradients; exact reference).
     """
 
     local_steps: int = 10
@@ -63,11 +66,13 @@ class AlgorithmConfig:
     secure_noise: bool = False
     local_epochs: int = 1
     subject_rate: float = 1.0
+    grad_method: str = "auto"
 
     def __post_init__(self) -> None:
         check_int("local_steps", self.local_steps, 1)
         check_int("local_epochs", self.local_epochs, 1)
         check_probability("subject_rate", self.subject_rate)
+        check_choice("grad_method", self.grad_method, ("auto", "vmap"))
         check_int("batch_size", self.batch_size, 1)
         check_positive("lr", self.lr)
         check_positive("server_lr", self.server_lr)

@@ -31,6 +31,7 @@ from silodp.algorithms.base import (
     check_group_bound,
     poisson_mask,
 )
+from silodp.privacy.ghost import clipper_for
 from silodp.privacy.gradients import (
     Params,
     clip_factors,
@@ -60,10 +61,17 @@ def clipped_noisy_step(
     the factors themselves, i.e. a plain sum of clipped gradients).
     """
     if idx.numel():
-        grads = per_example_gradients(model, params, silo.x[idx], silo.y[idx])
-        factors = clip_factors(per_example_norms(grads), config.clip)
-        weights = factors if weigh is None else weigh(factors, silo.subject[idx])
-        summed = weighted_sum(grads, weights)
+        subjects = silo.subject[idx]
+        as_weights = None if weigh is None else (lambda factors: weigh(factors, subjects))
+        x, y = silo.x[idx], silo.y[idx]
+        if config.grad_method == "vmap" or not clipper_for(model).fast:
+            grads = per_example_gradients(model, params, x, y)
+            factors = clip_factors(per_example_norms(grads), config.clip)
+            summed = weighted_sum(grads, factors if as_weights is None else as_weights(factors))
+        else:
+            _, summed = clipper_for(model).norms_and_sum(
+                params, x, y, clip=config.clip, weigh=as_weights
+            )
     else:
         summed = {k: torch.zeros_like(v) for k, v in params.items()}
     std = config.noise_multiplier * config.clip

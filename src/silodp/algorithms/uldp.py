@@ -2,8 +2,9 @@
 differential privacy"): subject-level DP when a subject's records sit in several silos.
 
 * ``uldp_naive``: non-private local training, the silo's model delta clipped to C, noise
-  ``N(0, σ²C²·S)`` per silo. A subject may move every silo's delta, so the sum has sensitivity
-  S·C; the summed noise has std σ·C·S: one Gaussian (σ) per round.
+  ``N(0, σ²C²·S)`` per silo. Removing a subject changes (not removes) every silo's data, so
+  each clipped delta moves by up to 2C (replacement, as for UserLDP) and the sum has
+  sensitivity 2·S·C; the summed noise has std σ·C·S: one Gaussian (σ/2) per round.
 * ``uldp_group`` (ULDP-GROUP-k): at most k records per subject in the whole federation (fixed,
   seeded flags; the rest dropped before training), DP-SGD in each silo; the record-level
   guarantee of all silos jointly is converted to groups of k.
@@ -105,7 +106,11 @@ class RoundWeights:
 
 
 class UldpNaive(Algorithm):
-    """Local non-private training; clipped silo delta + ``N(0, σ²C²S)``; secure sum."""
+    """Local non-private training; clipped silo delta + ``N(0, σ²C²S)``; secure sum.
+
+    Sensitivity of the sum is 2·S·C (each silo's clipped delta can flip), so a round is a
+    Gaussian mechanism with noise multiplier σ/2.
+    """
 
     name = "uldp_naive"
     units = ("subject",)
@@ -124,7 +129,8 @@ class UldpNaive(Algorithm):
         return 1.0
 
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
-        event = gaussian_steps(self.config.noise_multiplier, 1)
+        # A silo's clipped delta moves by up to 2C when a subject's records leave it.
+        event = gaussian_steps(self.config.noise_multiplier / 2.0, 1)
         return SiloPrivacy({"subject": event}, scope="aggregate")
 
     def local_update(
