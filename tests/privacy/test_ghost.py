@@ -1,0 +1,113 @@
+"""The fast per-example path equals materialised per-example gradients on every layer type."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from silodp.models import build_model
+from silodp.privacy.ghost import GhostClipper, supported
+from silodp.privacy.gradients import (
+    clip_factors,
+    per_example_gradients,
+    per_example_norms,
+    subject_average_weights,
+    weighted_sum,
+)
+
+
+class ConvZoo(nn.Module):
+    """Strided, padded and dilated convolutions, a bias-free linear layer and an embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 3, kernel_size=3, stride=2, padding=1)
+        self.c2 = nn.Conv2d(3, 4, kernel_size=(2, 3), dilation=(1, 2), bias=False)
+        self.fc = nn.Linear(4 * 4 * 1, 5, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.tanh(self.c2(torch.tanh(self.c1(x)))).flatten(1))
+
+
+class Tokens(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(6, 3)
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.embed(x).mean(dim=1))
+
+
+def _cases(dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(0)
+    yield "mlp", build_model("mlp", (1, 8, 8), 10), torch.randn(6, 1, 8, 8, generator=gen), 10
+    yield (
+        "mnist_cnn",
+        build_model("mnist_cnn", (1, 8, 8), 10),
+        torch.randn(6, 1, 8, 8, generator=gen),
+        10,
+    )
+    yield "conv_zoo", ConvZoo(), torch.randn(6, 2, 9, 9, generator=gen), 5
+    # repeated tokens within an example exercise the embedding's ghost norm
+    yield "tokens", Tokens(), torch.randint(0, 3, (6, 7), generator=gen), 4
+    yield (
+        "shakespeare_lstm",
+        build_model("shakespeare_lstm", (9,), 80),
+        torch.randint(0, 80, (4, 9), generator=gen),
+        80,
+    )
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-9), (torch.float32, 1e-4)])
+@pytest.mark.parametrize("with_subjects", [False, True])
+def test_fast_path_equals_materialised_per_example_gradients(dtype, tol, with_subjects) -> None:
+    for name, model, x, classes in _cases(dtype):
+        model = model.to(dtype)
+        if x.is_floating_point():
+            x = x.to(dtype)
+        params = {k: v.detach().clone() for k, v in model.named_parameters()}
+        y = torch.arange(x.shape[0]) % classes
+        subjects = torch.tensor([0, 0, 1, 2, 2, 2])[: x.shape[0]]
+        weigh = (lambda f: subject_average_weights(f, subjects)) if with_subjects else None
+        grads = per_example_gradients(model, params, x, y)
+        norms = per_example_norms(grads)
+        factors = clip_factors(norms, 0.3)
+        expected = weighted_sum(grads, factors if weigh is None else weigh(factors))
+        clipper = GhostClipper(model)
+        assert clipper.fast, name
+        got_norms, got = clipper.norms_and_sum(params, x, y, clip=0.3, weigh=weigh)
+        torch.testing.assert_close(got_norms, norms, rtol=tol, atol=tol * 1e-3)
+        assert got.keys() == expected.keys()
+        for key in expected:
+            scale = float(expected[key].abs().max()) + 1e-30
+            err = float((got[key] - expected[key]).abs().max()) / scale
+            assert err <= tol, (name, key, err)
+
+
+def test_unsupported_layer_falls_back_with_a_warning(caplog) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2)).double()
+    assert supported(model) == ["1 (LayerNorm)"]
+    with caplog.at_level(logging.WARNING):
+        clipper = GhostClipper(model)
+    assert not clipper.fast
+    assert "1 (LayerNorm)" in caplog.text
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 1, 0, 1, 1])
+    grads = per_example_gradients(model, params, x, y)
+    expected = weighted_sum(grads, clip_factors(per_example_norms(grads), 1.0))
+    _, got = clipper.norms_and_sum(params, x, y, clip=1.0)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key])
+
+
+def test_norms_respect_the_clip_in_the_sum() -> None:
+    model = build_model("mlp", (4,), 3).double()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x = torch.randn(1, 4, dtype=torch.float64) * 50
+    _, summed = GhostClipper(model).norms_and_sum(params, x, torch.tensor([1]), clip=0.25)
+    total = torch.sqrt(sum(v.pow(2).sum() for v in summed.values()))
+    assert float(total) == pytest.approx(0.25, rel=1e-9)
