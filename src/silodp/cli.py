@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from silodp.accounting.plan import CalibrationError, PrivacyPlan, account_plan, calibrate_noise
 from silodp.algorithms import ALGORITHMS, AlgorithmConfig, make_algorithm
+from silodp.bench.cli import bench_app
 from silodp.config import ConfigError, default_config_path, load_config
 from silodp.federated import RoundResult
 
@@ -24,6 +25,9 @@ app = typer.Typer(
     help="Cross-silo federated learning with differential privacy at the record, silo or "
     "subject level.",
 )
+
+
+app.add_typer(bench_app, name="bench")
 
 
 def _fail(message: str) -> None:

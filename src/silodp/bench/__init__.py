@@ -1,0 +1,1 @@
+"""Benchmarks printed as ratios measured side by side in one run (``silodp bench ...``)."""
