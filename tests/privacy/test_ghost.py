@@ -72,7 +72,7 @@ def test_fast_path_equals_materialised_per_example_gradients(dtype, tol, with_su
         params = {k: v.detach().clone() for k, v in model.named_parameters()}
         y = torch.arange(x.shape[0]) % classes
         subjects = torch.tensor([0, 0, 1, 2, 2, 2])[: x.shape[0]]
-        weigh = (lambda f: subject_average_weights(f, subjects)) if with_subjects else None
+        weigh = (lambda f, s=subjects: subject_average_weights(f, s)) if with_subjects else None
         grads = per_example_gradients(model, params, x, y)
         norms = per_example_norms(grads)
         factors = clip_factors(norms, 0.3)
@@ -111,3 +111,66 @@ def test_norms_respect_the_clip_in_the_sum() -> None:
     _, summed = GhostClipper(model).norms_and_sum(params, x, torch.tensor([1]), clip=0.25)
     total = torch.sqrt(sum(v.pow(2).sum() for v in summed.values()))
     assert float(total) == pytest.approx(0.25, rel=1e-9)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-9), (torch.float32, 1e-4)])
+def test_per_subject_norms_and_sum_equal_materialised_subject_gradients(dtype, tol) -> None:
+    for name, model, x, classes in _cases(dtype):
+        model = model.to(dtype)
+        if x.is_floating_point():
+            x = x.to(dtype)
+        params = {k: v.detach().clone() for k, v in model.named_parameters()}
+        y = torch.arange(x.shape[0]) % classes
+        subjects = torch.tensor([5, 9, 5, 2, 9, 5])[: x.shape[0]]
+        ids, inverse, counts = torch.unique(subjects, return_inverse=True, return_counts=True)
+        grads = per_example_gradients(model, params, x, y)
+        mean = {
+            k: torch.zeros(len(ids), *g.shape[1:], dtype=g.dtype).index_add_(0, inverse, g)
+            / counts.to(g.dtype).reshape(-1, *[1] * (g.dim() - 1))
+            for k, g in grads.items()
+        }
+        norms = per_example_norms(mean)
+        coeff = torch.linspace(-1.0, 2.0, len(ids), dtype=dtype)
+        expected = weighted_sum(mean, coeff * clip_factors(norms, 0.2))
+        got_norms, got = GhostClipper(model).subject_norms_and_sum(
+            params, x, y, subjects, weigh=lambda n, c=coeff: c * clip_factors(n, 0.2)
+        )
+        torch.testing.assert_close(got_norms, norms, rtol=tol, atol=tol * 1e-3)
+        for key in expected:
+            scale = float(expected[key].abs().max()) + 1e-30
+            err = float((got[key] - expected[key]).abs().max()) / scale
+            assert err <= tol, (name, key, err)
+
+
+def test_uldp_sgd_fast_path_equals_per_subject_training() -> None:
+    import dataclasses
+
+    import numpy as np
+
+    from silodp.algorithms import AlgorithmConfig, make_algorithm
+    from silodp.data import FederatedDataset
+    from silodp.federated.simulator import silo_tensors
+
+    rng = np.random.default_rng(0)
+    n = 200
+    train = FederatedDataset(
+        x=rng.normal(size=(n, 1, 8, 8)).astype(np.float32),
+        y=rng.integers(0, 10, n),
+        silo=rng.integers(0, 3, n),
+        subject=rng.integers(0, 30, n),
+        num_classes=10,
+    )
+    silo = silo_tensors(train)[1]
+    silo = dataclasses.replace(silo, x=silo.x.double())
+    for model_name in ("mlp", "mnist_cnn"):
+        model = build_model(model_name, (1, 8, 8), 10).double()
+        params = {k: v.detach().clone() for k, v in model.named_parameters()}
+        messages = []
+        for method in ("auto", "vmap"):
+            cfg = AlgorithmConfig(lr=0.3, clip=0.05, noise_multiplier=0.0, grad_method=method)
+            algo = make_algorithm("uldp_sgd", cfg, train)
+            plan = algo.configure_round(1, torch.Generator().manual_seed(0))
+            update = algo.local_update(model, params, silo, torch.Generator().manual_seed(0), plan)
+            messages.append(update.params)
+        for key in params:
+            torch.testing.assert_close(messages[0][key], messages[1][key], rtol=1e-9, atol=1e-12)

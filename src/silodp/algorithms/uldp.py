@@ -42,7 +42,8 @@ from silodp.algorithms.base import (
 )
 from silodp.algorithms.dp_sgd import LocalItemDP
 from silodp.data import FederatedDataset
-from silodp.privacy.gradients import Params, batch_gradient, tree_norm
+from silodp.privacy.ghost import clipper_for
+from silodp.privacy.gradients import Params, batch_gradient, clip_factors, tree_norm
 from silodp.privacy.noise import gaussian_noise
 from silodp.privacy.per_subject import per_subject_deltas, subject_batches
 
@@ -254,7 +255,9 @@ class UldpAvg(Algorithm):
         present = torch.unique(silo.subject)
         order = present[row[present] > 0]
         total = {k: torch.zeros_like(v) for k, v in params.items()}
-        if order.numel():
+        if order.numel() and self.single_step and self._fast(model):
+            total = self._single_step_sum(model, params, silo, order, row)
+        elif order.numel():
             batches = subject_batches(
                 silo.subject,
                 order,
@@ -280,6 +283,33 @@ class UldpAvg(Algorithm):
         return SiloUpdate(
             silo.silo, message, silo.num_records, privacy, subjects_per_batch=[int(order.numel())]
         )
+
+    def _fast(self, model: nn.Module) -> bool:
+        return self.config.grad_method == "auto" and clipper_for(model).fast
+
+    def _single_step_sum(
+        self,
+        model: nn.Module,
+        params: Params,
+        silo: SiloData,
+        order: torch.Tensor,
+        row: torch.Tensor,
+    ) -> Params:
+        """``Σ_a w_a clip(-η G_a)`` for one full-batch step per subject, from per-subject
+        gradient norms (no per-subject model copies)."""
+        cfg = self.config
+        keep = torch.isin(silo.subject, order)
+        subjects = silo.subject[keep]
+        ids = torch.unique(subjects)
+        weights = row[ids].to(next(iter(params.values())).dtype)
+
+        def coefficients(norms: torch.Tensor) -> torch.Tensor:
+            return -cfg.lr * weights * clip_factors(cfg.lr * norms, cfg.clip)
+
+        _, summed = clipper_for(model).subject_norms_and_sum(
+            params, silo.x[keep], silo.y[keep], subjects, weigh=coefficients
+        )
+        return summed
 
     def aggregate(self, params: Params, updates: Any) -> Params:
         """``w + η_g · Σ_s message_s / (q·|U|)``: the secure sum over the public expected

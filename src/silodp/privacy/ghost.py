@@ -130,6 +130,12 @@ def _embedding_stats(
     return sq, weighted
 
 
+Maker = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+#: per layer: the module, its inputs ((B, T, d) activations or (B, T) token ids) and output
+#: gradients (B, T, p)
+Captured = dict[str, tuple[nn.Module, torch.Tensor, torch.Tensor]]
+
+
 class GhostClipper:
     """Clipped (weighted) gradient sums of a model at ghost-clipping cost.
 
@@ -156,6 +162,58 @@ class GhostClipper:
     def fast(self) -> bool:
         return not self.unsupported
 
+    def _capture(
+        self, params: Params, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | None
+    ) -> Captured:
+        """One forward and backward pass of ``Σ_i scale_i · loss_i``; every layer's inputs and
+        output gradients, positions stacked along dimension 1."""
+        calls = {name: _Calls(module) for name, module in self._layers.items()}
+        handles = []
+        for name, module in self._layers.items():
+
+            def hook(mod: nn.Module, inp: tuple, out: torch.Tensor, name: str = name) -> None:
+                calls[name].inputs.append(inp[0].detach())
+                calls[name].outputs.append(out)
+
+            handles.append(module.register_forward_hook(hook))
+        try:
+            leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+            with torch.enable_grad():
+                logits = functional_call(self.model, leaves, (x,))
+                losses = F.cross_entropy(logits, y, reduction="none")
+                loss = losses.sum() if scale is None else (losses * scale).sum()
+                outputs = [o for c in calls.values() for o in c.outputs]
+                grads_out = torch.autograd.grad(loss, outputs)
+        finally:
+            for h in handles:
+                h.remove()
+        captured: Captured = {}
+        pos = 0
+        for name, c in calls.items():
+            gs = grads_out[pos : pos + len(c.outputs)]
+            pos += len(c.outputs)
+            if not gs:
+                continue
+            if isinstance(c.module, nn.Embedding):
+                a = torch.cat([i.reshape(i.shape[0], -1) for i in c.inputs], dim=1)
+                g = torch.cat([gi.reshape(gi.shape[0], -1, gi.shape[-1]) for gi in gs], dim=1)
+            else:
+                pairs = [_positions(c.module, a, gi) for a, gi in zip(c.inputs, gs, strict=True)]
+                a = torch.cat([p[0] for p in pairs], dim=1)
+                g = torch.cat([p[1] for p in pairs], dim=1)
+            captured[name] = (c.module, a, g)
+        return captured
+
+    @staticmethod
+    def _assemble(params: Params, makers: dict[str, Maker], weights: torch.Tensor) -> Params:
+        summed: Params = {}
+        for name, make in makers.items():
+            for pname, value in make(weights).items():
+                summed[f"{name}.{pname}" if name else pname] = value
+        for key, value in params.items():  # parameters this batch does not reach
+            summed.setdefault(key, torch.zeros_like(value))
+        return summed
+
     def norms_and_sum(
         self,
         params: Params,
@@ -172,60 +230,110 @@ class GhostClipper:
             norms = per_example_norms(grads)
             factors = clip_factors(norms, clip)
             return norms, weighted_sum(grads, factors if weigh is None else weigh(factors))
-        calls = {name: _Calls(module) for name, module in self._layers.items()}
-        handles = []
-        for name, module in self._layers.items():
-
-            def hook(mod: nn.Module, inp: tuple, out: torch.Tensor, name: str = name) -> None:
-                calls[name].inputs.append(inp[0].detach())
-                calls[name].outputs.append(out)
-
-            handles.append(module.register_forward_hook(hook))
-        try:
-            leaves = {k: v.detach().requires_grad_(False) for k, v in params.items()}
-            with torch.enable_grad():
-                # outputs need a graph back to the loss; inputs of the first layer do not
-                logits = functional_call(self.model, _track(leaves), (x,))
-                loss = F.cross_entropy(logits, y, reduction="sum")
-                outputs = [o for c in calls.values() for o in c.outputs]
-                grads_out = torch.autograd.grad(loss, outputs)
-        finally:
-            for h in handles:
-                h.remove()
-        pos = 0
-        sq = torch.zeros(x.shape[0], dtype=loss.dtype)
-        makers = {}
-        for name, c in calls.items():
-            gs = grads_out[pos : pos + len(c.outputs)]
-            pos += len(c.outputs)
-            if not gs:
-                continue
-            if isinstance(c.module, nn.Embedding):
-                idx = torch.cat([i.reshape(i.shape[0], -1) for i in c.inputs], dim=1)
-                g = torch.cat([gi.reshape(gi.shape[0], -1, gi.shape[-1]) for gi in gs], dim=1)
-                layer_sq, make = _embedding_stats(c.module, idx, g)
+        sq = torch.zeros(x.shape[0], dtype=next(iter(params.values())).dtype)
+        makers: dict[str, Maker] = {}
+        for name, (module, a, g) in self._capture(params, x, y, None).items():
+            if isinstance(module, nn.Embedding):
+                layer_sq, makers[name] = _embedding_stats(module, a, g)
             else:
-                pairs = [_positions(c.module, a, gi) for a, gi in zip(c.inputs, gs, strict=True)]
-                a = torch.cat([p[0] for p in pairs], dim=1)
-                g = torch.cat([p[1] for p in pairs], dim=1)
-                layer_sq, make = _linear_stats(c.module, a, g)
+                layer_sq, makers[name] = _linear_stats(module, a, g)
             sq = sq + layer_sq
-            makers[name] = make
         norms = sq.clamp(min=0).sqrt()
         factors = clip_factors(norms, clip)
-        w = factors if weigh is None else weigh(factors)
-        summed: Params = {}
-        for name, make in makers.items():
-            for pname, value in make(w).items():
-                summed[f"{name}.{pname}" if name else pname] = value
-        for key, value in params.items():  # parameters not reached by this batch
-            summed.setdefault(key, torch.zeros_like(value))
-        return norms, summed
+        return norms, self._assemble(params, makers, factors if weigh is None else weigh(factors))
+
+    def subject_norms_and_sum(
+        self,
+        params: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        subjects: torch.Tensor,
+        *,
+        weigh: Callable[[torch.Tensor], torch.Tensor],
+    ) -> tuple[torch.Tensor, Params]:
+        """Per-subject mean gradients ``G_a = mean_{i in a} g_i``: their norms, and
+        ``Σ_a v_a G_a`` with ``v = weigh(norms)`` (one weight per subject, in the order of
+        ``torch.unique(subjects)``).
+
+        The norms come from Gram matrices restricted to each subject's rows (or from the
+        per-subject gradient itself when that is smaller); the sum from one contraction with
+        per-example weights ``v_{a(i)}``. Needs every layer supported (no fallback).
+        """
+        if not self.fast:
+            raise ValueError(
+                f"Per-subject norms need every layer supported; unsupported: {self.unsupported}."
+            )
+        _, inverse, counts = torch.unique(subjects, return_inverse=True, return_counts=True)
+        dtype = next(iter(params.values())).dtype
+        scale = 1.0 / counts.to(dtype)[inverse]
+        captured = self._capture(params, x, y, scale)
+        rows, slot = _subject_layout(inverse, counts)
+        num = counts.numel()
+        sq = torch.zeros(num, dtype=dtype)
+        makers: dict[str, Maker] = {}
+        for name, (module, a, g) in captured.items():
+            if isinstance(module, nn.Embedding):
+                # per-subject: a subject's tokens are all its examples' tokens
+                layer_sq = _embedding_subject_sq(a, g, rows, slot, num)
+                _, makers[name] = _embedding_stats(module, a, g)
+            else:
+                layer_sq = _linear_subject_sq(module, a, g, rows, slot, num)
+                _, makers[name] = _linear_stats(module, a, g)
+            sq = sq + layer_sq
+        norms = sq.clamp(min=0).sqrt()
+        per_example = weigh(norms)[inverse]
+        return norms, self._assemble(params, makers, per_example)
 
 
-def _track(params: Params) -> Params:
-    """Parameters that require grad so layer outputs carry a graph (the grads are unused)."""
-    return {k: v.requires_grad_(True) for k, v in params.items()}
+def _subject_layout(
+    inverse: torch.Tensor, counts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row (subject) and slot (position within the subject) of every example."""
+    order = torch.argsort(inverse, stable=True)
+    sorted_rows = inverse[order]
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.empty_like(inverse)
+    slot[order] = torch.arange(inverse.numel()) - starts[sorted_rows]
+    return inverse, slot
+
+
+def _pad_by_subject(
+    t: torch.Tensor, rows: torch.Tensor, slot: torch.Tensor, num: int
+) -> torch.Tensor:
+    """(B, T, k) per-example tensors -> (subjects, max_count * T, k), zero padded."""
+    width = int(slot.max()) + 1
+    out = t.new_zeros(num, width, *t.shape[1:])
+    out[rows, slot] = t
+    return out.reshape(num, width * t.shape[1], *t.shape[2:])
+
+
+def _linear_subject_sq(
+    module: nn.Module,
+    a: torch.Tensor,
+    g: torch.Tensor,
+    rows: torch.Tensor,
+    slot: torch.Tensor,
+    num: int,
+) -> torch.Tensor:
+    ap, gp = _pad_by_subject(a, rows, slot, num), _pad_by_subject(g, rows, slot, num)
+    positions, d, p = ap.shape[1], ap.shape[2], gp.shape[2]
+    if positions * positions <= p * d:
+        sq = (torch.bmm(ap, ap.transpose(1, 2)) * torch.bmm(gp, gp.transpose(1, 2))).sum((1, 2))
+    else:
+        sq = torch.bmm(gp.transpose(1, 2), ap).pow(2).sum((1, 2))
+    if getattr(module, "bias", None) is not None:
+        sq = sq + gp.sum(1).pow(2).sum(1)
+    return sq
+
+
+def _embedding_subject_sq(
+    idx: torch.Tensor, g: torch.Tensor, rows: torch.Tensor, slot: torch.Tensor, num: int
+) -> torch.Tensor:
+    ip = _pad_by_subject(idx.unsqueeze(-1), rows, slot, num).squeeze(-1)
+    # padding has zero gradient, so its (arbitrary) token id contributes nothing
+    gp = _pad_by_subject(g, rows, slot, num)
+    same = (ip.unsqueeze(2) == ip.unsqueeze(1)).to(g.dtype)
+    return (same * torch.bmm(gp, gp.transpose(1, 2))).sum((1, 2))
 
 
 _CLIPPERS: weakref.WeakKeyDictionary[nn.Module, GhostClipper] = weakref.WeakKeyDictionary()

@@ -1,0 +1,532 @@
+"""``silodp bench step``: one training step per method, examples/s and ratio to plain SGD.
+
+Every silodp method is timed through its algorithm's own ``local_update`` with one local step
+on a silo that is exactly the batch (sampling rate 1, so the whole batch is used), so the time
+includes what silodp does per step (parameter copy, batch diagnostics, noise). ``plain`` is
+FedAvg's step: mean loss, one backward pass (``torch.func.grad``), functional parameters.
+Opacus is timed on an ``nn.Module`` copy of the same model with its ``DPOptimizer`` (noise
+included): ``opacus_hooks`` (``GradSampleModule``, per-example gradients) and ``opacus_ghost``
+(``GradSampleModuleFastGradientClipping``, ghost clipping: two backward passes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from silodp.bench.common import Row, interleaved_medians, peak_rss_mb, run_worker
+
+__all__ = [
+    "DEFAULT_BATCHES",
+    "DEFAULT_MODELS",
+    "LSTM_METHODS",
+    "METHODS",
+    "ModelSpec",
+    "Skip",
+    "build_step",
+    "estimate_extra_bytes",
+    "run_step_bench",
+]
+
+CLIP = 1.0
+NOISE = 1.0
+LR = 0.05
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The input a benchmark model takes: feature shape, classes, token ids or floats."""
+
+    feature_shape: tuple[int, ...]
+    num_classes: int
+    tokens: bool = False
+
+
+SPECS: dict[str, ModelSpec] = {
+    "femnist_cnn": ModelSpec((1, 28, 28), 62),
+    "mnist_cnn": ModelSpec((1, 28, 28), 10),
+    "mlp": ModelSpec((64,), 10),
+    "shakespeare_lstm": ModelSpec((80,), 80, tokens=True),
+}
+DEFAULT_MODELS = ("femnist_cnn", "mnist_cnn", "mlp")
+DEFAULT_BATCHES = (64, 256, 512)
+LSTM_BATCH = 32
+
+#: Image/tabular methods, in the order they are timed and printed.
+METHODS = (
+    "plain",
+    "opacus_hooks",
+    "opacus_ghost",
+    "local_item_dp",
+    "local_group_dp",
+    "higradavg_uniform",
+    "higradavg_skewed",
+    "user_ldp",
+    "vmap",
+    "subject_norm_uniform",
+    "subject_norm_skewed",
+)
+#: Methods for the character LSTM.
+LSTM_METHODS = (
+    "plain",
+    "local_item_dp",
+    "vmap",
+    "opacus_plain_dplstm",
+    "opacus_hooks_dplstm",
+    "opacus_ghost_dplstm",
+)
+#: Methods that run exactly the step of another one (reported, not timed twice).
+ALIASES = {"local_group_dp": "local_item_dp"}
+
+NOTES = {
+    "plain": "FedAvg step: mean loss, one backward (torch.func.grad)",
+    "opacus_hooks": "GradSampleModule + DPOptimizer (per-example grads)",
+    "opacus_ghost": "ghost clipping (2 backward passes) + DPOptimizerFastGradientClipping",
+    "local_item_dp": "clipped_noisy_step, grad_method=auto",
+    "local_group_dp": "same step as local_item_dp (only sigma differs); not re-timed",
+    "higradavg_uniform": "per-subject average of clipped grads, ~0.93 subjects/record",
+    "higradavg_skewed": "per-subject average of clipped grads, Zipf: ~50 subjects per 512",
+    "user_ldp": "mean gradient clipped as a whole",
+    "vmap": "grad_method=vmap (materialised per-example grads; reference)",
+    "subject_norm_uniform": "GhostClipper.subject_norms_and_sum + noise, uniform subjects",
+    "subject_norm_skewed": "GhostClipper.subject_norms_and_sum + noise, skewed subjects",
+    "opacus_plain_dplstm": "plain SGD on the Opacus DPLSTM model (its own baseline)",
+    "opacus_hooks_dplstm": "opacus.layers.DPLSTM + GradSampleModule + DPOptimizer",
+    "opacus_ghost_dplstm": "opacus.layers.DPLSTM + ghost clipping",
+}
+LSTM_VMAP_NOTE = (
+    "vmap over silodp's Linear-built LSTM (vmap over nn.LSTM is not used: the model has none)"
+)
+
+
+class Skip(Exception):
+    """A method that cannot or should not run on this model/batch (reason in the message)."""
+
+
+@dataclass
+class StepData:
+    x: torch.Tensor
+    y: torch.Tensor
+    uniform: torch.Tensor
+    skewed: torch.Tensor
+
+
+def make_data(model: str, batch: int, *, seed: int = 0) -> StepData:
+    """A random batch for ``model`` with two subject layouts: ~uniform and Zipf-skewed."""
+    spec = SPECS[model]
+    gen = torch.Generator().manual_seed(seed)
+    if spec.tokens:
+        x = torch.randint(0, spec.num_classes, (batch, *spec.feature_shape), generator=gen)
+    else:
+        x = torch.randn((batch, *spec.feature_shape), generator=gen)
+    y = torch.randint(0, spec.num_classes, (batch,), generator=gen)
+    # uniform over ~6.64 B subjects: ~475 distinct subjects in 512 records
+    uniform = torch.randint(0, max(2, round(6.64 * batch)), (batch,), generator=gen)
+    # Zipf(1) over ~55 B/512 subjects: ~50 distinct subjects in 512 records, a few large
+    pool = max(2, round(55 * batch / 512))
+    weights = 1.0 / torch.arange(1, pool + 1, dtype=torch.float64)
+    skewed = torch.multinomial(weights, batch, replacement=True, generator=gen)
+    return StepData(x, y, uniform, skewed)
+
+
+def _num_params(module: nn.Module, kinds: tuple[type, ...] | None = None) -> int:
+    total = 0
+    for sub in module.modules():
+        if kinds is not None and not isinstance(sub, kinds):
+            continue
+        total += sum(p.numel() for p in sub.parameters(recurse=False))
+    return total
+
+
+def _subject_padding_bytes(model: nn.Module, data: StepData, subjects: torch.Tensor) -> float:
+    """Rough size of the per-subject padded activations/output grads of the norm path."""
+    _, counts = torch.unique(subjects, return_counts=True)
+    padded = counts.numel() * int(counts.max())
+    per_example = 0.0
+    hooks = []
+
+    def hook(mod: nn.Module, inp: tuple, out: torch.Tensor) -> None:
+        nonlocal per_example
+        a, o = inp[0], out
+        if isinstance(mod, nn.Conv2d):
+            kh, kw = mod.kernel_size
+            positions = o.shape[2] * o.shape[3]
+            per_example += positions * (mod.in_channels * kh * kw + mod.out_channels)
+        else:
+            per_example += (a[0].numel() + o[0].numel()) if a.dim() > 1 else o[0].numel()
+
+    for sub in model.modules():
+        if isinstance(sub, nn.Linear | nn.Conv2d | nn.Embedding):
+            hooks.append(sub.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(data.x[:1])
+    finally:
+        for h in hooks:
+            h.remove()
+    return 4.0 * 2 * padded * per_example
+
+
+def estimate_extra_bytes(model_name: str, batch: int, method: str) -> float:
+    """Rough extra memory of a method (bytes): where per-example gradients are materialised,
+    about twice ``B × params × 4`` (the gradients and a same-sized temporary)."""
+    spec = SPECS[model_name]
+    from silodp.models import build_model
+
+    model = build_model(model_name, spec.feature_shape, spec.num_classes)
+    params = _num_params(model)
+    if method in ("opacus_hooks", "vmap", "opacus_hooks_dplstm"):
+        return 2.0 * batch * params * 4
+    if method == "opacus_ghost":  # Linear layers ghost-clipped, the rest per-example
+        return 2.0 * batch * (params - _num_params(model, (nn.Linear, nn.Embedding))) * 4
+    if method.startswith("subject_norm"):
+        data = make_data(model_name, batch)
+        layout = data.uniform if method.endswith("uniform") else data.skewed
+        return _subject_padding_bytes(model, data, layout)
+    return 0.0
+
+
+def _silo(data: StepData, subjects: torch.Tensor) -> Any:
+    from silodp.algorithms import SiloData
+
+    return SiloData(silo=0, x=data.x, y=data.y, subject=subjects)
+
+
+def _algorithm_step(
+    name: str, model: nn.Module, data: StepData, subjects: torch.Tensor, **overrides: Any
+) -> Callable[[], object]:
+    from silodp.algorithms import AlgorithmConfig, make_algorithm
+
+    batch = int(data.y.shape[0])
+    config = AlgorithmConfig(
+        local_steps=1,
+        batch_size=batch,
+        lr=LR,
+        clip=CLIP,
+        noise_multiplier=NOISE,
+        group_size=batch,
+        **overrides,
+    )
+    algorithm = make_algorithm(name, config)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    silo = _silo(data, subjects)
+    gen = torch.Generator().manual_seed(1)
+
+    def step() -> object:
+        return algorithm.local_update(model, params, silo, gen)
+
+    return step
+
+
+def _subject_norm_step(
+    model: nn.Module, data: StepData, subjects: torch.Tensor
+) -> Callable[[], object]:
+    from silodp.privacy import ghost
+    from silodp.privacy.gradients import clip_factors
+    from silodp.privacy.noise import gaussian_noise
+
+    clipper = ghost.clipper_for(model)
+    method = getattr(clipper, "subject_norms_and_sum", None)
+    if method is None:
+        raise Skip("no per-subject norm function in silodp.privacy.ghost")
+    if not clipper.fast:
+        raise Skip(f"unsupported layers for per-subject norms: {clipper.unsupported}")
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    gen = torch.Generator().manual_seed(1)
+    expected = float(torch.unique(subjects).numel())
+
+    def step() -> object:
+        _, summed = method(
+            params, data.x, data.y, subjects, weigh=lambda n: clip_factors(n, CLIP)
+        )
+        return {
+            k: v
+            - LR
+            * (summed[k] + gaussian_noise(v.shape, std=NOISE * CLIP, generator=gen))
+            / expected
+            for k, v in params.items()
+        }
+
+    return step
+
+
+def _dplstm_model(spec: ModelSpec) -> nn.Module:
+    from opacus.layers import DPLSTM
+
+    class OpacusShakespeare(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(spec.num_classes, 8)
+            self.lstm = DPLSTM(8, 256, num_layers=2, batch_first=True)
+            self.head = nn.Linear(256, spec.num_classes)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out, _ = self.lstm(self.embed(x))
+            return self.head(out[:, -1, :])
+
+    torch.manual_seed(0)
+    return OpacusShakespeare()
+
+
+def _opacus_step(model: nn.Module, data: StepData, mode: str) -> Callable[[], object]:
+    """One Opacus DP-SGD step (``hooks``, ``ghost``) or a plain step (``plain``)."""
+    batch = int(data.y.shape[0])
+    criterion = nn.CrossEntropyLoss()
+    model.train()
+    if mode == "plain":
+        sgd = torch.optim.SGD(model.parameters(), lr=LR)
+
+        def plain() -> object:
+            sgd.zero_grad(set_to_none=True)
+            criterion(model(data.x), data.y).backward()
+            sgd.step()
+            return None
+
+        return plain
+    from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+
+    gen = torch.Generator().manual_seed(1)
+    if mode == "hooks":
+        from opacus import GradSampleModule
+
+        gsm = GradSampleModule(model)
+        opt = DPOptimizer(
+            torch.optim.SGD(gsm.parameters(), lr=LR),
+            noise_multiplier=NOISE,
+            max_grad_norm=CLIP,
+            expected_batch_size=batch,
+            generator=gen,
+        )
+
+        def hooks() -> object:
+            opt.zero_grad(set_to_none=True)
+            criterion(gsm(data.x), data.y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)  # frees the per-example gradients
+            return None
+
+        return hooks
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+    ghost = GradSampleModuleFastGradientClipping(
+        model, max_grad_norm=CLIP, use_ghost_clipping=True, loss_reduction="mean"
+    )
+    fopt = DPOptimizerFastGradientClipping(
+        torch.optim.SGD(ghost.parameters(), lr=LR),
+        noise_multiplier=NOISE,
+        max_grad_norm=CLIP,
+        expected_batch_size=batch,
+        loss_reduction="mean",
+        generator=gen,
+    )
+    dp_loss = DPLossFastGradientClipping(ghost, fopt, criterion, loss_reduction="mean")
+
+    def ghost_step() -> object:
+        fopt.zero_grad(set_to_none=True)
+        dp_loss(ghost(data.x), data.y).backward()
+        fopt.step()
+        fopt.zero_grad(set_to_none=True)
+        return None
+
+    return ghost_step
+
+
+def build_step(
+    model_name: str,
+    batch: int,
+    method: str,
+    *,
+    data: StepData | None = None,
+    max_extra_bytes: float = math.inf,
+) -> Callable[[], object]:
+    """A zero-argument function running one step of ``method``; raises :class:`Skip`."""
+    from silodp.models import build_model
+
+    spec = SPECS[model_name]
+    estimate = estimate_extra_bytes(model_name, batch, method)
+    if estimate > max_extra_bytes:
+        raise Skip(
+            f"estimated {estimate / 2**30:.1f} GB extra memory > limit "
+            f"{max_extra_bytes / 2**30:.1f} GB"
+        )
+    data = data or make_data(model_name, batch)
+    if method.startswith("opacus"):
+        try:
+            import opacus  # noqa: F401
+        except ImportError as err:
+            raise Skip(f"opacus not installed ({err})") from err
+        mode = method.split("_")[1]
+        if method.endswith("_dplstm"):
+            try:
+                module = _dplstm_model(spec)
+            except Exception as err:  # noqa: BLE001
+                raise Skip(f"opacus.layers.DPLSTM unusable: {err}") from err
+        else:
+            module = build_model(model_name, spec.feature_shape, spec.num_classes)
+        try:
+            return _opacus_step(module, data, mode)
+        except Exception as err:  # noqa: BLE001
+            raise Skip(f"opacus setup failed: {type(err).__name__}: {err}") from err
+    model = build_model(model_name, spec.feature_shape, spec.num_classes)
+    method = ALIASES.get(method, method)
+    if method == "plain":
+        return _algorithm_step("fedavg", model, data, data.uniform)
+    if method == "local_item_dp":
+        return _algorithm_step("local_item_dp", model, data, data.uniform)
+    if method == "vmap":
+        return _algorithm_step("local_item_dp", model, data, data.uniform, grad_method="vmap")
+    if method == "user_ldp":
+        return _algorithm_step("user_ldp", model, data, data.uniform)
+    if method.startswith("higradavg"):
+        subjects = data.uniform if method.endswith("uniform") else data.skewed
+        return _algorithm_step("higradavg_dp", model, data, subjects)
+    if method.startswith("subject_norm"):
+        subjects = data.uniform if method.endswith("uniform") else data.skewed
+        return _subject_norm_step(model, data, subjects)
+    raise ValueError(f"Unknown method {method!r}.")
+
+
+@dataclass
+class StepCase:
+    model: str
+    batch: int
+    methods: Sequence[str]
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def cases(models: Sequence[str], batches: Sequence[int], *, lstm: bool) -> list[StepCase]:
+    out = [StepCase(m, b, METHODS) for m in models for b in batches]
+    if lstm:
+        out.append(StepCase("shakespeare_lstm", LSTM_BATCH, LSTM_METHODS, {"vmap": LSTM_VMAP_NOTE}))
+    return out
+
+
+def _subjects_of(data: StepData, method: str) -> int | None:
+    if method.endswith("uniform"):
+        return int(torch.unique(data.uniform).numel())
+    if method.endswith("skewed"):
+        return int(torch.unique(data.skewed).numel())
+    return None
+
+
+def run_step_bench(
+    *,
+    models: Sequence[str] = DEFAULT_MODELS,
+    batches: Sequence[int] = DEFAULT_BATCHES,
+    lstm: bool = True,
+    repeats: int = 5,
+    threads: int = 1,
+    measure_rss: bool = True,
+    rss_steps: int = 2,
+    max_extra_gb: float = 6.0,
+    log: Callable[[str], None] | None = None,
+) -> list[Row]:
+    """Rows ``{model, batch, method, threads, examples_per_s, ratio_to_plain, peak_rss_mb,
+    ...}`` for every model × batch × method (skipped methods carry ``skipped``)."""
+    from silodp.bench.common import set_threads
+
+    threads = set_threads(threads)
+    limit = max_extra_gb * 2**30
+    rows: list[Row] = []
+    for case in cases(models, batches, lstm=lstm):
+        data = make_data(case.model, case.batch)
+        steps: dict[str, Callable[[], object]] = {}
+        skipped: dict[str, str] = {}
+        for method in case.methods:
+            if method in ALIASES:
+                continue
+            try:
+                steps[method] = build_step(
+                    case.model, case.batch, method, data=data, max_extra_bytes=limit
+                )
+            except Skip as why:
+                skipped[method] = str(why)
+
+        def failed(name: str, err: BaseException) -> None:
+            skipped[name] = f"failed: {type(err).__name__}: {str(err)[:120]}"
+
+        medians = interleaved_medians(steps, repeats=repeats, warmup=1, on_error=failed)
+        steps.clear()
+        plain = medians.get("plain")
+        case_rows = []
+        for method in case.methods:
+            timed = ALIASES.get(method, method)
+            seconds = medians.get(timed)
+            row: Row = {
+                "model": case.model,
+                "batch": case.batch,
+                "method": method,
+                "threads": threads,
+                "examples_per_s": None if seconds is None else case.batch / seconds,
+                "ratio_to_plain": None if seconds is None or not plain else seconds / plain,
+                "step_ms": None if seconds is None else 1e3 * seconds,
+                "peak_rss_mb": None,
+                "subjects": _subjects_of(data, method),
+                "repeats": repeats,
+                "note": case.notes.get(method) or NOTES.get(method, ""),
+            }
+            if timed in skipped:
+                row["skipped"] = skipped[timed]
+                row["note"] = f"skipped: {skipped[timed]}"
+            case_rows.append(row)
+        if measure_rss:
+            _add_rss(case, case_rows, threads=threads, steps=rss_steps, limit=limit)
+        rows.extend(case_rows)
+        if log is not None:
+            log(f"done {case.model} B={case.batch}")
+    return rows
+
+
+def _add_rss(case: StepCase, rows: list[Row], *, threads: int, steps: int, limit: float) -> None:
+    common = [
+        "step",
+        "--model",
+        case.model,
+        "--batch",
+        str(case.batch),
+        "--threads",
+        str(threads),
+        "--steps",
+        str(steps),
+        "--max-extra-bytes",
+        str(int(limit)),
+    ]
+    base = run_worker([*common, "--method", "none"])
+    baseline = base.get("peak_rss_mb")
+    measured: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        method = ALIASES.get(row["method"], row["method"])
+        if "skipped" in row:
+            continue
+        if method not in measured:
+            measured[method] = run_worker([*common, "--method", method])
+        result = measured[method]
+        if "error" in result or baseline is None:
+            row["rss_error"] = result.get("error") or base.get("error")
+            continue
+        row["peak_rss_mb"] = max(0.0, float(result["peak_rss_mb"]) - float(baseline))
+        row["peak_rss_total_mb"] = float(result["peak_rss_mb"])
+        row["baseline_rss_mb"] = float(baseline)
+
+
+def worker_step(
+    model: str, batch: int, method: str, *, steps: int, max_extra_bytes: float
+) -> dict[str, Any]:
+    """Builds the model and data (and, unless ``method == "none"``, runs ``steps`` steps);
+    reports this process's peak RSS."""
+    data = make_data(model, batch)
+    spec = SPECS[model]
+    from silodp.models import build_model
+
+    build_model(model, spec.feature_shape, spec.num_classes)
+    if method != "none":
+        fn = build_step(model, batch, method, data=data, max_extra_bytes=max_extra_bytes)
+        for _ in range(steps):
+            fn()
+    return {"peak_rss_mb": peak_rss_mb(), "method": method}
