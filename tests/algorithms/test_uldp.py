@@ -37,7 +37,7 @@ from silodp.privacy.gradients import batch_gradient, tree_norm
 from silodp.privacy.per_subject import per_subject_deltas_loop, subject_batches
 
 ALPHA = 1e-6
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ULDP_WEIGHTED = ("uldp_avg", "uldp_sgd", "uldp_avg_w")
 
 _MODEL = MLP(5, 3, hidden=8).double()
