@@ -70,8 +70,10 @@ class TrainingConfig:
     server_lr: float = 1.0
     seed: int = 0
     eval_every: int = 1
+    grad_method: str = "auto"
 
     def __post_init__(self) -> None:
+        check_choice("training.grad_method", self.grad_method, ("auto", "vmap"))
         check_int("training.rounds", self.rounds, 1)
         if self.silos_per_round is not None:
             check_int("training.silos_per_round", self.silos_per_round, 1)

@@ -173,6 +173,7 @@ def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> Pre
         sampling=privacy.sampling,
         subject_records=privacy.subject_records,
         local_epochs=training.local_epochs,
+        grad_method=training.grad_method,
         subject_rate=privacy.subject_rate,
         secure_noise=privacy.secure_noise,
     )
