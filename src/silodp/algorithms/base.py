@@ -26,7 +26,7 @@ from silodp._validation import (
 )
 from silodp.accounting import SiloPrivacy
 from silodp.data import FederatedDataset
-from silodp.privacy.gradients import Params
+from silodp.privacy.gradients import Params, batch_gradient
 
 __all__ = ["Algorithm", "AlgorithmConfig", "SiloData", "SiloUpdate", "average_params"]
 
@@ -229,6 +229,14 @@ def batch_diagnostics(subjects: torch.Tensor) -> tuple[int, int]:
         return 0, 0
     _, counts = torch.unique(subjects, return_counts=True)
     return int(counts.max()), int(counts.numel())
+
+
+def sgd_step(
+    model: nn.Module, params: Params, silo: SiloData, idx: torch.Tensor, *, lr: float
+) -> Params:
+    """One plain (non-private) mini-batch SGD step on the records ``idx`` of ``silo``."""
+    grads = batch_gradient(model, params, silo.x[idx], silo.y[idx])
+    return {k: v - lr * grads[k] for k, v in params.items()}
 
 
 def uniform_batch(n: int, size: int, generator: torch.Generator) -> torch.Tensor:

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from silodp.accounting import SiloPrivacy
-from silodp.algorithms.base import Algorithm, SiloData, SiloUpdate, uniform_batch
-from silodp.privacy.gradients import Params, batch_gradient
+from silodp.algorithms.base import Algorithm, SiloData, SiloUpdate, sgd_step, uniform_batch
+from silodp.privacy.gradients import Params
 
 __all__ = ["FedAvg"]
 
@@ -34,14 +34,9 @@ class FedAvg(Algorithm):
         instructions: Any = None,
     ) -> SiloUpdate:
         cfg = self.config
-
-        def step(local: Params, idx: torch.Tensor) -> Params:
-            grads = batch_gradient(model, local, silo.x[idx], silo.y[idx])
-            return {k: v - cfg.lr * grads[k] for k, v in local.items()}
-
         return self.run_steps(
             params,
             silo,
             select=lambda: uniform_batch(silo.num_records, cfg.batch_size, generator),
-            step=step,
+            step=lambda local, idx: sgd_step(model, local, silo, idx, lr=cfg.lr),
         )

@@ -38,12 +38,13 @@ from silodp.algorithms.base import (
     AlgorithmConfig,
     SiloData,
     SiloUpdate,
+    sgd_step,
     uniform_batch,
 )
 from silodp.algorithms.dp_sgd import LocalItemDP
 from silodp.data import FederatedDataset
 from silodp.privacy.ghost import clipper_for
-from silodp.privacy.gradients import Params, batch_gradient, clip_factors, tree_norm
+from silodp.privacy.gradients import Params, clip_factors, tree_norm
 from silodp.privacy.noise import gaussian_noise
 from silodp.privacy.per_subject import per_subject_deltas, subject_batches
 
@@ -147,13 +148,10 @@ class UldpNaive(Algorithm):
             raise ValueError("uldp_naive needs num_silos; build it with for_data().")
         steps = cfg.local_epochs * math.ceil(silo.num_records / cfg.batch_size)
 
-        def step(local: Params, idx: torch.Tensor) -> Params:
-            grads = batch_gradient(model, local, silo.x[idx], silo.y[idx])
-            return {k: v - cfg.lr * grads[k] for k, v in local.items()}
-
         local = {k: v.clone() for k, v in params.items()}
         for _ in range(steps):
-            local = step(local, uniform_batch(silo.num_records, cfg.batch_size, generator))
+            idx = uniform_batch(silo.num_records, cfg.batch_size, generator)
+            local = sgd_step(model, local, silo, idx, lr=cfg.lr)
         delta = {k: local[k] - params[k] for k in params}
         factor = torch.clamp(cfg.clip / (tree_norm(delta) + 1e-12), max=1.0)
         std = cfg.noise_multiplier * cfg.clip * math.sqrt(self.num_silos)
