@@ -45,11 +45,23 @@ def subject_mixture_steps(
     check_probability("sampling_probability", sampling_probability, allow_zero=True)
     check_int("group_size", group_size, 1)
     check_int("steps", steps, 1)
-    support = tuple(float(j) for j in range(group_size + 1))
-    probs = tuple(
-        float(p) for p in stats.binom.pmf(range(group_size + 1), group_size, sampling_probability)
-    )
-    total = sum(probs)
-    probs = tuple(p / total for p in probs)
-    inner = dp_event.MixtureOfGaussiansDpEvent(float(noise_multiplier), support, probs)
+    pmf = stats.binom.pmf(range(group_size + 1), group_size, sampling_probability)
+    # drop impossible counts (e.g. q = 1 puts all mass on k): dp-accounting's mixture PLD
+    # fails on zero-probability components
+    points = [(float(j), float(p)) for j, p in enumerate(pmf) if p > 0.0]
+    total = sum(p for _, p in points)
+    inner: dp_event.DpEvent
+    if len(points) == 1:
+        sensitivity = points[0][0]
+        inner = (
+            dp_event.NoOpDpEvent()
+            if sensitivity == 0.0
+            else dp_event.GaussianDpEvent(noise_multiplier / sensitivity)
+        )
+    else:
+        inner = dp_event.MixtureOfGaussiansDpEvent(
+            float(noise_multiplier),
+            tuple(j for j, _ in points),
+            tuple(p / total for _, p in points),
+        )
     return dp_event.SelfComposedDpEvent(inner, steps)

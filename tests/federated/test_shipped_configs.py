@@ -1,0 +1,45 @@
+"""Every config shipped in configs/ parses and runs (shortened to one round, fewer records)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from silodp.config import parse_config
+from silodp.runner import run_experiment
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+#: configs that read user-supplied files; tests/federated/test_leaf_table_runs.py covers them
+NEEDS_USER_DATA = {"femnist_small.toml", "shakespeare.toml", "uldp_tabular.toml"}
+
+
+def _shipped() -> list[str]:
+    return sorted(p.name for p in CONFIGS.glob("*.toml") if p.name not in NEEDS_USER_DATA)
+
+
+def test_every_shipped_config_parses() -> None:
+    for path in CONFIGS.glob("*.toml"):
+        parse_config(tomllib.loads(path.read_text()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _shipped())
+def test_shipped_config_runs_one_round(name: str, tmp_path: Path) -> None:
+    raw = tomllib.loads((CONFIGS / name).read_text())
+    raw["training"]["rounds"] = 1
+    raw["training"]["local_steps"] = min(raw["training"].get("local_steps", 10), 2)
+    # fewer records, but enough that no silo of a many-silo Zipf allocation ends up empty
+    floor = 150 * raw["data"].get("num_silos", 5) if raw["data"].get("num_silos", 5) > 20 else 0
+    raw["data"]["max_records"] = min(raw["data"].get("max_records", 1500), max(1500, floor))
+    if raw["data"].get("num_subjects", 0) > 200:
+        raw["data"]["num_subjects"] = 200
+    summary = run_experiment(parse_config(raw), tmp_path)
+    assert [r["algorithm"] for r in summary["runs"]] == raw["algorithms"]
+    for item in summary["runs"]:
+        assert item["status"] == "complete"
+        assert item["rounds_completed"] == 1
+        if item["algorithm"] != "fedavg":
+            assert item["epsilon"], item["algorithm"]
+            assert all(v is not None and v > 0 for v in item["epsilon"].values())
