@@ -1,0 +1,65 @@
+"""Cryptography for ULDP-AVG-w's private weighting protocol (torch-free).
+
+Modules: :mod:`~silodp.crypto.paillier` (Paillier on gmpy2), :mod:`~silodp.crypto.keyagree`
+(X25519 + HKDF + sealed seed), :mod:`~silodp.crypto.prg` (ChaCha20 generators),
+:mod:`~silodp.crypto.encoding` (fixed point with ``L = lcm(1..N_max)``),
+:mod:`~silodp.crypto.protocol` (the parties, messages and the in-process driver).
+"""
+
+from silodp.crypto.encoding import FixedPointCodec, WeightingEncoding, lcm_upto
+from silodp.crypto.errors import (
+    EncodingOverflowError,
+    InsecureKeyError,
+    KeyAgreementError,
+    MalformedMessageError,
+    ProtocolError,
+    SeedAuthenticationError,
+    SenderError,
+    SiloDropoutError,
+    StageError,
+    SubjectBoundError,
+    ValueOutOfRangeError,
+)
+from silodp.crypto.paillier import (
+    PaillierKeyPair,
+    PaillierPrivateKey,
+    PaillierPublicKey,
+    generate_keypair,
+)
+from silodp.crypto.protocol import (
+    ProtocolConfig,
+    RoundResult,
+    Server,
+    Silo,
+    WeightingSession,
+    plaintext_weighted_sum,
+    run_weighting_round,
+)
+
+__all__ = [
+    "EncodingOverflowError",
+    "FixedPointCodec",
+    "InsecureKeyError",
+    "KeyAgreementError",
+    "MalformedMessageError",
+    "PaillierKeyPair",
+    "PaillierPrivateKey",
+    "PaillierPublicKey",
+    "ProtocolConfig",
+    "ProtocolError",
+    "RoundResult",
+    "SeedAuthenticationError",
+    "SenderError",
+    "Server",
+    "Silo",
+    "SiloDropoutError",
+    "StageError",
+    "SubjectBoundError",
+    "ValueOutOfRangeError",
+    "WeightingEncoding",
+    "WeightingSession",
+    "generate_keypair",
+    "lcm_upto",
+    "plaintext_weighted_sum",
+    "run_weighting_round",
+]

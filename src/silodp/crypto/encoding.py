@@ -1,0 +1,261 @@
+"""Fixed-point encoding on ``Z_n`` for the weighted sum, with its correctness conditions.
+
+A real ``x`` (a Python/NumPy float64) becomes the signed integer ``round(x * 10^d)`` computed
+*exactly* - ``x.as_integer_ratio()`` and integer division, ties to even - never through a
+lower-precision float; negatives live in ``Z_n`` as ``n - |v|``.
+
+The weight ``n_{s,a} / n_a`` is applied exactly through ``L = lcm(1..N_max)``: the silo
+multiplies by ``r_a n_{s,a} L`` and the server's encrypted ``(r_a n_a)^{-1}``, so the plaintext
+gains the *integer* factor ``n_{s,a} L / n_a`` - an integer only because ``n_a`` divides ``L``,
+i.e. only if ``1 <= n_a <= N_max``. A subject with ``n_a > N_max`` would silently decode to
+garbage, so it is refused (:class:`~silodp.crypto.errors.SubjectBoundError`).
+
+Decryption yields ``D = L * (sum_{s,a} (n_{s,a}/n_a) e_{s,a} + sum_s e_noise_s) mod n`` with
+``e`` the encoded values. Decoding lifts ``D`` to ``(-n/2, n/2]`` and divides by ``L 10^d``.
+That is exact if the true ``|D| < n / 2``. With ``|delta| <= delta_bound`` and
+``|noise| <= noise_bound`` per coordinate, ``A`` subjects (the per-subject weights sum to at
+most one over silos) and ``S`` silos,
+
+    |D| <= L * (A * E_delta + S * E_noise),   E_b = ceil(b * 10^d),
+
+and :class:`WeightingEncoding` refuses, at set-up, parameters where ``2 |D|_max >= n``
+(:class:`~silodp.crypto.errors.EncodingOverflowError`); encoding a value beyond its declared
+bound raises :class:`~silodp.crypto.errors.ValueOutOfRangeError`. The decoded value differs
+from the real weighted sum only by the rounding of each encoded value:
+``|error| <= (A + S) / (2 * 10^d)`` (plus the final float64 rounding).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+
+import numpy as np
+
+from silodp.crypto.errors import EncodingOverflowError, SubjectBoundError, ValueOutOfRangeError
+
+__all__ = [
+    "MAX_N_MAX",
+    "FixedPointCodec",
+    "WeightingEncoding",
+    "lcm_upto",
+    "precision_digits",
+]
+
+MAX_N_MAX = 1_000_000
+_MAX_DIGITS = 40
+
+
+def lcm_upto(n_max: int) -> int:
+    """``lcm(1, 2, ..., n_max)``: the product of the largest prime powers ``<= n_max``."""
+    if isinstance(n_max, bool) or not isinstance(n_max, int) or not 1 <= n_max <= MAX_N_MAX:
+        raise ValueError(f"Expected n_max={n_max!r} to be an int in [1, {MAX_N_MAX}].")
+    sieve = bytearray([1]) * (n_max + 1)
+    sieve[0:2] = b"\x00\x00"
+    for i in range(2, math.isqrt(n_max) + 1):
+        if sieve[i]:
+            sieve[i * i :: i] = bytearray(len(range(i * i, n_max + 1, i)))
+    result = 1
+    for p in range(2, n_max + 1):
+        if sieve[p]:
+            power = p
+            while power * p <= n_max:
+                power *= p
+            result *= power
+    return result
+
+
+def precision_digits(precision: float) -> int:
+    """``d`` for a precision ``10^-d`` (e.g. ``1e-10 -> 10``); other values are refused."""
+    if isinstance(precision, bool) or not isinstance(precision, int | float):
+        raise ValueError(f"Expected precision={precision!r} to be a number like 1e-10.")
+    try:
+        dec = Decimal(repr(float(precision))).normalize()
+    except InvalidOperation as err:  # pragma: no cover - repr of a float always parses
+        raise ValueError(f"Expected precision={precision!r} to be a number.") from err
+    sign, digits, exponent = dec.as_tuple()
+    if sign or digits != (1,) or not isinstance(exponent, int) or not -_MAX_DIGITS <= exponent <= 0:
+        raise ValueError(
+            f"Expected precision={precision!r} to be a power of ten 10^-d, 0 <= d <= {_MAX_DIGITS}."
+        )
+    return -exponent
+
+
+def _round_scaled(x: float, scale: int) -> int:
+    """``round(x * scale)`` exactly (ties to even) for a finite float ``x``."""
+    num, den = x.as_integer_ratio()
+    q, r = divmod(num * scale, den)
+    twice = 2 * r
+    if twice > den or (twice == den and q & 1):
+        q += 1
+    return q
+
+
+def _as_float64(values: object, name: str) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "fiu" or (arr.dtype.kind == "f" and arr.dtype.itemsize > 8):
+        raise ValueError(f"Expected {name} to hold float64 (or narrower) numbers, got {arr.dtype}.")
+    if arr.dtype.kind in "iu" and arr.size and int(np.abs(arr).max()) > 2**53:
+        raise ValueError(f"Integer {name} above 2**53 cannot be converted exactly.")
+    out = arr.astype(np.float64)  # exact: widening, or integers below 2**53
+    if not np.all(np.isfinite(out)):
+        raise ValueError(f"Expected finite {name}; got NaN or inf.")
+    return out
+
+
+@dataclass(frozen=True)
+class FixedPointCodec:
+    """Signed fixed point with ``frac_digits`` decimal digits (scale ``10^frac_digits``)."""
+
+    frac_digits: int = 10
+
+    def __post_init__(self) -> None:
+        d = self.frac_digits
+        if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= _MAX_DIGITS:
+            raise ValueError(f"Expected frac_digits={d!r} in [0, {_MAX_DIGITS}].")
+
+    @property
+    def scale(self) -> int:
+        return 10**self.frac_digits
+
+    def encode(self, x: float) -> int:
+        """``round(x * scale)`` as an exact signed integer."""
+        value = float(x)
+        if not math.isfinite(value):
+            raise ValueError(f"Expected a finite value to encode, got {x!r}.")
+        return _round_scaled(value, self.scale)
+
+    def encode_many(self, values: object, name: str = "values") -> list[int]:
+        scale = self.scale
+        return [_round_scaled(v, scale) for v in _as_float64(values, name).ravel().tolist()]
+
+    @staticmethod
+    def to_residue(value: int, modulus: int) -> int:
+        """``value mod modulus`` (a negative ``v`` becomes ``modulus - |v|``)."""
+        return value % modulus
+
+    @staticmethod
+    def centered(residue: int, modulus: int) -> int:
+        """The lift of ``residue`` to ``(-modulus/2, modulus/2]``."""
+        residue %= modulus
+        return residue - modulus if residue > modulus // 2 else residue
+
+
+@dataclass(frozen=True)
+class WeightingEncoding:
+    """The encoding of one weighting protocol, checked for overflow at construction."""
+
+    modulus: int
+    n_max: int
+    num_subjects: int
+    num_silos: int
+    delta_bound: float = 1.0
+    noise_bound: float = 1e6
+    precision: float = 1e-10
+    codec: FixedPointCodec = field(init=False, repr=False)
+    multiplier: int = field(init=False, repr=False)  # L = lcm(1..n_max)
+    max_encoded_delta: int = field(init=False, repr=False)
+    max_encoded_noise: int = field(init=False, repr=False)
+    aggregate_bound: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        n = self.modulus
+        if isinstance(n, bool) or not isinstance(n, int) or n < 3:
+            raise ValueError(f"Expected modulus={n!r} to be an int >= 3.")
+        for name in ("num_subjects", "num_silos"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"Expected {name}={v!r} to be a positive int.")
+        for name in ("delta_bound", "noise_bound"):
+            v = getattr(self, name)
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int | float)
+                or not (math.isfinite(v) and v >= 0)
+            ):
+                raise ValueError(f"Expected {name}={v!r} to be a finite number >= 0.")
+        codec = FixedPointCodec(precision_digits(self.precision))
+        multiplier = lcm_upto(self.n_max)
+        if 4 * self.n_max * self.n_max >= n:
+            raise EncodingOverflowError(f"n_max={self.n_max} is not far below the modulus.")
+        e_delta = math.ceil(Fraction(self.delta_bound) * codec.scale)
+        e_noise = math.ceil(Fraction(self.noise_bound) * codec.scale)
+        bound = multiplier * (self.num_subjects * e_delta + self.num_silos * e_noise)
+        if 2 * bound >= n:
+            raise EncodingOverflowError(
+                f"Fixed-point aggregate could wrap around the {n.bit_length()}-bit modulus: "
+                f"2 * L * (A * E_delta + S * E_noise) has {(2 * bound).bit_length()} bits with "
+                f"L = lcm(1..{self.n_max}) ({multiplier.bit_length()} bits), "
+                f"A={self.num_subjects}, S={self.num_silos}, delta_bound={self.delta_bound}, "
+                f"noise_bound={self.noise_bound}, precision={self.precision}. Use a larger key, "
+                "a smaller n_max, coarser precision or tighter bounds."
+            )
+        object.__setattr__(self, "codec", codec)
+        object.__setattr__(self, "multiplier", multiplier)
+        object.__setattr__(self, "max_encoded_delta", e_delta)
+        object.__setattr__(self, "max_encoded_noise", e_noise)
+        object.__setattr__(self, "aggregate_bound", bound)
+
+    @property
+    def scale(self) -> int:
+        return self.codec.scale
+
+    @property
+    def headroom_bits(self) -> int:
+        """Bits between the worst-case aggregate and ``n / 2``."""
+        return (self.modulus // 2).bit_length() - self.aggregate_bound.bit_length()
+
+    @property
+    def max_abs_error(self) -> float:
+        """Worst-case decoding error from rounding the inputs (before float64 rounding)."""
+        return (self.num_subjects + self.num_silos) / (2 * self.scale)
+
+    def check_subject_count(self, count: int, subject: object = None) -> int:
+        """``count`` if it is an int in ``[0, n_max]``; a larger one is refused."""
+        if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 0:
+            raise ValueError(
+                f"Expected a record count >= 0 for subject {subject!r}, got {count!r}."
+            )
+        if count > self.n_max:
+            raise SubjectBoundError(
+                f"Subject {subject!r} has {count} records > n_max={self.n_max}: its weight "
+                f"n_s,a/n_a would not be an exact multiple of 1/L. Drop excess records or raise "
+                "n_max."
+            )
+        return int(count)
+
+    def _encode_bounded(self, values: object, bound: float, name: str) -> list[int]:
+        arr = _as_float64(values, name)
+        if arr.size and float(np.abs(arr).max()) > bound:
+            worst = float(arr.ravel()[int(np.abs(arr).argmax())])
+            raise ValueOutOfRangeError(
+                f"{name} value {worst!r} exceeds the bound {bound} declared at set-up."
+            )
+        scale = self.scale
+        return [_round_scaled(v, scale) for v in arr.ravel().tolist()]
+
+    def encode_deltas(self, values: object) -> list[int]:
+        """Exact signed encodings of clipped model-delta coordinates."""
+        return self._encode_bounded(values, self.delta_bound, "delta")
+
+    def encode_noise(self, values: object) -> list[int]:
+        """Exact signed encodings of noise coordinates."""
+        return self._encode_bounded(values, self.noise_bound, "noise")
+
+    def decode(self, residue: int) -> float:
+        """The real value of a decrypted aggregate ``L * sum`` (exactly rounded to float64)."""
+        return self.decode_signed(FixedPointCodec.centered(int(residue), self.modulus))
+
+    def decode_signed(self, value: int) -> float:
+        """As :meth:`decode` for an already centred integer."""
+        if abs(value) > self.aggregate_bound:
+            raise ValueOutOfRangeError(
+                f"Decrypted aggregate of {abs(value).bit_length()} bits exceeds the "
+                f"{self.aggregate_bound.bit_length()}-bit bound: inputs were inconsistent."
+            )
+        return value / (self.multiplier * self.scale)
+
+    def decode_many(self, residues: list[int]) -> np.ndarray:
+        return np.array([self.decode(r) for r in residues], dtype=np.float64)

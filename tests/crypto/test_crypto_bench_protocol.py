@@ -1,0 +1,40 @@
+"""The protocol benchmark's building blocks on a tiny, insecure-key grid point."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from typer.testing import CliRunner
+
+from silodp.bench.protocol import COLUMNS, format_rows, register, run_point
+
+
+def test_run_point_reports_phases_and_matches_the_phe_baseline() -> None:
+    row = run_point(
+        6, 4, records=300, n_max=300, insecure_test_key_bits=768, baseline_sample=4, workers=1
+    )
+    for key in ("params", "users", "silodp_s", "baseline_s", "speedup", "max_abs_error"):
+        assert key in row
+    assert row["params"] == 6 and row["users"] == 4 and row["key_bits"] == 768
+    assert row["baseline_measured"] == 4
+    assert row["baseline_max_abs_diff"] == 0.0  # identical decoded values
+    assert row["max_abs_error"] < 1e-9
+    assert row["silodp_s"] > 0 and row["speedup"] > 0
+    lines = format_rows([row], COLUMNS, as_json=True).splitlines()
+    assert json.loads(lines[0])["params"] == 6
+    table = format_rows([row], COLUMNS, as_json=False)
+    assert table.splitlines()[0].startswith("| params")
+
+
+def test_register_adds_the_protocol_command() -> None:
+    app = typer.Typer()
+    register(app)
+
+    @app.command("other")
+    def other() -> None:  # a second command keeps typer in group mode
+        pass
+
+    result = CliRunner().invoke(app, ["protocol", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "--quick" in result.output and "--json" in result.output

@@ -1,0 +1,124 @@
+"""Fixed-point encoding on Z_n: exactness, signs, lcm trick and overflow refusal."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from silodp.crypto.encoding import (
+    FixedPointCodec,
+    WeightingEncoding,
+    lcm_upto,
+    precision_digits,
+)
+from silodp.crypto.errors import EncodingOverflowError, SubjectBoundError, ValueOutOfRangeError
+
+N512 = (2**255 - 19) * (2**257 - 93)  # an odd 512-bit modulus (only its size matters here)
+
+
+def _enc(**kw: object) -> WeightingEncoding:
+    args: dict = dict(modulus=N512, n_max=50, num_subjects=10, num_silos=3)
+    args.update(kw)
+    return WeightingEncoding(**args)
+
+
+def test_lcm_upto_matches_math_lcm() -> None:
+    for n in (1, 2, 3, 10, 97, 250):
+        assert lcm_upto(n) == math.lcm(*range(1, n + 1))
+    assert lcm_upto(2000).bit_length() == 2878  # ~ N_max * log2(e): why 3072-bit keys
+    with pytest.raises(ValueError, match="n_max"):
+        lcm_upto(0)
+
+
+def test_precision_digits() -> None:
+    assert precision_digits(1e-10) == 10
+    assert precision_digits(1e-3) == 3
+    assert precision_digits(1) == 0
+    for bad in (3e-10, 0.5, -1e-10, 0.0):
+        with pytest.raises(ValueError, match="precision"):
+            precision_digits(bad)
+
+
+def test_encoding_is_exact_and_ties_go_to_even() -> None:
+    codec = FixedPointCodec(10)
+    assert codec.encode(0.1) == 1_000_000_000  # exact rational 0.1000000000000000055...
+    assert codec.encode(-0.1) == -1_000_000_000
+    assert codec.encode(1e-11) == 0
+    assert codec.encode(6e-11) == 1
+    assert codec.encode(-6e-11) == -1
+    half = FixedPointCodec(1)
+    assert half.encode(0.25) == 2 and half.encode(0.75) == 8  # 2.5 -> 2, 7.5 -> 8
+    assert half.encode(-0.25) == -2
+    # a value whose float32 rounding would change the 10th digit
+    x = 0.123456789012345
+    assert codec.encode(x) == round(Fraction(x) * 10**10)
+    assert codec.encode(float(np.float32(x))) != codec.encode(x)
+
+
+def test_negatives_live_as_n_minus_abs() -> None:
+    n = 1009
+    assert FixedPointCodec.to_residue(-5, n) == n - 5
+    assert FixedPointCodec.centered(n - 5, n) == -5
+    assert FixedPointCodec.centered(5, n) == 5
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=st.floats(min_value=-1.0, max_value=1.0, allow_nan=False))
+def test_round_trip_within_precision(x: float) -> None:
+    enc = _enc()
+    e = enc.encode_deltas(np.array([x]))[0]
+    residue = FixedPointCodec.to_residue(e * enc.multiplier, enc.modulus)
+    assert abs(enc.decode(residue) - x) <= 0.5e-10 + 1e-16
+
+
+def test_overflow_parameters_are_refused_at_setup() -> None:
+    with pytest.raises(EncodingOverflowError, match="wrap"):
+        _enc(n_max=400)  # lcm(1..400) alone has ~580 bits
+    with pytest.raises(EncodingOverflowError):
+        _enc(delta_bound=1e150)
+    ok = _enc(n_max=250, noise_bound=1e3)
+    assert ok.headroom_bits > 0
+    assert 2 * ok.aggregate_bound < ok.modulus
+
+
+def test_values_beyond_declared_bounds_are_refused() -> None:
+    enc = _enc(delta_bound=1.0, noise_bound=5.0)
+    with pytest.raises(ValueOutOfRangeError, match="1.5"):
+        enc.encode_deltas(np.array([0.2, 1.5]))
+    with pytest.raises(ValueOutOfRangeError):
+        enc.encode_noise(np.array([-6.0]))
+    with pytest.raises(ValueError, match="finite"):
+        enc.encode_deltas(np.array([np.nan]))
+    with pytest.raises(ValueError, match="float64"):
+        enc.encode_deltas(np.array(["a"]))
+    assert enc.encode_deltas(np.array([1.0, -1.0], dtype=np.float32)) == [10**10, -(10**10)]
+
+
+def test_subject_count_above_n_max_is_refused() -> None:
+    enc = _enc(n_max=20)
+    assert enc.check_subject_count(20, "a") == 20
+    with pytest.raises(SubjectBoundError, match="21"):
+        enc.check_subject_count(21, "a")
+
+
+def test_decode_refuses_out_of_range_aggregates() -> None:
+    enc = _enc()
+    with pytest.raises(ValueOutOfRangeError):
+        enc.decode(enc.modulus // 2)
+
+
+def test_lcm_makes_every_weight_an_integer() -> None:
+    enc = _enc(n_max=30)
+    n = enc.modulus
+    for n_a in range(1, 31):
+        for n_sa in range(0, n_a + 1):
+            w = n_sa * pow(n_a, -1, n) * enc.multiplier % n
+            assert w * n_a == n_sa * enc.multiplier  # exactly L n_sa / n_a, no wrap-around
+    # the failure the check prevents: a count that does not divide L decodes to garbage
+    bad = pow(31, -1, n) * enc.multiplier % n
+    assert bad * 31 != enc.multiplier and bad > n // 2**100

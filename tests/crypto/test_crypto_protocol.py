@@ -1,0 +1,309 @@
+"""The private weighting protocol end to end: correctness, privacy of the messages,
+sub-sampling and dropout."""
+
+from __future__ import annotations
+
+import gmpy2
+import numpy as np
+import pytest
+
+from silodp.crypto.errors import (
+    EncodingOverflowError,
+    InsecureKeyError,
+    SiloDropoutError,
+    SubjectBoundError,
+)
+from silodp.crypto.paillier import generate_keypair
+from silodp.crypto.prg import ChaCha20Prg
+from silodp.crypto.protocol import (
+    ProtocolConfig,
+    Server,
+    ServerStage,
+    Silo,
+    WeightingSession,
+    plaintext_weighted_sum,
+    run_weighting_round,
+)
+from silodp.crypto.weighted_sum import half_decryption_suffices
+
+BITS = 512
+
+
+def _problem(seed: int, silos: int, subjects: int, dim: int, n_max: int, *, zero_frac=0.3):
+    rng = np.random.default_rng(seed)
+    hist: dict[int, dict[int, int]] = {s: {} for s in range(silos)}
+    for a in range(subjects):
+        total = int(rng.integers(1, n_max + 1))
+        cut = np.sort(rng.integers(0, total + 1, silos - 1))
+        parts = np.diff(np.concatenate([[0], cut, [total]]))
+        for s in range(silos):
+            if parts[s] and rng.random() > zero_frac / 2:
+                hist[s][a] = int(parts[s])
+        if not any(a in hist[s] for s in range(silos)):
+            hist[int(rng.integers(silos))][a] = total
+    deltas = {
+        s: {a: rng.uniform(-1.0, 1.0, dim) * rng.choice([1.0, 1e-6]) for a in hist[s]}
+        for s in range(silos)
+    }
+    noise = {s: rng.normal(0.0, 3.0, dim) for s in range(silos)}
+    return hist, deltas, noise
+
+
+def _tolerance(subjects: int, silos: int, ref: np.ndarray) -> float:
+    return (subjects + silos) * 0.5e-10 + 4 * np.finfo(float).eps * float(np.abs(ref).max() + 1)
+
+
+def _config(silos: int, subjects: int, n_max: int, **kw: object) -> ProtocolConfig:
+    args: dict = dict(
+        silo_ids=tuple(range(silos)),
+        subject_ids=tuple(range(subjects)),
+        n_max=n_max,
+        noise_bound=100.0,
+        insecure_test_key_bits=BITS,
+        workers=1,
+    )
+    args.update(kw)
+    return ProtocolConfig(**args)
+
+
+@pytest.mark.parametrize(
+    ("seed", "silos", "subjects", "dim", "n_max"),
+    [(0, 2, 1, 1, 1), (1, 2, 5, 7, 20), (2, 3, 8, 5, 200), (3, 5, 12, 4, 250), (4, 4, 30, 3, 60)],
+)
+def test_decrypted_aggregate_equals_plaintext_weighted_sum(seed, silos, subjects, dim, n_max):
+    hist, deltas, noise = _problem(seed, silos, subjects, dim, n_max)
+    out = run_weighting_round(
+        deltas,
+        hist,
+        n_max=n_max,
+        noise=noise,
+        noise_bound=100.0,
+        insecure_test_key_bits=BITS,
+        workers=1,
+        source=ChaCha20Prg(bytes([seed]) * 32),
+    )
+    ref = plaintext_weighted_sum(deltas, hist, noise=noise)
+    assert out.dtype == np.float64 and out.shape == (dim,)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=_tolerance(subjects, silos, ref))
+
+
+def test_half_decryption_is_used_only_when_the_bound_allows() -> None:
+    keys = generate_keypair(insecure_test_key_bits=BITS)
+    small = _config(3, 8, 20).encoding(keys.public_key.n)
+    large = _config(3, 8, 200).encoding(keys.public_key.n)
+    assert half_decryption_suffices(keys.private_key, small)
+    assert not half_decryption_suffices(keys.private_key, large)
+
+
+def test_fifty_silos() -> None:
+    hist, deltas, noise = _problem(5, 50, 6, 2, 150, zero_frac=0.8)
+    out = run_weighting_round(
+        deltas, hist, n_max=150, noise=noise, noise_bound=100.0, insecure_test_key_bits=BITS
+    )
+    ref = plaintext_weighted_sum(deltas, hist, noise=noise)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=_tolerance(6, 50, ref))
+
+
+def test_weights_are_exact_fractions_of_counts() -> None:
+    # one subject split 1:2 over two silos, unit deltas: weights 1/3 and 2/3 exactly
+    hist = {0: {"x": 1}, 1: {"x": 2}}
+    deltas = {0: {"x": np.array([1.0, -1.0])}, 1: {"x": np.array([1.0, 0.5])}}
+    out = run_weighting_round(deltas, hist, n_max=3, insecure_test_key_bits=BITS)
+    np.testing.assert_allclose(out, [1.0, 0.0], rtol=0, atol=1e-10)
+
+
+def test_full_rerandomization_and_parallel_workers_agree() -> None:
+    hist, deltas, noise = _problem(6, 3, 4, 40, 30)
+    ref = plaintext_weighted_sum(deltas, hist, noise=noise)
+    for kw in ({"rerandomization": "full", "workers": 1}, {"workers": 2}):
+        out = run_weighting_round(
+            deltas,
+            hist,
+            n_max=30,
+            noise=noise,
+            noise_bound=100.0,
+            insecure_test_key_bits=BITS,
+            **kw,
+        )
+        np.testing.assert_allclose(out, ref, rtol=0, atol=_tolerance(4, 3, ref))
+
+
+def test_n_max_2000_with_a_3072_bit_key() -> None:
+    hist, deltas, noise = _problem(7, 3, 3, 2, 2000)
+    hist[0][0] = 2000 - sum(hist[s].get(0, 0) for s in (1, 2))  # one subject exactly at N_max
+    deltas[0][0] = np.array([0.5, -0.25])
+    keys = generate_keypair(3072, source=ChaCha20Prg(bytes([7]) * 32))
+    config = _config(3, 3, 2000, insecure_test_key_bits=None)
+    session = WeightingSession(config, hist, keypair=keys, source=ChaCha20Prg(bytes(32)))
+    result = session.run_round(deltas, noise=noise)
+    ref = plaintext_weighted_sum(deltas, hist, noise=noise)
+    np.testing.assert_allclose(result.aggregate, ref, rtol=0, atol=_tolerance(3, 3, ref))
+
+
+@pytest.mark.slow
+def test_2048_bit_key_round() -> None:
+    hist, deltas, noise = _problem(8, 3, 10, 20, 1000)
+    out = run_weighting_round(deltas, hist, n_max=1000, noise=noise, key_bits=2048)
+    ref = plaintext_weighted_sum(deltas, hist, noise=noise)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=_tolerance(10, 3, ref))
+
+
+def test_subject_above_n_max_is_refused_at_setup() -> None:
+    hist = {0: {"a": 6, "b": 1}, 1: {"a": 5}}  # n_a = 11 > 10, each silo alone below
+    deltas = {0: {"a": np.zeros(2), "b": np.zeros(2)}, 1: {"a": np.zeros(2)}}
+    with pytest.raises(SubjectBoundError, match="'a' with 11"):
+        run_weighting_round(deltas, hist, n_max=10, insecure_test_key_bits=BITS)
+    config = _config(2, 1, 4, subject_ids=("a",))
+    with pytest.raises(SubjectBoundError, match="5 records"):
+        Silo(0, config, {"a": 5})
+
+
+def test_insecure_and_overflowing_parameters_are_refused() -> None:
+    with pytest.raises(InsecureKeyError):
+        _config(2, 2, 10, key_bits=1024, insecure_test_key_bits=None)
+    with pytest.raises(EncodingOverflowError):
+        run_weighting_round(
+            {0: {0: np.zeros(1)}, 1: {0: np.zeros(1)}},
+            {0: {0: 1}, 1: {0: 1}},
+            n_max=2000,
+            insecure_test_key_bits=BITS,
+        )
+    # a silo expecting a 2048-bit key refuses the server's 512-bit one
+    keys = generate_keypair(insecure_test_key_bits=BITS)
+    server_cfg = _config(2, 1, 10)
+    hello = Server(server_cfg, keypair=keys).hello()
+    strict = _config(2, 1, 10, insecure_test_key_bits=None, key_bits=2048)
+    with pytest.raises(InsecureKeyError, match="512"):
+        Silo(0, strict, {0: 1}).receive_hello(hello)
+
+
+def test_server_never_sees_an_unmasked_blinded_count() -> None:
+    hist, deltas, _ = _problem(9, 3, 10, 2, 50)
+    config = _config(3, 10, 50)
+    seen: list = []
+    # run the set-up by hand to intercept what the server receives
+    server = Server(config, source=ChaCha20Prg(bytes([1]) * 32))
+    silos = {s: Silo(s, config, hist[s], source=ChaCha20Prg(bytes([s + 2]) * 32)) for s in hist}
+    hello = server.hello()
+    directory = None
+    for silo in silos.values():
+        share = silo.receive_hello(hello)
+        seen.append(share)
+        directory = server.receive_key_share(share)
+    assert directory is not None
+    sealed = [m for silo in silos.values() for m in silo.receive_directory(directory)]
+    for envelope in sealed:
+        seen.append(envelope)
+        silos[envelope.recipient].receive_seed(server.relay_seed(envelope))
+    n = server.public_key.n
+    blinds = silos[0]._blinds
+    assert all(silo._blinds == blinds for silo in silos.values())  # shared seed -> same r_a
+    total = [0] * 10
+    for s, silo in silos.items():
+        msg = silo.masked_histogram()
+        seen.append(msg)
+        for a in range(10):
+            exposed = blinds[a] * hist[s].get(a, 0) % n
+            assert msg.values[a] != exposed
+            total[a] = (total[a] + msg.values[a]) % n
+        server.receive_histogram(msg)
+    for a in range(10):  # masks cancel: the server obtains exactly r_a n_a
+        n_a = sum(hist[s].get(a, 0) for s in hist)
+        assert total[a] == blinds[a] * n_a % n
+        assert server._inverses[a] == pow(blinds[a] * n_a, -1, n)
+    # the seed never travels in clear
+    seed = silos[0]._seed
+    assert seed is not None
+    assert not any(seed in getattr(m, "ciphertext", b"") for m in seen)
+
+
+def _manual_round(session: WeightingSession, deltas, noise, *, skip=(), round_index=None):
+    server = session.server
+    index = session._next_round if round_index is None else round_index
+    session._next_round = index + 1
+    weights = server.open_round(index, len(next(iter(noise.values()))))
+    replies = {}
+    for s, silo in session.silos.items():
+        if s in skip:
+            continue
+        replies[s] = silo.weighted_sum(weights, deltas[s], noise[s])
+        server.receive_weighted_sum(replies[s])
+    return replies
+
+
+def test_dropout_aborts_and_leaves_nothing_decryptable() -> None:
+    hist, deltas, noise = _problem(10, 3, 5, 4, 40)
+    session = WeightingSession(_config(3, 5, 40), hist, source=ChaCha20Prg(bytes(32)))
+    server = session.server
+    replies = _manual_round(session, deltas, noise, skip={2})
+    assert server.pending == (2,)
+    with pytest.raises(SiloDropoutError, match=r"\[2\]") as info:
+        server.finish_round()
+    assert info.value.missing == (2,) and info.value.round_index == 0
+    assert server.stage is ServerStage.READY and server._contrib == {}
+    # even decrypting the partial product yields masked garbage, not the partial sum
+    key, enc = server._keys.private_key, server.encoding
+    n2 = server.public_key.n_squared
+    partial = {s: deltas[s] for s in (0, 1)}
+    ref = plaintext_weighted_sum(
+        partial, {s: hist[s] for s in hist}, noise={s: noise[s] for s in (0, 1)}
+    )
+    for j in range(4):
+        residue = key.decrypt(replies[0].ciphertexts[j] * replies[1].ciphertexts[j] % n2)
+        signed = residue - key.public_key.n if residue > key.public_key.n // 2 else residue
+        assert abs(signed) > enc.aggregate_bound  # far outside anything decodable
+        assert abs(signed / (enc.multiplier * enc.scale) - ref[j]) > 1e6
+    # the next round (fresh masks) succeeds with everyone present
+    result = session.run_round(deltas, noise=noise)
+    full = plaintext_weighted_sum(deltas, hist, noise=noise)
+    np.testing.assert_allclose(result.aggregate, full, rtol=0, atol=_tolerance(5, 3, full))
+    assert result.round_index == 1
+
+
+def test_subsampled_subjects_contribute_zero() -> None:
+    hist, deltas, noise = _problem(11, 3, 8, 3, 30)
+    session = WeightingSession(_config(3, 8, 30), hist, source=ChaCha20Prg(bytes([3]) * 32))
+    result = session.run_round(deltas, noise=noise, sampled={1, 4, 5})
+    ref = plaintext_weighted_sum(deltas, hist, noise=noise, sampled={1, 4, 5})
+    np.testing.assert_allclose(result.aggregate, ref, rtol=0, atol=_tolerance(8, 3, ref))
+    assert result.sampled == frozenset({1, 4, 5})
+    none = session.run_round(deltas, sampled=set())
+    np.testing.assert_allclose(none.aggregate, 0.0, atol=0)
+    poisson = session.run_round(deltas, noise=noise, sampling_rate=0.5)
+    ref = plaintext_weighted_sum(deltas, hist, noise=noise, sampled=poisson.sampled)
+    np.testing.assert_allclose(poisson.aggregate, ref, rtol=0, atol=_tolerance(8, 3, ref))
+
+
+def test_masked_sums_hide_each_silo_and_change_every_round() -> None:
+    hist, deltas, noise = _problem(12, 2, 3, 3, 20)
+    session = WeightingSession(_config(2, 3, 20), hist, source=ChaCha20Prg(bytes([4]) * 32))
+    key, enc = session.server._keys.private_key, session.server.encoding
+    first = _manual_round(session, deltas, noise)
+    session.server.finish_round()
+    second = _manual_round(session, deltas, noise)
+    session.server.finish_round()
+    for s in (0, 1):
+        own = plaintext_weighted_sum({s: deltas[s]}, hist, noise={s: noise[s]})
+        for j in range(3):
+            a = key.decrypt(first[s].ciphertexts[j])
+            b = key.decrypt(second[s].ciphertexts[j])
+            assert a != b  # fresh masks per round
+            # a single silo's plaintext is uniformly masked: nowhere near its true value
+            signed = enc.codec.centered(a, key.public_key.n)
+            assert (
+                abs(signed) > enc.aggregate_bound
+                or abs(signed / (enc.multiplier * enc.scale) - own[j]) > 1e3
+            )
+
+
+def test_weight_ciphertexts_are_fresh_and_hide_the_inverse() -> None:
+    hist, _, _ = _problem(13, 2, 3, 1, 20)
+    session = WeightingSession(_config(2, 3, 20), hist)
+    w1 = session.server.open_round(0, 1)
+    session.server.abort_round()
+    w2 = session.server.open_round(1, 1)
+    assert all(a != b for a, b in zip(w1.ciphertexts, w2.ciphertexts, strict=True))
+    n = session.server.public_key.n
+    for c, inv in zip(w1.ciphertexts, session.server._inverses, strict=True):
+        assert c % n != 1 and (c - 1) // n != inv  # not the deterministic 1 + w n
+        assert gmpy2.gcd(c, n) == 1
