@@ -24,8 +24,9 @@ __all__ = [
     "format_table",
     "interleaved_medians",
     "peak_rss_mb",
-    "print_rows",
     "run_worker",
+    "vm_hwm_mb",
+    "run_workers",
     "set_threads",
 ]
 
@@ -45,32 +46,54 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def vm_hwm_mb() -> float | None:
+    """``VmHWM`` of /proc/self/status (peak RSS of this process image), MiB; None if absent."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
 def interleaved_medians(
     fns: Mapping[str, Callable[[], object]],
     *,
     repeats: int,
     warmup: int = 1,
+    min_sample_s: float = 0.05,
+    max_calls: int = 50,
     on_error: Callable[[str, BaseException], None] | None = None,
 ) -> dict[str, float]:
-    """Median wall time (s) of each function over ``repeats`` round-robin passes.
+    """Median wall time (s) of one call of each function over ``repeats`` round-robin passes.
 
-    Each pass calls every function once, in order; ``warmup`` passes are run first and
-    discarded. A function that raises is dropped from later passes (``on_error`` is told).
+    Each pass calls every function in turn; ``warmup`` passes are run first and discarded. A
+    function faster than ``min_sample_s`` is called several times in a row per pass (up to
+    ``max_calls``, fixed after its first call) and the sample is the mean per call, so
+    millisecond steps are not lost in timer and scheduler noise. A function that raises is
+    dropped from later passes (``on_error`` is told).
     """
     times: dict[str, list[float]] = {name: [] for name in fns}
+    calls: dict[str, int] = {}
     alive = dict(fns)
     for r in range(warmup + repeats):
         for name, fn in list(alive.items()):
+            inner = calls.get(name, 1)
             start = time.perf_counter()
             try:
-                fn()
+                for _ in range(inner):
+                    fn()
             except Exception as err:  # noqa: BLE001 - reported, the others go on
                 alive.pop(name)
                 times.pop(name, None)
                 if on_error is not None:
                     on_error(name, err)
                 continue
-            elapsed = time.perf_counter() - start
+            elapsed = (time.perf_counter() - start) / inner
+            if name not in calls:
+                calls[name] = max(1, min(max_calls, math.ceil(min_sample_s / max(elapsed, 1e-9))))
             if r >= warmup:
                 times[name].append(elapsed)
     return {name: statistics.median(ts) for name, ts in times.items() if ts}
@@ -81,7 +104,10 @@ def run_worker(args: Sequence[str], *, timeout: float = 600.0) -> dict[str, Any]
 
     Returns ``{"error": ...}`` when the worker fails or times out.
     """
-    cmd = [sys.executable, "-m", "silodp.bench.worker", *args]
+    # Through ``sh`` (which forks the worker rather than exec'ing it): Linux carries the
+    # peak RSS of the process that forks across exec into ru_maxrss, so a worker forked
+    # from this (large) process would report at least our size.
+    cmd = ["sh", "-c", '"$@"; exit $?', "sh", sys.executable, "-m", "silodp.bench.worker", *args]
     env = dict(os.environ)
     env.setdefault("PYTHONWARNINGS", "ignore")
     try:
@@ -96,6 +122,20 @@ def run_worker(args: Sequence[str], *, timeout: float = 600.0) -> dict[str, Any]
         return {"error": f"worker exit {proc.returncode}: {tail[:200]}"}
     out: dict[str, Any] = json.loads(lines[-1])
     return out
+
+
+def run_workers(
+    jobs_args: Mapping[str, Sequence[str]], *, jobs: int = 2, timeout: float = 600.0
+) -> dict[str, dict[str, Any]]:
+    """:func:`run_worker` for each named argument list, ``jobs`` processes at a time (peak
+    RSS is per process, so concurrent workers do not disturb each other's figure)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {
+            name: pool.submit(run_worker, args, timeout=timeout) for name, args in jobs_args.items()
+        }
+        return {name: future.result() for name, future in futures.items()}
 
 
 def _cell(value: Any) -> str:
@@ -137,29 +177,12 @@ def format_table(rows: Sequence[Row], columns: Sequence[str]) -> str:
         ]
         return "| " + " | ".join(parts) + " |"
 
-    rule = "|" + "|".join(
-        "-" * (w + 1) + ":" if num else "-" * (w + 2)
-        for w, num in zip(widths, numeric, strict=True)
-    ) + "|"
+    rule = (
+        "|"
+        + "|".join(
+            "-" * (w + 1) + ":" if num else "-" * (w + 2)
+            for w, num in zip(widths, numeric, strict=True)
+        )
+        + "|"
+    )
     return "\n".join([line(list(columns)), rule, *(line(r) for r in cells)])
-
-
-def print_rows(
-    rows: Sequence[Row],
-    columns: Sequence[str],
-    *,
-    as_json: bool,
-    echo: Callable[[str], None] = print,
-) -> None:
-    """One JSON object per line (``as_json``), else a readable table."""
-    if as_json:
-        for row in rows:
-            echo(json.dumps(row, default=_json_default))
-    else:
-        echo(format_table(rows, columns))
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return str(value)

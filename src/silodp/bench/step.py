@@ -1,12 +1,17 @@
 """``silodp bench step``: one training step per method, examples/s and ratio to plain SGD.
 
-Every silodp method is timed through its algorithm's own ``local_update`` with one local step
-on a silo that is exactly the batch (sampling rate 1, so the whole batch is used), so the time
-includes what silodp does per step (parameter copy, batch diagnostics, noise). ``plain`` is
-FedAvg's step: mean loss, one backward pass (``torch.func.grad``), functional parameters.
-Opacus is timed on an ``nn.Module`` copy of the same model with its ``DPOptimizer`` (noise
-included): ``opacus_hooks`` (``GradSampleModule``, per-example gradients) and ``opacus_ghost``
-(``GradSampleModuleFastGradientClipping``, ghost clipping: two backward passes).
+Every method runs one full step on the same random batch (gradient, clipping, noise, update):
+
+* ``plain``: mean loss, one backward pass (``torch.autograd.grad``), functional parameters,
+  SGD update: the baseline of ``ratio_to_plain``. ``plain_fedavg`` is silodp FedAvg's step
+  (``torch.func.grad``), for reference.
+* silodp's DP steps call :func:`~silodp.algorithms.dp_sgd.clipped_noisy_step` on the whole
+  batch (LocalItemDP/LocalGroupDP; HiGradAvgDP with ``weigh=subject_average_weights``;
+  ``vmap`` with ``grad_method="vmap"``); UserLDP runs its ``local_update`` with one step.
+* Opacus runs on an ``nn.Module`` copy of the same model with its ``DPOptimizer`` (noise
+  included): ``opacus_hooks`` (``GradSampleModule``, per-example gradients) and
+  ``opacus_ghost`` (``GradSampleModuleFastGradientClipping``: ghost norms for Linear layers,
+  per-example norms for the rest, two backward passes).
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from silodp.bench.common import Row, interleaved_medians, peak_rss_mb, run_worker
+from silodp.bench.common import Row, interleaved_medians, peak_rss_mb, run_workers, vm_hwm_mb
 
 __all__ = [
     "DEFAULT_BATCHES",
@@ -60,6 +66,7 @@ LSTM_BATCH = 32
 #: Image/tabular methods, in the order they are timed and printed.
 METHODS = (
     "plain",
+    "plain_fedavg",
     "opacus_hooks",
     "opacus_ghost",
     "local_item_dp",
@@ -74,6 +81,7 @@ METHODS = (
 #: Methods for the character LSTM.
 LSTM_METHODS = (
     "plain",
+    "plain_fedavg",
     "local_item_dp",
     "vmap",
     "opacus_plain_dplstm",
@@ -84,14 +92,15 @@ LSTM_METHODS = (
 ALIASES = {"local_group_dp": "local_item_dp"}
 
 NOTES = {
-    "plain": "FedAvg step: mean loss, one backward (torch.func.grad)",
+    "plain": "mean loss, one backward (autograd.grad), functional params: the baseline",
+    "plain_fedavg": "silodp FedAvg's step (torch.func.grad); reference",
     "opacus_hooks": "GradSampleModule + DPOptimizer (per-example grads)",
     "opacus_ghost": "ghost clipping (2 backward passes) + DPOptimizerFastGradientClipping",
     "local_item_dp": "clipped_noisy_step, grad_method=auto",
     "local_group_dp": "same step as local_item_dp (only sigma differs); not re-timed",
     "higradavg_uniform": "per-subject average of clipped grads, ~0.93 subjects/record",
     "higradavg_skewed": "per-subject average of clipped grads, Zipf: ~50 subjects per 512",
-    "user_ldp": "mean gradient clipped as a whole",
+    "user_ldp": "mean gradient clipped as a whole (via local_update, T=1)",
     "vmap": "grad_method=vmap (materialised per-example grads; reference)",
     "subject_norm_uniform": "GhostClipper.subject_norms_and_sum + noise, uniform subjects",
     "subject_norm_skewed": "GhostClipper.subject_norms_and_sum + noise, skewed subjects",
@@ -197,13 +206,43 @@ def _silo(data: StepData, subjects: torch.Tensor) -> Any:
     return SiloData(silo=0, x=data.x, y=data.y, subject=subjects)
 
 
-def _algorithm_step(
-    name: str, model: nn.Module, data: StepData, subjects: torch.Tensor, **overrides: Any
-) -> Callable[[], object]:
-    from silodp.algorithms import AlgorithmConfig, make_algorithm
+def _params(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
 
-    batch = int(data.y.shape[0])
-    config = AlgorithmConfig(
+
+def _plain_step(model: nn.Module, data: StepData) -> Callable[[], object]:
+    """Mean loss, one backward pass (``autograd.grad``), functional parameters, SGD update."""
+    from torch.func import functional_call
+    from torch.nn import functional as F
+
+    params = _params(model)
+
+    def step() -> object:
+        leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+        loss = F.cross_entropy(functional_call(model, leaves, (data.x,)), data.y)
+        grads = torch.autograd.grad(loss, list(leaves.values()))
+        return {k: v.detach() - LR * g for (k, v), g in zip(leaves.items(), grads, strict=True)}
+
+    return step
+
+
+def _fedavg_step(model: nn.Module, data: StepData) -> Callable[[], object]:
+    """FedAvg's step: ``batch_gradient`` (``torch.func.grad``) and the SGD update."""
+    from silodp.privacy.gradients import batch_gradient
+
+    params = _params(model)
+
+    def step() -> object:
+        grads = batch_gradient(model, params, data.x, data.y)
+        return {k: v - LR * grads[k] for k, v in params.items()}
+
+    return step
+
+
+def _config(batch: int, **overrides: Any) -> Any:
+    from silodp.algorithms import AlgorithmConfig
+
+    return AlgorithmConfig(
         local_steps=1,
         batch_size=batch,
         lr=LR,
@@ -212,9 +251,47 @@ def _algorithm_step(
         group_size=batch,
         **overrides,
     )
-    algorithm = make_algorithm(name, config)
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def _dp_step(
+    model: nn.Module,
+    data: StepData,
+    subjects: torch.Tensor,
+    *,
+    grad_method: str = "auto",
+    per_subject: bool = False,
+) -> Callable[[], object]:
+    """``clipped_noisy_step`` on the whole batch: DP-SGD, or HiGradAvgDP's per-subject
+    average of clipped gradients (``weigh=subject_average_weights``)."""
+    from silodp.algorithms.dp_sgd import clipped_noisy_step
+    from silodp.privacy.gradients import subject_average_weights
+
+    batch = int(data.y.shape[0])
+    config = _config(batch, grad_method=grad_method)
+    params = _params(model)
     silo = _silo(data, subjects)
+    idx = torch.arange(batch)
+    gen = torch.Generator().manual_seed(1)
+    scale = float(torch.unique(subjects).numel()) if per_subject else float(batch)
+    weigh = subject_average_weights if per_subject else None
+
+    def step() -> object:
+        return clipped_noisy_step(
+            model, params, silo, idx, config=config, scale=scale, generator=gen, weigh=weigh
+        )
+
+    return step
+
+
+def _user_ldp_step(model: nn.Module, data: StepData) -> Callable[[], object]:
+    """UserLDP's step, through its ``local_update`` with one local step (its step is internal;
+    this adds a parameter copy and batch diagnostics)."""
+    from silodp.algorithms import make_algorithm
+
+    batch = int(data.y.shape[0])
+    algorithm = make_algorithm("user_ldp", _config(batch))
+    params = _params(model)
+    silo = _silo(data, data.uniform)
     gen = torch.Generator().manual_seed(1)
 
     def step() -> object:
@@ -241,14 +318,10 @@ def _subject_norm_step(
     expected = float(torch.unique(subjects).numel())
 
     def step() -> object:
-        _, summed = method(
-            params, data.x, data.y, subjects, weigh=lambda n: clip_factors(n, CLIP)
-        )
+        _, summed = method(params, data.x, data.y, subjects, weigh=lambda n: clip_factors(n, CLIP))
         return {
             k: v
-            - LR
-            * (summed[k] + gaussian_noise(v.shape, std=NOISE * CLIP, generator=gen))
-            / expected
+            - LR * (summed[k] + gaussian_noise(v.shape, std=NOISE * CLIP, generator=gen)) / expected
             for k, v in params.items()
         }
 
@@ -376,16 +449,18 @@ def build_step(
     model = build_model(model_name, spec.feature_shape, spec.num_classes)
     method = ALIASES.get(method, method)
     if method == "plain":
-        return _algorithm_step("fedavg", model, data, data.uniform)
+        return _plain_step(model, data)
+    if method == "plain_fedavg":
+        return _fedavg_step(model, data)
     if method == "local_item_dp":
-        return _algorithm_step("local_item_dp", model, data, data.uniform)
+        return _dp_step(model, data, data.uniform)
     if method == "vmap":
-        return _algorithm_step("local_item_dp", model, data, data.uniform, grad_method="vmap")
+        return _dp_step(model, data, data.uniform, grad_method="vmap")
     if method == "user_ldp":
-        return _algorithm_step("user_ldp", model, data, data.uniform)
+        return _user_ldp_step(model, data)
     if method.startswith("higradavg"):
         subjects = data.uniform if method.endswith("uniform") else data.skewed
-        return _algorithm_step("higradavg_dp", model, data, subjects)
+        return _dp_step(model, data, subjects, per_subject=True)
     if method.startswith("subject_norm"):
         subjects = data.uniform if method.endswith("uniform") else data.skewed
         return _subject_norm_step(model, data, subjects)
@@ -407,6 +482,10 @@ def cases(models: Sequence[str], batches: Sequence[int], *, lstm: bool) -> list[
     return out
 
 
+def _failed(skipped: dict[str, str], name: str, err: BaseException) -> None:
+    skipped[name] = f"failed: {type(err).__name__}: {str(err)[:120]}"
+
+
 def _subjects_of(data: StepData, method: str) -> int | None:
     if method.endswith("uniform"):
         return int(torch.unique(data.uniform).numel())
@@ -423,7 +502,8 @@ def run_step_bench(
     repeats: int = 5,
     threads: int = 1,
     measure_rss: bool = True,
-    rss_steps: int = 2,
+    rss_steps: int = 1,
+    rss_jobs: int = 2,
     max_extra_gb: float = 6.0,
     log: Callable[[str], None] | None = None,
 ) -> list[Row]:
@@ -448,10 +528,9 @@ def run_step_bench(
             except Skip as why:
                 skipped[method] = str(why)
 
-        def failed(name: str, err: BaseException) -> None:
-            skipped[name] = f"failed: {type(err).__name__}: {str(err)[:120]}"
-
-        medians = interleaved_medians(steps, repeats=repeats, warmup=1, on_error=failed)
+        medians = interleaved_medians(
+            steps, repeats=repeats, warmup=1, on_error=partial(_failed, skipped)
+        )
         steps.clear()
         plain = medians.get("plain")
         case_rows = []
@@ -476,14 +555,16 @@ def run_step_bench(
                 row["note"] = f"skipped: {skipped[timed]}"
             case_rows.append(row)
         if measure_rss:
-            _add_rss(case, case_rows, threads=threads, steps=rss_steps, limit=limit)
+            _add_rss(case, case_rows, threads=threads, steps=rss_steps, limit=limit, jobs=rss_jobs)
         rows.extend(case_rows)
         if log is not None:
             log(f"done {case.model} B={case.batch}")
     return rows
 
 
-def _add_rss(case: StepCase, rows: list[Row], *, threads: int, steps: int, limit: float) -> None:
+def _add_rss(
+    case: StepCase, rows: list[Row], *, threads: int, steps: int, limit: float, jobs: int
+) -> None:
     common = [
         "step",
         "--model",
@@ -497,16 +578,22 @@ def _add_rss(case: StepCase, rows: list[Row], *, threads: int, steps: int, limit
         "--max-extra-bytes",
         str(int(limit)),
     ]
-    base = run_worker([*common, "--method", "none"])
-    baseline = base.get("peak_rss_mb")
-    measured: dict[str, dict[str, Any]] = {}
+    wanted = ["none"]
     for row in rows:
-        method = ALIASES.get(row["method"], row["method"])
+        method = str(ALIASES.get(row["method"], row["method"]))
+        if "skipped" not in row and method not in wanted:
+            wanted.append(method)
+    jobs_args = {m: [*common, "--method", m] for m in wanted}
+    if any(m.startswith("opacus") for m in wanted):
+        jobs_args["none+opacus"] = [*common, "--method", "none", "--with-opacus"]
+    results = run_workers(jobs_args, jobs=jobs)
+    for row in rows:
+        method = str(ALIASES.get(row["method"], row["method"]))
         if "skipped" in row:
             continue
-        if method not in measured:
-            measured[method] = run_worker([*common, "--method", method])
-        result = measured[method]
+        base = results["none+opacus" if method.startswith("opacus") else "none"]
+        baseline = base.get("peak_rss_mb")
+        result = results[method]
         if "error" in result or baseline is None:
             row["rss_error"] = result.get("error") or base.get("error")
             continue
@@ -529,4 +616,56 @@ def worker_step(
         fn = build_step(model, batch, method, data=data, max_extra_bytes=max_extra_bytes)
         for _ in range(steps):
             fn()
-    return {"peak_rss_mb": peak_rss_mb(), "method": method}
+    return {"peak_rss_mb": peak_rss_mb(), "vm_hwm_mb": vm_hwm_mb(), "method": method}
+
+
+#: silodp's DP training steps (the targets apply to these; ``vmap`` is a reference path and
+#: ``subject_norm_*`` is not yet the step of any algorithm).
+SILODP_DP_METHODS = (
+    "local_item_dp",
+    "local_group_dp",
+    "higradavg_uniform",
+    "higradavg_skewed",
+    "user_ldp",
+)
+OPACUS_METHODS = ("opacus_hooks", "opacus_ghost", "opacus_hooks_dplstm", "opacus_ghost_dplstm")
+#: Targets: every silodp DP step at most this many times plain SGD's time ...
+TARGET_RATIO = 2.5
+#: ... and femnist at B=512 within this much extra memory (MiB).
+TARGET_FEMNIST_512_MB = 2048.0
+
+
+def step_checks(rows: Sequence[Row]) -> list[Row]:
+    """Per model and batch: the slowest silodp DP step against the targets (≤ 2.5× plain,
+    at least as fast as Opacus' fastest mode) and, for femnist at B=512, the largest extra
+    memory of a silodp DP step against 2 GB."""
+    out: list[Row] = []
+    keys = list(dict.fromkeys((r["model"], r["batch"]) for r in rows))
+    for model, batch in keys:
+        group = [r for r in rows if r["model"] == model and r["batch"] == batch]
+        ours = [r for r in group if r["method"] in SILODP_DP_METHODS and r["ratio_to_plain"]]
+        theirs = [r for r in group if r["method"] in OPACUS_METHODS and r["ratio_to_plain"]]
+        if not ours:
+            continue
+        worst = max(ours, key=lambda r: r["ratio_to_plain"])
+        best_opacus = min(theirs, key=lambda r: r["ratio_to_plain"]) if theirs else None
+        check: Row = {
+            "model": model,
+            "batch": batch,
+            "slowest_silodp": worst["method"],
+            "silodp_ratio": worst["ratio_to_plain"],
+            "ratio_target": f"<= {TARGET_RATIO:g}",
+            "ratio_ok": worst["ratio_to_plain"] <= TARGET_RATIO,
+            "fastest_opacus": None if best_opacus is None else best_opacus["method"],
+            "opacus_ratio": None if best_opacus is None else best_opacus["ratio_to_plain"],
+            "vs_opacus_ok": None
+            if best_opacus is None
+            else worst["ratio_to_plain"] <= best_opacus["ratio_to_plain"],
+        }
+        if model == "femnist_cnn" and batch == 512:
+            mems = [r["peak_rss_mb"] for r in ours if r.get("peak_rss_mb") is not None]
+            if mems:
+                check["max_extra_mb"] = max(mems)
+                check["memory_ok"] = max(mems) <= TARGET_FEMNIST_512_MB
+        out.append(check)
+    return out

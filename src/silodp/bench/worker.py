@@ -24,6 +24,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     step.add_argument("--steps", type=int, default=2)
     step.add_argument("--threads", type=int, default=1)
     step.add_argument("--max-extra-bytes", type=float, default=math.inf)
+    step.add_argument(
+        "--with-opacus", action="store_true", help="import opacus (baseline of Opacus rows)"
+    )
     uldp = sub.add_parser("uldp", help="one round of per-subject deltas in every silo")
     uldp.add_argument("--source", required=True)
     uldp.add_argument("--subjects", type=int, required=True)
@@ -37,10 +40,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    try:  # the baseline imports what the measured methods import
-        import opacus  # noqa: F401
-    except ImportError:
-        pass
+    # Every worker, baselines included, imports what the measured paths import, so the
+    # difference to the baseline is memory the computation used, not library code.
+    import torch.func  # noqa: F401
+
+    import silodp.algorithms  # noqa: F401
+    import silodp.data.build  # noqa: F401
+    import silodp.federated.simulator  # noqa: F401
+
+    # The first torch.func transform imports ~800 modules (~75 MB): a one-off library cost
+    torch.func.vmap(torch.func.grad(lambda t: t.sum()))(torch.ones(2, 3))
+    if args.kind == "step" and (args.with_opacus or args.method.startswith("opacus")):
+        try:  # Opacus rows are measured against a baseline that imports it too
+            import opacus  # noqa: F401
+        except ImportError:
+            pass
     if args.kind == "step":
         from silodp.bench.step import worker_step
 

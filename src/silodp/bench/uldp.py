@@ -1,0 +1,346 @@
+"""``silodp bench uldp``: ULDP-AVG / ULDP-SGD per-subject local training, vectorised vs loop.
+
+One round's local work in every silo: each subject present in the silo is trained from the
+global model on its own records (ULDP-AVG: ``local_epochs`` epochs of mini-batches; ULDP-SGD:
+one full-batch step). :func:`~silodp.privacy.per_subject.per_subject_deltas` trains the
+subjects together (``vmap`` over stacked parameter copies, in memory-bounded chunks);
+:func:`~silodp.privacy.per_subject.per_subject_deltas_loop` trains one model copy at a time.
+Both run on exactly the same planned batches, so their deltas must agree (max abs difference
+reported). ``local_update_s`` is the algorithm's whole ``local_update`` over all silos
+(vectorised deltas plus clipping, weighting and noise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from silodp.bench.common import Row, interleaved_medians, peak_rss_mb, run_workers, vm_hwm_mb
+
+__all__ = ["SETTINGS", "UldpSetting", "run_uldp_bench", "worker_uldp"]
+
+#: Speed-up of the vectorised path over the loop that silodp aims for at 100 subjects.
+TARGET_SPEEDUP = 5.0
+
+
+@dataclass(frozen=True)
+class UldpSetting:
+    """A data source, its model and the ULDP hyperparameters of its shipped config."""
+
+    source: str
+    model: str
+    max_records: int | None
+    local_epochs: int
+    batch_size: int
+    lr: float
+    sgd_lr: float = 0.5
+
+
+SETTINGS: dict[str, UldpSetting] = {
+    # configs/uldp_digits_uniform.toml
+    "digits": UldpSetting("digits", "mlp", None, local_epochs=2, batch_size=16, lr=0.1),
+    # configs/uldp_fmnist_uniform.toml
+    "fashion_mnist": UldpSetting(
+        "fashion_mnist", "mnist_cnn", 10000, local_epochs=1, batch_size=16, lr=0.05
+    ),
+}
+ALGORITHMS = ("uldp_avg", "uldp_sgd")
+
+
+@dataclass
+class Federation:
+    setting: UldpSetting
+    num_subjects: int
+    model: nn.Module
+    params: dict[str, torch.Tensor]
+    silos: list[Any]
+    train: Any
+
+
+def build_federation(source: str, num_subjects: int, *, num_silos: int = 5) -> Federation:
+    """The federated data (``uldp_uniform`` allocation), its silos' tensors and the model."""
+    from silodp.data.build import DataConfig, build_federated_data
+    from silodp.federated.simulator import silo_tensors
+    from silodp.models import build_model
+
+    setting = SETTINGS[source]
+    data = build_federated_data(
+        DataConfig(
+            source=source,
+            num_silos=num_silos,
+            num_subjects=num_subjects,
+            allocation="uldp_uniform",
+            max_records=setting.max_records,
+        )
+    )
+    train = data.train
+    model = build_model(setting.model, train.feature_shape, train.num_classes)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    return Federation(setting, num_subjects, model, params, silo_tensors(train), train)
+
+
+def _config(setting: UldpSetting, algorithm: str) -> Any:
+    from silodp.algorithms import AlgorithmConfig
+
+    return AlgorithmConfig(
+        local_epochs=setting.local_epochs,
+        batch_size=setting.batch_size,
+        lr=setting.sgd_lr if algorithm == "uldp_sgd" else setting.lr,
+        clip=1.0,
+        noise_multiplier=1.0,
+    )
+
+
+def plan_round(fed: Federation, algorithm: str, *, seed: int = 0) -> list[Any]:
+    """Every silo's :class:`SubjectBatches` for one round (all subjects sampled)."""
+    from silodp.privacy.per_subject import subject_batches
+
+    single = algorithm == "uldp_sgd"
+    gen = torch.Generator().manual_seed(seed)
+    plans = []
+    for silo in fed.silos:
+        order = torch.unique(silo.subject)
+        plans.append(
+            subject_batches(
+                silo.subject,
+                order,
+                epochs=1 if single else fed.setting.local_epochs,
+                batch_size=None if single else fed.setting.batch_size,
+                generator=gen,
+            )
+        )
+    return plans
+
+
+def vectorised_deltas(
+    fed: Federation, plans: Sequence[Any], lr: float, *, silo: int | None = None
+) -> list[torch.Tensor]:
+    """Per silo (or only ``silo``), a (subjects, parameters) matrix of deltas from
+    ``per_subject_deltas``."""
+    from silodp.privacy.per_subject import per_subject_deltas
+
+    out = []
+    for s, (data, plan) in enumerate(zip(fed.silos, plans, strict=True)):
+        if silo is not None and s != silo:
+            continue
+        chunks = per_subject_deltas(fed.model, fed.params, data.x, data.y, plan, lr=lr)
+        parts = [
+            torch.cat([d.reshape(d.shape[0], -1) for d in deltas.values()], dim=1)
+            for _, deltas in chunks
+        ]
+        out.append(torch.cat(parts, dim=0))
+    return out
+
+
+def loop_deltas(
+    fed: Federation, plans: Sequence[Any], lr: float, *, silo: int | None = None
+) -> list[torch.Tensor]:
+    """The same matrices from ``per_subject_deltas_loop`` (one model copy at a time)."""
+    from silodp.privacy.per_subject import per_subject_deltas_loop
+
+    out = []
+    for s, (data, plan) in enumerate(zip(fed.silos, plans, strict=True)):
+        if silo is not None and s != silo:
+            continue
+        deltas = per_subject_deltas_loop(fed.model, fed.params, data.x, data.y, plan, lr=lr)
+        out.append(torch.stack([torch.cat([v.reshape(-1) for v in d.values()]) for d in deltas]))
+    return out
+
+
+def compare(fed: Federation, plans: Sequence[Any], lr: float) -> tuple[float, float]:
+    """(max abs difference between the two paths' deltas, max abs delta), silo by silo."""
+    diff = scale = 0.0
+    for s in range(len(fed.silos)):
+        (vec,) = vectorised_deltas(fed, plans, lr, silo=s)
+        (ref,) = loop_deltas(fed, plans, lr, silo=s)
+        if ref.numel():
+            diff = max(diff, float((vec - ref).abs().max()))
+            scale = max(scale, float(ref.abs().max()))
+    return diff, scale
+
+
+def time_vectorised(fed: Federation, plans: Sequence[Any], lr: float) -> None:
+    """One round of ``per_subject_deltas`` in every silo, chunks consumed and dropped."""
+    from silodp.privacy.per_subject import per_subject_deltas
+
+    for data, plan in zip(fed.silos, plans, strict=True):
+        for _ in per_subject_deltas(fed.model, fed.params, data.x, data.y, plan, lr=lr):
+            pass
+
+
+def time_loop(fed: Federation, plans: Sequence[Any], lr: float) -> None:
+    """One round of ``per_subject_deltas_loop`` in every silo."""
+    from silodp.privacy.per_subject import per_subject_deltas_loop
+
+    for data, plan in zip(fed.silos, plans, strict=True):
+        per_subject_deltas_loop(fed.model, fed.params, data.x, data.y, plan, lr=lr)
+
+
+def local_update_round(fed: Federation, algorithm: str) -> Callable[[], object]:
+    """The algorithm's ``local_update`` in every silo for one round (vectorised path)."""
+    from silodp.algorithms import make_algorithm
+
+    algo = make_algorithm(algorithm, _config(fed.setting, algorithm), fed.train)
+    gen = torch.Generator().manual_seed(2)
+
+    def run() -> object:
+        instructions = algo.configure_round(0, gen)
+        return [
+            algo.local_update(fed.model, fed.params, silo, gen, instructions) for silo in fed.silos
+        ]
+
+    return run
+
+
+def run_uldp_bench(
+    *,
+    sources: Sequence[str] = ("digits", "fashion_mnist"),
+    subject_counts: Sequence[int] = (100, 1000),
+    algorithms: Sequence[str] = ALGORITHMS,
+    repeats: int = 3,
+    threads: int = 1,
+    measure_rss: bool = True,
+    rss_jobs: int = 2,
+    log: Callable[[str], None] | None = None,
+) -> list[Row]:
+    """Rows ``{source, model, subjects, algorithm, vectorised_s, loop_s, speedup,
+    max_abs_diff, local_update_s, peak_rss_mb, ...}``; times are medians of interleaved
+    repeats of one round over all silos. ``fill`` is the share of the vectorised path's
+    batch slots holding a real record (each subject is padded to the longest one)."""
+    from silodp.bench.common import set_threads
+
+    threads = set_threads(threads)
+    rows: list[Row] = []
+    for source in sources:
+        for count in subject_counts:
+            fed = build_federation(source, count)
+            for algorithm in algorithms:
+                lr = _config(fed.setting, algorithm).lr
+                plans = plan_round(fed, algorithm)
+                diff, scale = compare(fed, plans, lr)
+                medians = interleaved_medians(
+                    {
+                        "vectorised": partial(time_vectorised, fed, plans, lr),
+                        "loop": partial(time_loop, fed, plans, lr),
+                        "local_update": local_update_round(fed, algorithm),
+                    },
+                    repeats=repeats,
+                    warmup=0,
+                )
+                pairs = sum(int(p.num_subjects) for p in plans)
+                real = sum(int(p.mask.sum()) for p in plans)
+                slots = sum(int(p.mask.numel()) for p in plans)
+                rows.append(
+                    {
+                        "source": source,
+                        "model": fed.setting.model,
+                        "subjects": count,
+                        "silo_subject_pairs": pairs,
+                        "fill": real / max(slots, 1),
+                        "records": int(sum(s.num_records for s in fed.silos)),
+                        "algorithm": algorithm,
+                        "threads": threads,
+                        "vectorised_s": medians["vectorised"],
+                        "loop_s": medians["loop"],
+                        "speedup": medians["loop"] / medians["vectorised"],
+                        "local_update_s": medians["local_update"],
+                        "max_abs_diff": diff,
+                        "max_abs_delta": scale,
+                        "peak_rss_mb": None,
+                        "repeats": repeats,
+                        "target": f">= {TARGET_SPEEDUP:g}x at 100 subjects"
+                        if count == 100
+                        else "memory bounded",
+                    }
+                )
+                if log is not None:
+                    log(f"done {source} subjects={count} {algorithm}")
+    if measure_rss:
+        _add_rss(rows, threads=threads, jobs=rss_jobs)
+    return rows
+
+
+def _add_rss(rows: list[Row], *, threads: int, jobs: int) -> None:
+    """Extra peak RSS of one round, vectorised (the algorithm's ``local_update``) and loop,
+    for every row, each in a fresh process against a baseline that builds the same data."""
+    jobs_args: dict[str, list[str]] = {}
+    for row in rows:
+        key = f"{row['source']}/{row['subjects']}/{row['algorithm']}"
+        common = ["uldp", "--source", row["source"], "--subjects", str(row["subjects"])]
+        common += ["--algorithm", row["algorithm"], "--threads", str(threads)]
+        for path in ("none", "vectorised", "loop"):
+            jobs_args[f"{key}/{path}"] = [*common, "--path", path]
+    results = run_workers(jobs_args, jobs=jobs)
+    for row in rows:
+        key = f"{row['source']}/{row['subjects']}/{row['algorithm']}"
+        base = results[f"{key}/none"].get("peak_rss_mb")
+        for path, column in (("vectorised", "peak_rss_mb"), ("loop", "loop_peak_rss_mb")):
+            result = results[f"{key}/{path}"]
+            if base is None or "peak_rss_mb" not in result:
+                row[f"{path}_rss_error"] = result.get("error") or "no baseline"
+                continue
+            row[column] = max(0.0, float(result["peak_rss_mb"]) - float(base))
+        if base is not None:
+            row["baseline_rss_mb"] = float(base)
+
+
+def worker_uldp(source: str, subjects: int, algorithm: str, path: str) -> dict[str, Any]:
+    """Builds the federation and runs one round: ``vectorised`` (the algorithm's
+    ``local_update`` in every silo), ``loop`` (``per_subject_deltas_loop``) or ``none``
+    (baseline); reports this process's peak RSS."""
+    fed = build_federation(source, subjects)
+    lr = _config(fed.setting, algorithm).lr
+    if path == "vectorised":  # the algorithm's own local_update: deltas reduced chunk by chunk
+        local_update_round(fed, algorithm)()
+    elif path == "loop":
+        time_loop(fed, plan_round(fed, algorithm), lr)
+    chunk = None
+    if path == "vectorised":
+        from silodp.privacy.per_subject import default_chunk_size
+
+        chunk = default_chunk_size(fed.params)
+    return {
+        "peak_rss_mb": peak_rss_mb(),
+        "vm_hwm_mb": vm_hwm_mb(),
+        "path": path,
+        "chunk_size": chunk,
+        "params": sum(v.numel() for v in fed.params.values()),
+    }
+
+
+def uldp_checks(rows: Sequence[Row]) -> list[Row]:
+    """The ≥ 5× target at 100 subjects; at more subjects, the vectorised path's extra memory
+    next to its value at the smallest count of the same source and algorithm (bounded:
+    it should not grow with the number of subjects)."""
+    out: list[Row] = []
+    for row in rows:
+        check: Row = {
+            "source": row["source"],
+            "subjects": row["subjects"],
+            "algorithm": row["algorithm"],
+            "speedup": row["speedup"],
+            "extra_mb": row.get("peak_rss_mb"),
+        }
+        if row["subjects"] == 100:
+            check["target"] = f">= {TARGET_SPEEDUP:g}x"
+            check["ok"] = row["speedup"] >= TARGET_SPEEDUP
+        else:
+            smallest = min(
+                (
+                    r
+                    for r in rows
+                    if r["source"] == row["source"] and r["algorithm"] == row["algorithm"]
+                ),
+                key=lambda r: r["subjects"],
+            )
+            check["target"] = "memory bounded"
+            small, large = smallest.get("peak_rss_mb"), row.get("peak_rss_mb")
+            if small is not None and large is not None and smallest is not row:
+                check["memory_vs_fewest"] = large / max(small, 1.0)
+        out.append(check)
+    return out

@@ -1,0 +1,139 @@
+"""``silodp bench``: each benchmark's core on a tiny configuration (shapes and correctness of
+the rows, never timings)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from silodp.bench.account import CALIBRATIONS, calibration_rows, round_rows
+from silodp.bench.common import format_table, interleaved_medians, run_worker
+from silodp.bench.step import METHODS, estimate_extra_bytes, run_step_bench, step_checks
+from silodp.bench.uldp import run_uldp_bench, uldp_checks
+from silodp.cli import app
+
+# Opacus' hooks warn that no input requires grad (true of the first layer; harmless here)
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook:UserWarning")
+
+STEP_KEYS = {
+    "model": str,
+    "batch": int,
+    "method": str,
+    "threads": int,
+}
+
+
+def _number_or_none(value: object) -> bool:
+    return value is None or (isinstance(value, int | float) and math.isfinite(float(value)))
+
+
+@pytest.fixture(scope="module")
+def step_rows() -> list[dict]:
+    return run_step_bench(
+        models=("mlp",), batches=(16,), lstm=False, repeats=1, threads=1, measure_rss=False
+    )
+
+
+def test_step_rows_have_keys_and_types(step_rows: list[dict]) -> None:
+    assert [r["method"] for r in step_rows] == list(METHODS)
+    for row in step_rows:
+        for key, kind in STEP_KEYS.items():
+            assert isinstance(row[key], kind), (key, row)
+        assert row["threads"] == 1
+        for key in ("examples_per_s", "ratio_to_plain", "peak_rss_mb"):
+            assert key in row and _number_or_none(row[key]), (key, row)
+    timed = {r["method"]: r for r in step_rows if "skipped" not in r}
+    for method in ("plain", "local_item_dp", "higradavg_uniform", "user_ldp", "vmap"):
+        assert timed[method]["examples_per_s"] > 0
+    assert timed["plain"]["ratio_to_plain"] == pytest.approx(1.0)
+    assert timed["local_group_dp"]["examples_per_s"] == timed["local_item_dp"]["examples_per_s"]
+    checks = step_checks(step_rows)
+    assert checks and checks[0]["model"] == "mlp"
+    assert isinstance(checks[0]["ratio_ok"], bool)
+
+
+def test_memory_estimate_skips_per_example_gradients_of_big_models() -> None:
+    # femnist_cnn (6.6M parameters) at B=512: per-example gradients are ~13.5 GB, twice over
+    assert estimate_extra_bytes("femnist_cnn", 512, "opacus_hooks") > 20 * 2**30
+    assert estimate_extra_bytes("femnist_cnn", 512, "local_item_dp") == 0.0
+
+
+def test_worker_reports_peak_rss() -> None:
+    out = run_worker(["step", "--model", "mlp", "--batch", "16", "--method", "plain"])
+    assert "error" not in out, out
+    assert out["peak_rss_mb"] > 10 and out["threads"] == 1
+
+
+def test_uldp_vectorised_matches_loop() -> None:
+    rows = run_uldp_bench(
+        sources=("digits",), subject_counts=(20,), repeats=1, threads=1, measure_rss=False
+    )
+    assert {r["algorithm"] for r in rows} == {"uldp_avg", "uldp_sgd"}
+    for row in rows:
+        assert row["subjects"] == 20 and row["silo_subject_pairs"] > 0
+        for key in ("vectorised_s", "loop_s", "speedup", "local_update_s"):
+            assert isinstance(row[key], float) and row[key] > 0, key
+        assert row["max_abs_diff"] < 1e-4
+        assert row["max_abs_delta"] > 0  # the comparison is not vacuous
+    assert all("speedup" in c for c in uldp_checks(rows))
+
+
+def test_uldp_peak_rss_in_fresh_processes() -> None:
+    (row,) = run_uldp_bench(
+        sources=("digits",), subject_counts=(20,), algorithms=("uldp_sgd",), repeats=1
+    )
+    assert "vectorised_rss_error" not in row and "loop_rss_error" not in row, row
+    assert row["peak_rss_mb"] >= 0 and row["loop_peak_rss_mb"] >= 0
+    assert row["baseline_rss_mb"] > 10
+
+
+def test_account_rows() -> None:
+    cheap = [c for c in CALIBRATIONS if c.algorithm in ("user_ldp", "uldp_avg")]
+    rows = calibration_rows(calibrations=cheap, rounds=5)
+    for row in rows:
+        assert row["sigma_all"] <= row["sigma_rdp"] * 1.01  # PLD is never looser
+        assert row["epsilon_at_sigma_all"] <= row["target_epsilon"] + 1e-9
+        assert row["pld_evals"] > 0 and row["pld_phase_s"] > 0
+    per_round = round_rows(checkpoints=(2, 4), samples=1, calibrations=cheap)
+    assert [r["rounds_composed"] for r in per_round] == [2, 4, 2, 4]
+    for row in per_round:
+        assert row["round_s"] > 0 and row["epsilon"] > 0 and row["growth"] > 0
+
+
+def test_interleaved_medians_drops_failing_function() -> None:
+    errors: list[str] = []
+
+    def boom() -> None:
+        raise RuntimeError("no")
+
+    out = interleaved_medians(
+        {"ok": lambda: None, "bad": boom},
+        repeats=2,
+        on_error=lambda name, err: errors.append(name),
+    )
+    assert set(out) == {"ok"} and errors == ["bad"]
+
+
+def test_format_table() -> None:
+    text = format_table([{"a": "x", "b": 1.5}, {"a": "yy", "b": None}], ["a", "b"])
+    lines = text.splitlines()
+    assert lines[0].startswith("| a") and len(lines) == 4 and "-" in lines[3]
+
+
+def test_cli_step_json() -> None:
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench", "step", "--model", "mlp", "--batch", "16", "--repeats", "1",
+            "--no-lstm", "--no-rss", "--json",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    step = [r for r in rows if r["table"] == "step"]
+    assert {r["method"] for r in step} == set(METHODS)
+    for row in step:
+        assert set(STEP_KEYS) | {"examples_per_s", "ratio_to_plain", "peak_rss_mb"} <= set(row)
