@@ -272,3 +272,12 @@ def account(
     )
     _emit(per_round, ROUND_COLUMNS, as_json, table="round")
     _say(f"\ntook {time.perf_counter() - started:.0f} s", as_json)
+
+
+def _register_protocol() -> None:
+    from silodp.bench import protocol
+
+    protocol.register(bench_app)
+
+
+_register_protocol()
