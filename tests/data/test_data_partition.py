@@ -152,7 +152,8 @@ def test_shards_runs_per_client() -> None:
     client = part.shards(y, num_clients=10, shards_per_client=2, rng=_rng())
     for c in range(10):
         labels = np.unique(y[client == c])
-        assert 1 + int((np.diff(labels) > 1).sum()) <= 2
+        label_runs = 1 + int((np.diff(labels) > 1).sum())
+        assert label_runs <= 2
     with pytest.raises(ValueError, match="at most 10 shards"):
         part.shards(y[:10], num_clients=6, shards_per_client=2, rng=_rng())
 
