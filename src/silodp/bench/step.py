@@ -499,7 +499,7 @@ def run_step_bench(
     models: Sequence[str] = DEFAULT_MODELS,
     batches: Sequence[int] = DEFAULT_BATCHES,
     lstm: bool = True,
-    repeats: int = 5,
+    repeats: int = 3,
     threads: int = 1,
     measure_rss: bool = True,
     rss_steps: int = 1,
