@@ -283,25 +283,10 @@ def _summary(
         ),
         "threat_model": algorithm.threat_model,
         "weights_private": getattr(algorithm, "weights_private", None),
-        "notes": _notes(algorithm),
+        "notes": algorithm.run_notes(),
         "account_command": run.account_command(),
         "wall_time_s": round(time.perf_counter() - started, 3),
     }
-
-
-def _notes(algorithm: Algorithm) -> list[str]:
-    notes = []
-    if getattr(algorithm, "weights_private", True) is False:
-        notes.append(
-            "weights not private: the weights n_{s,a}/n_a were computed in the clear from "
-            "every silo's subject histogram"
-        )
-    if algorithm.threat_model == SECURE_AGGREGATION:
-        notes.append(
-            "the in-process simulator does not implement secure aggregation: ε holds for the "
-            "released model; against the server it assumes secure aggregation"
-        )
-    return notes
 
 
 def _check_output(out_dir: Path, names: tuple[str, ...], overwrite: bool) -> None:

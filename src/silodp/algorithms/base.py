@@ -149,6 +149,10 @@ class Algorithm(ABC):
     def __init__(self, config: AlgorithmConfig) -> None:
         self.config = config
 
+    def run_notes(self) -> list[str]:
+        """Caveats a reviewer must read beside this algorithm's reported ε (in summaries)."""
+        return []
+
     @abstractmethod
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy | None:
         """The events one round runs in a silo whose batches are drawn at ``sampling_rate``."""

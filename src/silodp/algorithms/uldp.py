@@ -65,6 +65,16 @@ SECURE_AGGREGATION = (
     "against the server, only if it sees just the sum of the silos' messages"
 )
 
+SIMULATED_AGGREGATION_NOTE = (
+    "the in-process simulator does not implement secure aggregation: ε holds for the "
+    "released model; against the server it assumes secure aggregation"
+)
+
+WEIGHTS_IN_CLEAR_NOTE = (
+    "weights not private: the weights n_{s,a}/n_a were computed in the clear from "
+    "every silo's subject histogram"
+)
+
 
 def uniform_weights(num_silos: int, num_subjects: int) -> np.ndarray:
     """``w_{s,a} = 1/S`` for every silo and subject."""
@@ -122,6 +132,9 @@ class UldpNaive(Algorithm):
     def __init__(self, config: AlgorithmConfig, *, num_silos: int | None = None) -> None:
         super().__init__(config)
         self.num_silos = num_silos
+
+    def run_notes(self) -> list[str]:
+        return [SIMULATED_AGGREGATION_NOTE]
 
     @classmethod
     def for_data(cls, config: AlgorithmConfig, train: FederatedDataset) -> Algorithm:
@@ -196,6 +209,10 @@ class UldpAvg(Algorithm):
     single_step: ClassVar[bool] = False
     #: whether the weights were computed without revealing silos' histograms
     weights_private: ClassVar[bool] = True
+
+    def run_notes(self) -> list[str]:
+        notes = [] if self.weights_private else [WEIGHTS_IN_CLEAR_NOTE]
+        return notes + [SIMULATED_AGGREGATION_NOTE]
 
     def __init__(self, config: AlgorithmConfig, *, weights: np.ndarray | None = None) -> None:
         super().__init__(config)
