@@ -66,7 +66,7 @@ def test_overrides_apply_per_algorithm() -> None:
         ({"data": {"num_silos": 0}}, "num_silos"),
         ({"colour": "blue"}, "colour"),
         ({"algorithms": ["fedavg"], "algorithm": {"user_ldp": {"lr": 1.0}}}, "user_ldp"),
-        ({"algorithm": {"fedavg": {"momentum": 0.9}}}, "momentum"),
+        ({"algorithm": {"fedavg": {"nesterov": True}}}, "nesterov"),
         ({"data": {"num_silos": 2}, "training": {"silos_per_round": 3}}, "silos_per_round=3"),
     ],
 )

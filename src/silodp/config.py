@@ -58,7 +58,8 @@ class TrainingConfig:
 
     ``silos_per_round`` defaults to every silo. ``local_steps`` are the mini-batch steps of
     the DP-SGD family; ``local_epochs`` the epochs of ULDP's per-subject (and ULDP-NAIVE's
-    per-silo) training.
+    per-silo) training. ``client_rate``, ``optimizer``, ``momentum``, ``helper`` and ``alpha``
+    are PriFedSync's (see :class:`~silodp.algorithms.AlgorithmConfig`).
     """
 
     rounds: int = 20
@@ -71,9 +72,20 @@ class TrainingConfig:
     seed: int = 0
     eval_every: int = 1
     grad_method: str = "auto"
+    client_rate: float = 1.0
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    helper: str = "identity"
+    alpha: float | list[float] = 0.5
 
     def __post_init__(self) -> None:
         check_choice("training.grad_method", self.grad_method, ("auto", "vmap"))
+        check_in_range("training.client_rate", self.client_rate, 0.0, 1.0, lo_open=True)
+        check_choice("training.optimizer", self.optimizer, ("sgd", "momentum", "adam"))
+        check_in_range("training.momentum", self.momentum, 0.0, 1.0, hi_open=True)
+        check_choice("training.helper", self.helper, ("identity", "interpolate"))
+        for a in self.alpha if isinstance(self.alpha, list) else [self.alpha]:
+            check_in_range("training.alpha", a, 0.0, 1.0)
         check_int("training.rounds", self.rounds, 1)
         if self.silos_per_round is not None:
             check_int("training.silos_per_round", self.silos_per_round, 1)
@@ -104,6 +116,10 @@ class PrivacyConfig:
       sampling: HiGradAvgDP batch selection (``record`` or ``subject``).
       subject_records: records per sampled subject for subject-level sampling.
       secure_noise: draw noise from the OS CSPRNG.
+      weighting: ``uldp_avg_w`` weights: ``protocol`` (private weighting protocol) or
+        ``clear``.
+      key_bits: Paillier modulus bits of the weighting protocol (at least 2048).
+      n_max: public bound on one subject's records in the federation (weighting protocol).
     """
 
     epsilon: float | None = 4.0
@@ -116,8 +132,14 @@ class PrivacyConfig:
     sampling: str = "record"
     subject_records: int = 8
     secure_noise: bool = False
+    weighting: str = "protocol"
+    key_bits: int = 3072
+    n_max: int = 2000
 
     def __post_init__(self) -> None:
+        check_choice("privacy.weighting", self.weighting, ("protocol", "clear"))
+        check_int("privacy.key_bits", self.key_bits, 2048)
+        check_int("privacy.n_max", self.n_max, 1)
         if self.epsilon is not None:
             check_positive("privacy.epsilon", self.epsilon)
         check_in_range("privacy.delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)

@@ -176,6 +176,14 @@ def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> Pre
         grad_method=training.grad_method,
         subject_rate=privacy.subject_rate,
         secure_noise=privacy.secure_noise,
+        weighting=privacy.weighting,
+        key_bits=privacy.key_bits,
+        n_max=privacy.n_max,
+        client_rate=training.client_rate,
+        optimizer=training.optimizer,
+        momentum=training.momentum,
+        helper=training.helper,
+        alpha=tuple(training.alpha) if isinstance(training.alpha, list) else training.alpha,
     )
     probe = make_algorithm(name, algo_config)
     if probe.threat_model == SECURE_AGGREGATION and silos_per_round != train.num_silos:

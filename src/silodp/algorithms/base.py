@@ -19,6 +19,7 @@ from torch import nn
 
 from silodp._validation import (
     check_choice,
+    check_in_range,
     check_int,
     check_non_negative,
     check_positive,
@@ -52,6 +53,17 @@ class AlgorithmConfig:
       grad_method: per-example clipping path: ``auto`` (activation/gradient contractions where
         every layer supports them, else ``vmap``), or ``vmap`` (materialised per-example
         gradients; exact reference).
+      weighting: ``uldp_avg_w`` weights ``n_{s,a}/n_a``: ``protocol`` (the private weighting
+        protocol; no party sees another silo's histogram) or ``clear`` (computed from the
+        histograms in the clear).
+      key_bits: Paillier modulus size of the weighting protocol (at least 2048).
+      n_max: public bound on a subject's records in the federation for the weighting protocol.
+      client_rate: PriFedSync Poisson client-sampling rate p per round.
+      optimizer: PriFedSync local optimizer applied to the noisy gradient: ``sgd``,
+        ``momentum`` or ``adam``.
+      momentum: momentum (and Adam's β1) of the local optimizer.
+      helper: PriFedSync helper model ``identity`` (FedAvg) or ``interpolate``.
+      alpha: interpolation weight α_i of the helper model, one for all clients or one per client.
     """
 
     local_steps: int = 10
@@ -67,8 +79,25 @@ class AlgorithmConfig:
     local_epochs: int = 1
     subject_rate: float = 1.0
     grad_method: str = "auto"
+    weighting: str = "protocol"
+    key_bits: int = 3072
+    n_max: int = 2000
+    client_rate: float = 1.0
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    helper: str = "identity"
+    alpha: float | tuple[float, ...] = 0.5
 
     def __post_init__(self) -> None:
+        check_choice("weighting", self.weighting, ("protocol", "clear"))
+        check_int("key_bits", self.key_bits, 1)
+        check_int("n_max", self.n_max, 1)
+        check_probability("client_rate", self.client_rate)
+        check_choice("optimizer", self.optimizer, ("sgd", "momentum", "adam"))
+        check_in_range("momentum", self.momentum, 0.0, 1.0, hi_open=True)
+        check_choice("helper", self.helper, ("identity", "interpolate"))
+        for a in self.alpha if isinstance(self.alpha, tuple) else (self.alpha,):
+            check_in_range("alpha", a, 0.0, 1.0)
         check_int("local_steps", self.local_steps, 1)
         check_int("local_epochs", self.local_epochs, 1)
         check_probability("subject_rate", self.subject_rate)
@@ -116,6 +145,8 @@ class SiloUpdate:
     privacy: SiloPrivacy | None
     group_sizes: list[int] = field(default_factory=list)
     subjects_per_batch: list[int] = field(default_factory=list)
+    #: Anything else the server step needs from this silo (e.g. protocol messages).
+    payload: Any = None
 
 
 def average_params(
