@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from silodp.models import build_model
+from silodp.privacy import ghost
 from silodp.privacy.ghost import GhostClipper, supported
 from silodp.privacy.gradients import (
     clip_factors,
@@ -32,6 +33,18 @@ class ConvZoo(nn.Module):
         return self.fc(torch.tanh(self.c2(torch.tanh(self.c1(x)))).flatten(1))
 
 
+class SharedConv(nn.Module):
+    """One convolution applied twice (weight sharing: per-example gradients add up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(2, 2, kernel_size=3, padding=1)
+        self.fc = nn.Linear(2 * 5 * 5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.tanh(self.c(torch.tanh(self.c(x)))).flatten(1))
+
+
 class Tokens(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -52,6 +65,7 @@ def _cases(dtype: torch.dtype):
         10,
     )
     yield "conv_zoo", ConvZoo(), torch.randn(6, 2, 9, 9, generator=gen), 5
+    yield "shared_conv", SharedConv(), torch.randn(6, 2, 5, 5, generator=gen), 3
     # repeated tokens within an example exercise the embedding's ghost norm
     yield "tokens", Tokens(), torch.randint(0, 3, (6, 7), generator=gen), 4
     yield (
@@ -62,9 +76,20 @@ def _cases(dtype: torch.dtype):
     )
 
 
+@pytest.fixture(params=["per_example", "gram"])
+def route(request, monkeypatch) -> str:
+    """Both ways a layer's norms are computed: materialised per-example gradients where they
+    are small, Gram matrices otherwise (forced here by a zero size limit)."""
+    if request.param == "gram":
+        monkeypatch.setattr(ghost, "PER_EXAMPLE_LIMIT", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-9), (torch.float32, 1e-4)])
 @pytest.mark.parametrize("with_subjects", [False, True])
-def test_fast_path_equals_materialised_per_example_gradients(dtype, tol, with_subjects) -> None:
+def test_fast_path_equals_materialised_per_example_gradients(
+    dtype, tol, with_subjects, route
+) -> None:
     for name, model, x, classes in _cases(dtype):
         model = model.to(dtype)
         if x.is_floating_point():
@@ -114,7 +139,7 @@ def test_norms_respect_the_clip_in_the_sum() -> None:
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-9), (torch.float32, 1e-4)])
-def test_per_subject_norms_and_sum_equal_materialised_subject_gradients(dtype, tol) -> None:
+def test_per_subject_norms_and_sum_equal_materialised_subject_gradients(dtype, tol, route) -> None:
     for name, model, x, classes in _cases(dtype):
         model = model.to(dtype)
         if x.is_floating_point():

@@ -39,7 +39,7 @@ from silodp.privacy.gradients import (
     per_example_norms,
     weighted_sum,
 )
-from silodp.privacy.noise import gaussian_noise
+from silodp.privacy.noise import noise_like
 
 __all__ = ["LocalGroupDP", "LocalItemDP", "clipped_noisy_step"]
 
@@ -74,14 +74,16 @@ def clipped_noisy_step(
             )
     else:
         summed = {k: torch.zeros_like(v) for k, v in params.items()}
-    std = config.noise_multiplier * config.clip
-    out: Params = {}
-    for name, value in params.items():
-        noise = gaussian_noise(
-            value.shape, std=std, generator=generator, secure=config.secure_noise
-        )
-        out[name] = value - config.lr * (summed[name] + noise) / scale
-    return out
+    noise = noise_like(
+        params,
+        std=config.noise_multiplier * config.clip,
+        generator=generator,
+        secure=config.secure_noise,
+    )
+    step = -config.lr / scale
+    return {
+        name: value.add(summed[name].add(noise[name]), alpha=step) for name, value in params.items()
+    }
 
 
 class LocalItemDP(Algorithm):

@@ -19,7 +19,7 @@ from silodp.accounting import SiloPrivacy
 from silodp.accounting.events import gaussian_steps
 from silodp.algorithms.base import Algorithm, SiloData, SiloUpdate, uniform_batch
 from silodp.privacy.gradients import Params, batch_gradient, tree_norm
-from silodp.privacy.noise import gaussian_noise
+from silodp.privacy.noise import noise_like
 
 __all__ = ["UserLDP"]
 
@@ -53,16 +53,16 @@ class UserLDP(Algorithm):
         def step(local: Params, idx: torch.Tensor) -> Params:
             grads = batch_gradient(model, local, silo.x[idx], silo.y[idx])
             factor = torch.clamp(cfg.clip / (tree_norm(grads) + 1e-12), max=1.0)
-            out: Params = {}
-            for name, value in local.items():
-                noise = gaussian_noise(
-                    value.shape,
-                    std=cfg.noise_multiplier * cfg.clip,
-                    generator=generator,
-                    secure=cfg.secure_noise,
-                )
-                out[name] = value - cfg.lr * (grads[name] * factor + noise)
-            return out
+            noise = noise_like(
+                local,
+                std=cfg.noise_multiplier * cfg.clip,
+                generator=generator,
+                secure=cfg.secure_noise,
+            )
+            return {
+                name: value.add(grads[name].mul(factor).add(noise[name]), alpha=-cfg.lr)
+                for name, value in local.items()
+            }
 
         return self.run_steps(
             params,

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
+from torch.nn.grad import conv2d_weight
 
 from silodp.privacy.gradients import (
     Params,
@@ -70,13 +71,87 @@ class _Calls:
     outputs: list[torch.Tensor] = field(default_factory=list)
 
 
+Maker = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+#: (inverse, num) -> squared norms of the per-subject summed gradients, ``inverse`` mapping
+#: every example to its subject row in ``0..num-1``
+SubjectSq = Callable[[torch.Tensor, int], torch.Tensor]
+#: per layer: the module, the inputs of each of its calls, and the gradients of their outputs
+Captured = dict[str, tuple[nn.Module, list[torch.Tensor], list[torch.Tensor]]]
+
+#: per-example gradients of one layer are materialised only below this many elements
+PER_EXAMPLE_LIMIT = 1 << 27
+
+
+@dataclass
+class _Stats:
+    """One layer's share of a clipped sum: squared per-example norms, per-subject squared
+    norms on demand, and the weighted sum of its per-example gradients."""
+
+    sq: torch.Tensor
+    subject_sq: SubjectSq
+    weighted: Maker
+
+
+def _per_example_stats(shape: torch.Size, grads: torch.Tensor, bias: torch.Tensor | None) -> _Stats:
+    """Stats from materialised per-example weight gradients (B, p, d) and bias gradients."""
+    flat = grads.reshape(grads.shape[0], -1)
+    sq = flat.pow(2).sum(1)
+    if bias is not None:
+        sq = sq + bias.pow(2).sum(1)
+
+    def subject_sq(inverse: torch.Tensor, num: int) -> torch.Tensor:
+        summed = flat.new_zeros(num, flat.shape[1]).index_add_(0, inverse, flat)
+        out = summed.pow(2).sum(1)
+        if bias is not None:
+            out = out + bias.new_zeros(num, bias.shape[1]).index_add_(0, inverse, bias).pow(2).sum(
+                1
+            )
+        return out
+
+    def weighted(w: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = {"weight": (w @ flat).reshape(shape)}
+        if bias is not None:
+            out["bias"] = w @ bias
+        return out
+
+    return _Stats(sq, subject_sq, weighted)
+
+
+def _conv_stats(module: nn.Conv2d, inputs: list[torch.Tensor], grads: list[torch.Tensor]) -> _Stats:
+    """Conv2d: per-example weight gradients from one grouped weight-gradient convolution
+    (the batch folded into groups), unless they would be too large (then Gram matrices)."""
+    weight = cast(torch.Tensor, module.weight)
+    batch, (p, cin, kh, kw) = inputs[0].shape[0], weight.shape
+    if batch * p * cin * kh * kw > PER_EXAMPLE_LIMIT:
+        pairs = [_positions(module, a, g) for a, g in zip(inputs, grads, strict=True)]
+        return _linear_stats(module, _cat([a for a, _ in pairs]), _cat([g for _, g in pairs]))
+    padding = cast(tuple[int, ...], module.padding)  # string padding is unsupported
+    per_example = None
+    for a, g in zip(inputs, grads, strict=True):
+        one = conv2d_weight(
+            a.reshape(1, batch * cin, *a.shape[2:]),
+            (batch * p, cin, kh, kw),
+            g.reshape(1, batch * p, *g.shape[2:]),
+            stride=module.stride,
+            padding=padding,
+            dilation=module.dilation,
+            groups=batch,
+        ).reshape(batch, p, -1)
+        per_example = one if per_example is None else per_example + one
+    assert per_example is not None
+    bias = None
+    if module.bias is not None:
+        bias = sum(g.sum(dim=(2, 3)) for g in grads)
+    return _per_example_stats(weight.shape, per_example, cast(torch.Tensor | None, bias))
+
+
 def _positions(
     module: nn.Module, a: torch.Tensor, g: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T, d) inputs and (B, T, p) output gradients of a Linear or Conv2d call."""
     batch = a.shape[0]
     if isinstance(module, nn.Conv2d):
-        padding = cast(tuple[int, ...], module.padding)  # string padding is unsupported
+        padding = cast(tuple[int, ...], module.padding)
         cols = F.unfold(
             a, module.kernel_size, dilation=module.dilation, padding=padding, stride=module.stride
         )  # (B, d, T)
@@ -84,56 +159,92 @@ def _positions(
     return a.reshape(batch, -1, a.shape[-1]), g.reshape(batch, -1, g.shape[-1])
 
 
-def _linear_stats(
-    module: nn.Module, a: torch.Tensor, g: torch.Tensor
-) -> tuple[torch.Tensor, Callable[[torch.Tensor], dict[str, torch.Tensor]]]:
-    """Squared per-example norms of (weight, bias) grads and a weighted-sum function."""
-    positions = a.shape[1]
-    d, p = a.shape[2], g.shape[2]
-    if positions == 1:
-        sq = g[:, 0].pow(2).sum(1) * a[:, 0].pow(2).sum(1)
-    elif positions * positions <= p * d:
-        gram_a = torch.bmm(a, a.transpose(1, 2))
-        gram_g = torch.bmm(g, g.transpose(1, 2))
-        sq = (gram_a * gram_g).sum(dim=(1, 2))
-    else:
-        sq = torch.bmm(g.transpose(1, 2), a).pow(2).sum(dim=(1, 2))
-    has_bias = getattr(module, "bias", None) is not None
-    if has_bias:
-        sq = sq + g.sum(1).pow(2).sum(1)
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Positions of several calls side by side (no copy for a single call)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
-    def weighted(w: torch.Tensor) -> dict[str, torch.Tensor]:
-        shape = cast(torch.Tensor, module.weight).shape
-        weight = torch.einsum("b,btp,btd->pd", w, g, a).reshape(shape)
-        out = {"weight": weight}
-        if has_bias:
-            out["bias"] = torch.einsum("b,btp->p", w, g)
+
+def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats:
+    """Linear (or unfolded conv) layer with (B, T, d) inputs and (B, T, p) output gradients.
+
+    Per-example gradients cost ``T·p·d`` per example, Gram matrices ``T²·(d+p)``: the cheaper
+    is used (one position: ``||g||²·||a||²``).
+    """
+    batch, positions, d = a.shape
+    p = g.shape[2]
+    shape = cast(torch.Tensor, module.weight).shape
+    has_bias = getattr(module, "bias", None) is not None
+    bias = g.sum(1) if has_bias else None
+    if positions > 1 and p * d <= positions * (d + p) and batch * p * d <= PER_EXAMPLE_LIMIT:
+        return _per_example_stats(shape, torch.bmm(g.transpose(1, 2), a), bias)
+    if positions == 1:
+        a1, g1 = a[:, 0], g[:, 0]
+        sq = g1.pow(2).sum(1) * a1.pow(2).sum(1)
+    else:
+        sq = (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum(dim=(1, 2))
+    if bias is not None:
+        sq = sq + bias.pow(2).sum(1)
+
+    def subject_sq(inverse: torch.Tensor, num: int) -> torch.Tensor:
+        if positions == 1:
+            # ||Σ_{i∈a} g_i a_iᵀ||² = Σ_{i,j∈a} (g_i·g_j)(a_i·a_j): a masked B×B Gram matrix
+            gram = (a1 @ a1.T) * (g1 @ g1.T)
+            rows = gram.new_zeros(num, batch).index_add_(0, inverse, gram)  # Σ_{i∈a} K_ij
+            same = rows[inverse, torch.arange(batch)]  # Σ_{i∈a(j)} K_ij
+            out = gram.new_zeros(num).index_add_(0, inverse, same)
+        else:
+            out = _padded_subject_sq(a, g, inverse, num)
+        if bias is not None:
+            out = out + bias.new_zeros(num, p).index_add_(0, inverse, bias).pow(2).sum(1)
         return out
 
-    return sq, weighted
+    def weighted(w: torch.Tensor) -> dict[str, torch.Tensor]:
+        if positions == 1:
+            weight = (g1 * w[:, None]).T @ a1
+        else:
+            weight = torch.einsum("b,btp,btd->pd", w, g, a)
+        out = {"weight": weight.reshape(shape)}
+        if bias is not None:
+            out["bias"] = w @ bias
+        return out
+
+    return _Stats(sq, subject_sq, weighted)
 
 
-def _embedding_stats(
-    module: nn.Embedding, idx: torch.Tensor, g: torch.Tensor
-) -> tuple[torch.Tensor, Callable[[torch.Tensor], dict[str, torch.Tensor]]]:
+def _embedding_stats(module: nn.Embedding, idx: torch.Tensor, g: torch.Tensor) -> _Stats:
     batch = idx.shape[0]
     idx = idx.reshape(batch, -1)
     g = g.reshape(batch, idx.shape[1], -1)
     same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(g.dtype)
     sq = (same * torch.bmm(g, g.transpose(1, 2))).sum(dim=(1, 2))
 
+    def subject_sq(inverse: torch.Tensor, num: int) -> torch.Tensor:
+        rows, slot = _subject_layout(inverse, num)
+        ip = _pad_by_subject(idx.unsqueeze(-1), rows, slot, num).squeeze(-1)
+        # padding has zero gradient, so its (arbitrary) token id contributes nothing
+        gp = _pad_by_subject(g, rows, slot, num)
+        same_p = (ip.unsqueeze(2) == ip.unsqueeze(1)).to(g.dtype)
+        return (same_p * torch.bmm(gp, gp.transpose(1, 2))).sum((1, 2))
+
     def weighted(w: torch.Tensor) -> dict[str, torch.Tensor]:
         out = torch.zeros_like(module.weight)
         out.index_add_(0, idx.reshape(-1), (w[:, None, None] * g).reshape(-1, g.shape[-1]))
         return {"weight": out}
 
-    return sq, weighted
+    return _Stats(sq, subject_sq, weighted)
 
 
-Maker = Callable[[torch.Tensor], dict[str, torch.Tensor]]
-#: per layer: the module, its inputs ((B, T, d) activations or (B, T) token ids) and output
-#: gradients (B, T, p)
-Captured = dict[str, tuple[nn.Module, torch.Tensor, torch.Tensor]]
+def _layer_stats(
+    module: nn.Module, inputs: list[torch.Tensor], grads: list[torch.Tensor]
+) -> _Stats:
+    if isinstance(module, nn.Embedding):
+        a = _cat([i.reshape(i.shape[0], -1) for i in inputs])
+        g = _cat([gi.reshape(gi.shape[0], -1, gi.shape[-1]) for gi in grads])
+        return _embedding_stats(module, a, g)
+    if isinstance(module, nn.Conv2d):
+        return _conv_stats(module, inputs, grads)
+    pairs = [_positions(module, a, g) for a, g in zip(inputs, grads, strict=True)]
+    return _linear_stats(module, _cat([a for a, _ in pairs]), _cat([g for _, g in pairs]))
 
 
 class GhostClipper:
@@ -164,9 +275,8 @@ class GhostClipper:
 
     def _capture(
         self, params: Params, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | None
-    ) -> Captured:
-        """One forward and backward pass of ``Σ_i scale_i · loss_i``; every layer's inputs and
-        output gradients, positions stacked along dimension 1."""
+    ) -> dict[str, _Stats]:
+        """One forward and backward pass of ``Σ_i scale_i · loss_i``; every layer's stats."""
         calls = {name: _Calls(module) for name, module in self._layers.items()}
         handles = []
         for name, module in self._layers.items():
@@ -187,28 +297,20 @@ class GhostClipper:
         finally:
             for h in handles:
                 h.remove()
-        captured: Captured = {}
+        stats: dict[str, _Stats] = {}
         pos = 0
         for name, c in calls.items():
-            gs = grads_out[pos : pos + len(c.outputs)]
+            gs = list(grads_out[pos : pos + len(c.outputs)])
             pos += len(c.outputs)
-            if not gs:
-                continue
-            if isinstance(c.module, nn.Embedding):
-                a = torch.cat([i.reshape(i.shape[0], -1) for i in c.inputs], dim=1)
-                g = torch.cat([gi.reshape(gi.shape[0], -1, gi.shape[-1]) for gi in gs], dim=1)
-            else:
-                pairs = [_positions(c.module, a, gi) for a, gi in zip(c.inputs, gs, strict=True)]
-                a = torch.cat([p[0] for p in pairs], dim=1)
-                g = torch.cat([p[1] for p in pairs], dim=1)
-            captured[name] = (c.module, a, g)
-        return captured
+            if gs:
+                stats[name] = _layer_stats(c.module, c.inputs, gs)
+        return stats
 
     @staticmethod
-    def _assemble(params: Params, makers: dict[str, Maker], weights: torch.Tensor) -> Params:
+    def _assemble(params: Params, stats: dict[str, _Stats], weights: torch.Tensor) -> Params:
         summed: Params = {}
-        for name, make in makers.items():
-            for pname, value in make(weights).items():
+        for name, layer in stats.items():
+            for pname, value in layer.weighted(weights).items():
                 summed[f"{name}.{pname}" if name else pname] = value
         for key, value in params.items():  # parameters this batch does not reach
             summed.setdefault(key, torch.zeros_like(value))
@@ -230,17 +332,11 @@ class GhostClipper:
             norms = per_example_norms(grads)
             factors = clip_factors(norms, clip)
             return norms, weighted_sum(grads, factors if weigh is None else weigh(factors))
-        sq = torch.zeros(x.shape[0], dtype=next(iter(params.values())).dtype)
-        makers: dict[str, Maker] = {}
-        for name, (module, a, g) in self._capture(params, x, y, None).items():
-            if isinstance(module, nn.Embedding):
-                layer_sq, makers[name] = _embedding_stats(module, a, g)
-            else:
-                layer_sq, makers[name] = _linear_stats(module, a, g)
-            sq = sq + layer_sq
+        stats = self._capture(params, x, y, None)
+        sq = torch.stack([layer.sq for layer in stats.values()]).sum(0)
         norms = sq.clamp(min=0).sqrt()
         factors = clip_factors(norms, clip)
-        return norms, self._assemble(params, makers, factors if weigh is None else weigh(factors))
+        return norms, self._assemble(params, stats, factors if weigh is None else weigh(factors))
 
     def subject_norms_and_sum(
         self,
@@ -255,9 +351,10 @@ class GhostClipper:
         ``Σ_a v_a G_a`` with ``v = weigh(norms)`` (one weight per subject, in the order of
         ``torch.unique(subjects)``).
 
-        The norms come from Gram matrices restricted to each subject's rows (or from the
-        per-subject gradient itself when that is smaller); the sum from one contraction with
-        per-example weights ``v_{a(i)}``. Needs every layer supported (no fallback).
+        The norms come from per-example gradients summed per subject where those are small
+        (conv layers), else from Gram matrices restricted to each subject's rows; the sum from
+        one contraction with per-example weights ``v_{a(i)}``. Needs every layer supported
+        (no fallback).
         """
         if not self.fast:
             raise ValueError(
@@ -266,34 +363,20 @@ class GhostClipper:
         _, inverse, counts = torch.unique(subjects, return_inverse=True, return_counts=True)
         dtype = next(iter(params.values())).dtype
         scale = 1.0 / counts.to(dtype)[inverse]
-        captured = self._capture(params, x, y, scale)
-        rows, slot = _subject_layout(inverse, counts)
+        stats = self._capture(params, x, y, scale)
         num = counts.numel()
-        sq = torch.zeros(num, dtype=dtype)
-        makers: dict[str, Maker] = {}
-        for name, (module, a, g) in captured.items():
-            if isinstance(module, nn.Embedding):
-                # per-subject: a subject's tokens are all its examples' tokens
-                layer_sq = _embedding_subject_sq(a, g, rows, slot, num)
-                _, makers[name] = _embedding_stats(module, a, g)
-            else:
-                layer_sq = _linear_subject_sq(module, a, g, rows, slot, num)
-                _, makers[name] = _linear_stats(module, a, g)
-            sq = sq + layer_sq
+        sq = torch.stack([layer.subject_sq(inverse, num) for layer in stats.values()]).sum(0)
         norms = sq.clamp(min=0).sqrt()
-        per_example = weigh(norms)[inverse]
-        return norms, self._assemble(params, makers, per_example)
+        return norms, self._assemble(params, stats, weigh(norms)[inverse])
 
 
-def _subject_layout(
-    inverse: torch.Tensor, counts: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _subject_layout(inverse: torch.Tensor, num: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Row (subject) and slot (position within the subject) of every example."""
+    counts = torch.bincount(inverse, minlength=num)
     order = torch.argsort(inverse, stable=True)
-    sorted_rows = inverse[order]
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.empty_like(inverse)
-    slot[order] = torch.arange(inverse.numel()) - starts[sorted_rows]
+    slot[order] = torch.arange(inverse.numel()) - starts[inverse[order]]
     return inverse, slot
 
 
@@ -307,33 +390,17 @@ def _pad_by_subject(
     return out.reshape(num, width * t.shape[1], *t.shape[2:])
 
 
-def _linear_subject_sq(
-    module: nn.Module,
-    a: torch.Tensor,
-    g: torch.Tensor,
-    rows: torch.Tensor,
-    slot: torch.Tensor,
-    num: int,
+def _padded_subject_sq(
+    a: torch.Tensor, g: torch.Tensor, inverse: torch.Tensor, num: int
 ) -> torch.Tensor:
+    """Squared norms of per-subject summed weight gradients from Gram matrices over each
+    subject's positions (padded to the largest subject)."""
+    rows, slot = _subject_layout(inverse, num)
     ap, gp = _pad_by_subject(a, rows, slot, num), _pad_by_subject(g, rows, slot, num)
     positions, d, p = ap.shape[1], ap.shape[2], gp.shape[2]
     if positions * positions <= p * d:
-        sq = (torch.bmm(ap, ap.transpose(1, 2)) * torch.bmm(gp, gp.transpose(1, 2))).sum((1, 2))
-    else:
-        sq = torch.bmm(gp.transpose(1, 2), ap).pow(2).sum((1, 2))
-    if getattr(module, "bias", None) is not None:
-        sq = sq + gp.sum(1).pow(2).sum(1)
-    return sq
-
-
-def _embedding_subject_sq(
-    idx: torch.Tensor, g: torch.Tensor, rows: torch.Tensor, slot: torch.Tensor, num: int
-) -> torch.Tensor:
-    ip = _pad_by_subject(idx.unsqueeze(-1), rows, slot, num).squeeze(-1)
-    # padding has zero gradient, so its (arbitrary) token id contributes nothing
-    gp = _pad_by_subject(g, rows, slot, num)
-    same = (ip.unsqueeze(2) == ip.unsqueeze(1)).to(g.dtype)
-    return (same * torch.bmm(gp, gp.transpose(1, 2))).sum((1, 2))
+        return (torch.bmm(ap, ap.transpose(1, 2)) * torch.bmm(gp, gp.transpose(1, 2))).sum((1, 2))
+    return torch.bmm(gp.transpose(1, 2), ap).pow(2).sum((1, 2))
 
 
 _CLIPPERS: weakref.WeakKeyDictionary[nn.Module, GhostClipper] = weakref.WeakKeyDictionary()

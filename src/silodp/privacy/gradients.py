@@ -34,7 +34,10 @@ def _loss(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor) ->
 
 def batch_gradient(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
     """Gradient of the mean cross-entropy over the batch."""
-    return grad(lambda p: _loss(model, p, x, y))(params)
+    leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+    with torch.enable_grad():
+        grads = torch.autograd.grad(_loss(model, leaves, x, y), list(leaves.values()))
+    return dict(zip(leaves, grads, strict=True))
 
 
 def per_example_gradients(

@@ -15,7 +15,7 @@ import torch
 
 from silodp._validation import check_non_negative
 
-__all__ = ["gaussian_noise", "add_gaussian_noise"]
+__all__ = ["add_gaussian_noise", "gaussian_noise", "noise_like"]
 
 
 def _secure_standard_normal(numel: int) -> np.ndarray:
@@ -70,3 +70,22 @@ def add_gaussian_noise(
         + gaussian_noise(t.shape, std=std, generator=generator, secure=secure, dtype=t.dtype)
         for name, t in tensors.items()
     }
+
+
+def noise_like(
+    tensors: dict[str, torch.Tensor],
+    *,
+    std: float,
+    generator: torch.Generator | None,
+    secure: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Independent ``N(0, std^2)`` noise shaped like each of ``tensors``, drawn in one call
+    (one draw for the whole model keeps the per-step cost low for small models)."""
+    first = next(iter(tensors.values()))
+    total = sum(t.numel() for t in tensors.values())
+    flat = gaussian_noise((total,), std=std, generator=generator, secure=secure, dtype=first.dtype)
+    out, start = {}, 0
+    for name, t in tensors.items():
+        out[name] = flat[start : start + t.numel()].view(t.shape)
+        start += t.numel()
+    return out
