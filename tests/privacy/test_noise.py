@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from silodp.privacy.noise import add_gaussian_noise, gaussian_noise
+from silodp.privacy.noise import add_gaussian_noise, gaussian_noise, noise_like
 
 # Significance level. For the unseeded (secure) draws this is the false-failure probability of
 # each test under the right σ, so every secure test below fails spuriously with prob. < 1e-6.
@@ -126,3 +126,16 @@ def test_add_gaussian_noise_shapes_dtypes_and_independence(dtype) -> None:
     assert not np.allclose(da[:1000], db[:1000])
     # inputs are not modified in place
     assert torch.equal(tensors["b"], torch.zeros(20_000, dtype=dtype))
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_noise_like_has_right_sigma_and_shapes(secure) -> None:
+    like = {"w": torch.zeros(200, 150), "b": torch.zeros(150), "s": torch.zeros(())}
+    gen = torch.Generator().manual_seed(3)
+    noise = noise_like(like, std=0.7, generator=gen, secure=secure)
+    assert {k: v.shape for k, v in noise.items()} == {k: v.shape for k, v in like.items()}
+    flat = torch.cat([v.reshape(-1) for v in noise.values()]).numpy()
+    assert _accepts(flat, 0.7)
+    assert _rejects(flat, 0.7 * 1.1) and _rejects(flat, 0.7 / 1.1)
+    # different tensors get different (not repeated) draws
+    assert not torch.equal(noise["b"], noise["w"][0])
