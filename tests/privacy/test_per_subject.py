@@ -19,6 +19,7 @@ from silodp.privacy.per_subject import (
     per_subject_deltas,
     per_subject_deltas_loop,
     subject_batches,
+    vectorises,
 )
 
 TOL = 1e-9
@@ -55,16 +56,16 @@ def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _gather(chunks, num: int) -> list[dict[str, torch.Tensor]]:
-    """Per-subject deltas from the yielded chunks; checks the chunks tile 0..num-1 in order."""
-    out: list[dict[str, torch.Tensor]] = []
-    expected_start = 0
+    """Per-subject deltas by row from the yielded chunks; checks the chunks cover every row
+    0..num-1 exactly once."""
+    out: dict[int, dict[str, torch.Tensor]] = {}
     for rows, deltas in chunks:
-        assert rows.start == expected_start and rows.stop > rows.start
-        expected_start = rows.stop
-        for i in range(rows.stop - rows.start):
-            out.append({k: v[i] for k, v in deltas.items()})
-    assert expected_start == num
-    return out
+        assert rows.numel() > 0
+        for i, row in enumerate(rows.tolist()):
+            assert row not in out
+            out[row] = {k: v[i] for k, v in deltas.items()}
+    assert sorted(out) == list(range(num))
+    return [out[row] for row in range(num)]
 
 
 def _max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -155,7 +156,8 @@ CASES = [("mlp", e, b) for e, b in SCHEDULES] + [
 
 @pytest.mark.parametrize(("model_name", "epochs", "batch_size"), CASES)
 @pytest.mark.parametrize("chunk_size", [1, 2, None])
-def test_vectorised_equals_loop(model_name, epochs, batch_size, chunk_size) -> None:
+@pytest.mark.parametrize("method", ["auto", "vmap"])
+def test_vectorised_equals_loop(model_name, epochs, batch_size, chunk_size, method) -> None:
     subjects = _subjects(COUNTS if model_name == "mlp" else CNN_COUNTS)
     x, y = _features(model_name, len(subjects))
     model = _model(model_name)
@@ -168,7 +170,7 @@ def test_vectorised_equals_loop(model_name, epochs, batch_size, chunk_size) -> N
         generator=torch.Generator().manual_seed(7),
     )
     fast = _gather(
-        per_subject_deltas(model, params, x, y, plan, lr=0.3, chunk_size=chunk_size),
+        per_subject_deltas(model, params, x, y, plan, lr=0.3, chunk_size=chunk_size, method=method),
         len(ORDER),
     )
     slow = per_subject_deltas_loop(model, params, x, y, plan, lr=0.3)
@@ -177,6 +179,20 @@ def test_vectorised_equals_loop(model_name, epochs, batch_size, chunk_size) -> N
         assert all(v.dtype == torch.float64 for v in f.values())
         assert _max_abs_diff(f, s) <= TOL
         assert max(float(v.abs().max()) for v in s.values()) > 1e-3  # the subject did train
+
+
+def test_auto_trains_convolutional_models_one_subject_at_a_time() -> None:
+    assert vectorises(_model("mlp")) and not vectorises(_model("mnist_cnn"))
+    subjects = _subjects(COUNTS)
+    x, y = _features("mnist_cnn", len(subjects))
+    model = _model("mnist_cnn")
+    plan = subject_batches(
+        subjects, ORDER, epochs=1, batch_size=2, generator=torch.Generator().manual_seed(0)
+    )
+    chunks = list(per_subject_deltas(model, _params(model), x, y, plan, lr=0.1))
+    assert [rows.numel() for rows, _ in chunks] == [1] * len(ORDER)
+    with pytest.raises(ValueError, match="method"):
+        list(per_subject_deltas(model, _params(model), x, y, plan, lr=0.1, method="gpu"))
 
 
 def test_vectorised_does_not_modify_params_and_default_chunk_is_positive() -> None:

@@ -129,11 +129,12 @@ def vectorised_deltas(
         if silo is not None and s != silo:
             continue
         chunks = per_subject_deltas(fed.model, fed.params, data.x, data.y, plan, lr=lr)
-        parts = [
-            torch.cat([d.reshape(d.shape[0], -1) for d in deltas.values()], dim=1)
-            for _, deltas in chunks
-        ]
-        out.append(torch.cat(parts, dim=0))
+        rows, parts = [], []
+        for chunk_rows, deltas in chunks:
+            rows.append(chunk_rows)
+            parts.append(torch.cat([d.reshape(d.shape[0], -1) for d in deltas.values()], dim=1))
+        stacked = torch.cat(parts, dim=0)
+        out.append(torch.empty_like(stacked).index_copy_(0, torch.cat(rows), stacked))
     return out
 
 
@@ -211,8 +212,10 @@ def run_uldp_bench(
     """Rows ``{source, model, subjects, algorithm, vectorised_s, loop_s, speedup,
     max_abs_diff, local_update_s, peak_rss_mb, ...}``; times are medians of interleaved
     repeats of one round over all silos. ``fill`` is the share of the vectorised path's
-    batch slots holding a real record (each subject is padded to the longest one)."""
+    batch slots holding a real record (the vmap path groups subjects by record count and cuts
+    each step to its chunk's longest real batch, so it computes on fewer padded slots)."""
     from silodp.bench.common import set_threads
+    from silodp.privacy.per_subject import vectorises
 
     threads = set_threads(threads)
     rows: list[Row] = []
@@ -249,6 +252,8 @@ def run_uldp_bench(
                         "loop_s": medians["loop"],
                         "speedup": medians["loop"] / medians["vectorised"],
                         "local_update_s": medians["local_update"],
+                        "local_update_speedup": medians["loop"] / medians["local_update"],
+                        "path": "vmap" if vectorises(fed.model) else "loop",
                         "max_abs_diff": diff,
                         "max_abs_delta": scale,
                         "peak_rss_mb": None,
@@ -324,11 +329,13 @@ def uldp_checks(rows: Sequence[Row]) -> list[Row]:
             "subjects": row["subjects"],
             "algorithm": row["algorithm"],
             "speedup": row["speedup"],
+            "local_update_speedup": row["local_update_speedup"],
             "extra_mb": row.get("peak_rss_mb"),
         }
         if row["subjects"] == 100:
+            # the algorithm's local_update (clipping, weighting and noise included) is what runs
             check["target"] = f">= {TARGET_SPEEDUP:g}x"
-            check["ok"] = row["speedup"] >= TARGET_SPEEDUP
+            check["ok"] = row["local_update_speedup"] >= TARGET_SPEEDUP
         else:
             smallest = min(
                 (

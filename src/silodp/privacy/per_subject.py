@@ -22,7 +22,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F
 
-from silodp._validation import check_int, check_positive
+from silodp._validation import check_choice, check_int, check_positive
 from silodp.privacy.gradients import Params
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "per_subject_deltas",
     "per_subject_deltas_loop",
     "subject_batches",
+    "vectorises",
 ]
 
 #: Memory budget for one chunk's stacked parameters, gradients and updates.
@@ -104,9 +105,16 @@ def default_chunk_size(params: Params) -> int:
     return max(1, min(512, CHUNK_BUDGET_BYTES // (4 * 4 * max(numel, 1))))
 
 
-def _chunks(n: int, size: int) -> Iterator[slice]:
-    for start in range(0, n, size):
-        yield slice(start, min(n, start + size))
+def _chunks(order: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
+    for start in range(0, order.numel(), size):
+        yield order[start : start + size]
+
+
+def vectorises(model: nn.Module) -> bool:
+    """Whether vmap over subjects pays for ``model``: not with convolutions, which become
+    grouped convolutions with a few channels per group — on CPU slower than training the
+    subjects one after another (measured by ``silodp bench uldp``)."""
+    return not any(isinstance(m, nn.Conv2d) for m in model.modules())
 
 
 def per_subject_deltas(
@@ -118,12 +126,20 @@ def per_subject_deltas(
     *,
     lr: float,
     chunk_size: int | None = None,
-) -> Iterator[tuple[slice, Params]]:
+    method: str = "auto",
+) -> Iterator[tuple[torch.Tensor, Params]]:
     """Trains every planned subject from ``params``; yields ``(rows, deltas)`` chunk by chunk.
 
-    ``deltas[name]`` has a leading dimension of the chunk's subjects (rows of ``batches``).
+    ``rows`` are the chunk's rows of ``batches`` (subjects with similar record counts are
+    trained together, so chunks come in order of record count, not of rows);
+    ``deltas[name]`` has a leading dimension of those subjects. Each step's batches are cut
+    to the chunk's longest real batch, so small subjects do not pay for large ones.
+
+    ``method``: ``vmap`` (subjects of a chunk trained together), ``loop`` (one after another)
+    or ``auto`` (``vmap`` unless :func:`vectorises` says it does not pay for ``model``).
     """
     check_positive("lr", lr)
+    check_choice("method", method, ("auto", "vmap", "loop"))
     chunk = chunk_size or default_chunk_size(params)
 
     def masked_loss(
@@ -136,20 +152,56 @@ def per_subject_deltas(
 
     subject_grad = vmap(grad(masked_loss))
     epochs, steps = batches.index.shape[:2]
-    for rows in _chunks(batches.num_subjects, chunk):
-        width = rows.stop - rows.start
+    # real records per (epoch, step, subject): a prefix of each padded batch
+    real = batches.mask.sum(dim=3)
+    by_size = torch.argsort(real[0].sum(dim=0), stable=True)
+    if method == "loop" or (method == "auto" and not vectorises(model)):
+        for row in by_size:
+            yield row.reshape(1), _one_subject(model, params, x, y, batches, int(row), lr=lr)
+        return
+    for rows in _chunks(by_size, chunk):
+        width = rows.numel()
         local = {
             k: v.detach().unsqueeze(0).expand(width, *v.shape).clone() for k, v in params.items()
         }
         for e in range(epochs):
             for j in range(steps):
-                idx = batches.index[e, j, rows]
-                mb = batches.mask[e, j, rows]
-                if not bool(mb.any()):
+                size = int(real[e, j, rows].max())
+                if size == 0:
                     continue
+                idx = batches.index[e, j, rows, :size]
+                mb = batches.mask[e, j, rows, :size]
                 grads = subject_grad(local, x[idx], y[idx], mb)
                 local = {k: v - lr * grads[k] for k, v in local.items()}
         yield rows, {k: local[k] - params[k].unsqueeze(0) for k in params}
+
+
+def _one_subject(
+    model: nn.Module,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batches: SubjectBatches,
+    row: int,
+    *,
+    lr: float,
+) -> Params:
+    """Trains row ``row`` of ``batches`` alone; its delta with a leading dimension of 1."""
+    local = {k: v.detach().clone() for k, v in params.items()}
+    epochs, steps = batches.index.shape[:2]
+    for e in range(epochs):
+        for j in range(steps):
+            keep = batches.mask[e, j, row]
+            if not bool(keep.any()):
+                continue
+            idx = batches.index[e, j, row][keep]
+            leaves = {k: v.detach().requires_grad_() for k, v in local.items()}
+            loss = F.cross_entropy(functional_call(model, leaves, (x[idx],)), y[idx])
+            grads = torch.autograd.grad(loss, list(leaves.values()))
+            local = {
+                k: (v - lr * g).detach() for (k, v), g in zip(leaves.items(), grads, strict=True)
+            }
+    return {k: (local[k] - params[k]).unsqueeze(0) for k in params}
 
 
 def per_subject_deltas_loop(
@@ -163,21 +215,7 @@ def per_subject_deltas_loop(
 ) -> list[Params]:
     """Reference: one model copy trained at a time on the same batches (slow; for checks)."""
     out = []
-    epochs, steps = batches.index.shape[:2]
     for row in range(batches.num_subjects):
-        local = {k: v.detach().clone() for k, v in params.items()}
-        for e in range(epochs):
-            for j in range(steps):
-                keep = batches.mask[e, j, row]
-                if not bool(keep.any()):
-                    continue
-                idx = batches.index[e, j, row][keep]
-                leaves = {k: v.detach().requires_grad_() for k, v in local.items()}
-                loss = F.cross_entropy(functional_call(model, leaves, (x[idx],)), y[idx])
-                grads = torch.autograd.grad(loss, list(leaves.values()))
-                local = {
-                    k: (v - lr * g).detach()
-                    for (k, v), g in zip(leaves.items(), grads, strict=True)
-                }
-        out.append({k: local[k] - params[k] for k in params})
+        delta = _one_subject(model, params, x, y, batches, row, lr=lr)
+        out.append({k: v[0] for k, v in delta.items()})
     return out
