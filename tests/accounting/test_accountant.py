@@ -83,16 +83,18 @@ def _opacus_rdp_eps(q, sigma, steps, delta=1e-5) -> float:
 @pytest.mark.parametrize("sigma", [1.0, 1.5, 2.0])
 @pytest.mark.parametrize("steps", [1, 10, 100, 1000])
 def test_record_rdp_vs_opacus_rdp_accountant(q, sigma, steps) -> None:
-    """Opacus' own orders are a subset of silodp's, so silodp is at most Opacus and close to it.
+    """silodp's RDP ε is close to Opacus' on the same mechanism.
 
-    The grid is where the optimal order is one both libraries evaluate with the same formula:
-    for larger q·(1/σ) a fractional order is optimal and dp-accounting's fractional-order series
-    is slightly more conservative than Opacus' (see the next two tests), and for σ >= 3 silodp's
-    orders above 63 make it much tighter than Opacus' default order set.
+    Opacus evaluates orders 1.1–10.9 in steps of 0.1; silodp uses steps of 0.5 between 2 and
+    10 (half the orders, so calibration is twice as fast), which can cost up to ~3% on this
+    route when the optimal order falls between two of silodp's (σ = 1 here). Where the optimal
+    order is an integer both evaluate, silodp is at most Opacus (the same closed form); and for
+    σ >= 3 silodp's orders above 63 make it tighter than Opacus' default order set.
     """
     ours = _silodp_rdp_eps(q, sigma, steps)
     theirs = _opacus_rdp_eps(q, sigma, steps)
-    assert ours <= theirs * (1 + 1e-6) + 1e-9
+    slack = 0.03 if sigma == 1.0 else 1e-6
+    assert ours <= theirs * (1 + slack) + 1e-9
     assert ours >= 0.9 * theirs
 
 

@@ -154,3 +154,34 @@ def test_plan_validation(kwargs, match) -> None:
     }
     with pytest.raises(ValueError, match=match):
         PrivacyPlan(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize("target", [0.3, 1.0, 4.0, 50.0])
+@pytest.mark.parametrize("hi", [None, 400.0])
+def test_find_sigma_brackets_the_root_within_tolerance(target, hi) -> None:
+    """On a closed form (μ-GDP of T Gaussian steps: μ = √T/σ) the answer meets the target and
+    is within rel_tol of the exact σ, in few evaluations."""
+    from silodp.accounting.conversions import gdp_epsilon
+    from silodp.accounting.plan import find_sigma
+
+    calls = []
+
+    def epsilon(sigma: float) -> float:
+        calls.append(sigma)
+        return gdp_epsilon(math.sqrt(100) / sigma, 1e-5) if sigma > 0 else math.inf
+
+    sigma = find_sigma(epsilon, target, hi=hi, rel_tol=1e-2)
+    exact = find_sigma(epsilon, target, hi=hi, rel_tol=1e-9)
+    assert epsilon(sigma) <= target
+    assert exact <= sigma <= exact * (1 + 1e-2)
+    assert abs(epsilon(exact) - target) < 1e-6 * target
+    assert len(calls) < 60
+
+
+def test_find_sigma_rejects_unreachable_targets() -> None:
+    from silodp.accounting.plan import CalibrationError, find_sigma
+
+    with pytest.raises(CalibrationError, match="unreachable"):
+        find_sigma(lambda s: 1.0, 0.5)
+    with pytest.raises(CalibrationError, match="Expected epsilon"):
+        find_sigma(lambda s: 1.0 / s, 0.5, hi=1.0)

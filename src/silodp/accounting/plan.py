@@ -19,7 +19,7 @@ from silodp.accounting.accountant import Estimate, FederatedAccountant
 from silodp.algorithms import Algorithm, make_algorithm
 from silodp.algorithms.base import AlgorithmConfig
 
-__all__ = ["CalibrationError", "PrivacyPlan", "account_plan", "calibrate_noise"]
+__all__ = ["CalibrationError", "PrivacyPlan", "account_plan", "calibrate_noise", "find_sigma"]
 
 CALIBRATION_DISCRETIZATION = 5e-3
 MAX_NOISE_MULTIPLIER = 1e4
@@ -138,38 +138,103 @@ def calibrate_noise(
 
     fast = ("rdp", "rdp-group")
     full = ("pld", "rdp", "rdp-group", "dp-group")
-    hi = 1.0
-    while epsilon(hi, fast, CALIBRATION_DISCRETIZATION) > target_epsilon:
-        hi *= 2.0
-        if hi > MAX_NOISE_MULTIPLIER:
-            raise CalibrationError(
-                f"Target epsilon={target_epsilon} at unit {unit!r} is unreachable for "
-                f"{algorithm_name!r} with this plan (needs noise_multiplier > "
-                f"{MAX_NOISE_MULTIPLIER:g}); raise epsilon or delta, or use fewer rounds/steps."
-            )
-    lo = hi / 2.0 if hi > 1.0 else 0.0
-    hi = _bisect(
-        lambda s: epsilon(s, fast, CALIBRATION_DISCRETIZATION), lo, hi, target_epsilon, rel_tol
-    )
+    try:
+        hi = find_sigma(lambda s: epsilon(s, fast, CALIBRATION_DISCRETIZATION), target_epsilon)
+    except CalibrationError:
+        raise CalibrationError(
+            f"Target epsilon={target_epsilon} at unit {unit!r} is unreachable for "
+            f"{algorithm_name!r} with this plan (needs noise_multiplier > "
+            f"{MAX_NOISE_MULTIPLIER:g}); raise epsilon or delta, or use fewer rounds/steps."
+        ) from None
     # The tighter routes can only lower ε, so the answer lies at or below ``hi``.
-    if epsilon(hi / 4.0, full, CALIBRATION_DISCRETIZATION) <= target_epsilon:
-        lo = 0.0
-    else:
-        lo = hi / 4.0
-    return _bisect(
-        lambda s: epsilon(s, full, CALIBRATION_DISCRETIZATION), lo, hi, target_epsilon, rel_tol
+    return find_sigma(
+        lambda s: epsilon(s, full, CALIBRATION_DISCRETIZATION), target_epsilon, hi=hi
     )
 
 
-def _bisect(
-    epsilon_at: Callable[[float], float], lo: float, hi: float, target: float, rel_tol: float
+def find_sigma(
+    epsilon_at: Callable[[float], float],
+    target: float,
+    *,
+    hi: float | None = None,
+    rel_tol: float = 1e-2,
 ) -> float:
-    """Shrinks ``[lo, hi]`` keeping ``epsilon_at(hi) <= target``; returns ``hi``."""
-    while hi - lo > rel_tol * hi:
-        mid = 0.5 * (lo + hi)
-        value = epsilon_at(mid)
-        if math.isfinite(value) and value <= target:
-            hi = mid
+    """Smallest σ, within ``rel_tol``, with ``epsilon_at(σ) <= target`` (ε decreasing in σ).
+
+    Without ``hi``, σ = 1 is doubled until the target is met. The bracket ``[lo, hi]`` with
+    ``ε(hi) <= target < ε(lo)`` is then narrowed by secant steps on ``log ε`` against
+    ``log σ`` (nearly linear for Gaussian mechanisms), each followed by a probe a hair on the
+    other side of the estimate so the bracket usually closes in a few evaluations; bisection
+    (in log σ) where the secant has no finite end points. The returned σ always met the
+    target.
+    """
+    values: dict[float, float] = {}
+
+    def at(sigma: float) -> float:
+        if sigma not in values:
+            value = epsilon_at(sigma)
+            values[sigma] = value if math.isfinite(value) else math.inf
+        return values[sigma]
+
+    if hi is None:
+        # ε falls roughly like 1/σ: jump by (ε/target)·1.5 (at least 2x, at most 64x)
+        lo, hi = 0.0, 1.0
+        while at(hi) > target:
+            lo = hi
+            ratio = at(hi) / target if at(hi) < math.inf else 64.0
+            hi *= min(64.0, max(2.0, 1.5 * ratio))
+            if hi > MAX_NOISE_MULTIPLIER:
+                if at(MAX_NOISE_MULTIPLIER) > target:
+                    raise CalibrationError(
+                        f"Target epsilon={target} is unreachable with noise_multiplier <= "
+                        f"{MAX_NOISE_MULTIPLIER:g}."
+                    )
+                hi = MAX_NOISE_MULTIPLIER
+        if lo == 0.0:
+            # below σ = 1, probe where ε ∝ 1/σ would meet the target
+            probe = max(at(hi) / target, 1e-3) / 1.5
+            if at(probe) > target:
+                lo = probe
+            else:
+                hi = probe
+    else:
+        lo = 0.0
+        if at(hi) > target:
+            raise CalibrationError(f"Expected epsilon({hi:g}) <= {target}, got {at(hi):g}.")
+        probe = hi / 4.0  # a cheap lower end: most tighter routes save well under 4x
+        if at(probe) > target:
+            lo = probe
         else:
-            lo = mid
+            hi = probe
+    weight = {"lo": 1.0, "hi": 1.0}  # Illinois: damp an end point the secant keeps
+    last = ""
+    while hi - lo > rel_tol * hi:
+        if lo > 0.0 and at(lo) < math.inf and at(hi) > 0.0:
+            f_lo = weight["lo"] * math.log(at(lo) / target)
+            f_hi = weight["hi"] * math.log(at(hi) / target)
+            frac = f_lo / (f_lo - f_hi)
+            guess = math.exp(math.log(lo) + frac * (math.log(hi) - math.log(lo)))
+            step = 0.5 * rel_tol * hi
+            sigma = min(max(guess + 0.5 * step, lo + 0.5 * step), hi - 0.5 * step)
+        elif lo > 0.0:
+            sigma = math.sqrt(lo * hi)  # bisection in log σ while ε(lo) is infinite
+        else:
+            sigma = 0.5 * (lo + hi)
+        side = "hi" if at(sigma) <= target else "lo"
+        if side == "hi":
+            hi = sigma
+        else:
+            lo = sigma
+        kept = "lo" if side == "hi" else "hi"
+        weight[side] = 1.0
+        weight[kept] = weight[kept] * 0.5 if last == side else 1.0
+        last = side
+        if hi - lo < 8 * rel_tol * hi:
+            # close to the root: probe a hair on the other side of the new end
+            other = hi - 0.99 * rel_tol * hi if side == "hi" else lo + 0.99 * rel_tol * hi
+            if lo < other < hi and hi - lo > rel_tol * hi:
+                if at(other) <= target:
+                    hi = other
+                else:
+                    lo = other
     return hi

@@ -13,7 +13,6 @@ composed N rounds (one ``compose_round(count=N)`` call); then ``compose_round`` 
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -97,7 +96,10 @@ def _epsilon(
 def calibrate_rdp(
     calibration: Calibration, config: Any, plan: Any, target: float, rel_tol: float = 1e-2
 ) -> tuple[float, int]:
-    """σ on the fast RDP routes only (doubling, then bisection); (σ, ε evaluations)."""
+    """σ on the fast RDP routes only (the first phase of ``calibrate_noise``); (σ, ε
+    evaluations)."""
+    from silodp.accounting.plan import find_sigma
+
     calls = 0
 
     def eps(sigma: float) -> float:
@@ -105,18 +107,7 @@ def calibrate_rdp(
         calls += 1
         return _epsilon(calibration, config, plan, sigma, FAST_ROUTES)[0]
 
-    hi = 1.0
-    while eps(hi) > target:
-        hi *= 2.0
-    lo = hi / 2.0 if hi > 1.0 else 0.0
-    while hi - lo > rel_tol * hi:
-        mid = 0.5 * (lo + hi)
-        value = eps(mid)
-        if math.isfinite(value) and value <= target:
-            hi = mid
-        else:
-            lo = mid
-    return hi, calls
+    return find_sigma(eps, target, rel_tol=rel_tol), calls
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
