@@ -153,12 +153,43 @@ def account(
         str | None,
         typer.Option(help="Unit of --target-epsilon (default: the algorithm's calibration unit)."),
     ] = None,
+    clients: Annotated[
+        int | None,
+        typer.Option(help="prifedsync: clients m (default --silos), each at --sample-rate B/n."),
+    ] = None,
+    client_rate: Annotated[
+        float, typer.Option(help="prifedsync: Poisson sampling rate p of clients per round.")
+    ] = 1.0,
+    batch_sampling: Annotated[
+        str,
+        typer.Option(help="prifedsync: uniform (fixed-size batches, as trained) or poisson."),
+    ] = "uniform",
     per_round: Annotated[bool, typer.Option(help="Also list ε after every round.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """What ε does a plan spend (--noise-multiplier), or what σ reaches an ε (--target-epsilon)?"""
+    """What ε does a plan spend (--noise-multiplier), or what σ reaches an ε (--target-epsilon)?
+
+    --steps is the number of local steps per round (K for prifedsync) and --rounds the number of
+    rounds R, so a client runs steps × rounds steps in all. For prifedsync, --sample-rate is
+    B/n of every client and ε is record-level (f-DP accounting; CLT μ values are estimates).
+    """
     if (noise_multiplier is None) == (target_epsilon is None):
         _fail("Expected exactly one of --noise-multiplier and --target-epsilon.")
+    if algorithm == "prifedsync":
+        _account_prifedsync(
+            noise_multiplier=noise_multiplier,
+            target_epsilon=target_epsilon,
+            sample_rate=sample_rate,
+            steps=steps,
+            rounds=rounds,
+            clients=clients if clients is not None else silos,
+            client_rate=client_rate,
+            batch_sampling=batch_sampling,
+            delta=delta,
+            per_round=per_round,
+            as_json=as_json,
+        )
+        return
     try:
         config = AlgorithmConfig(
             local_steps=steps,
@@ -228,6 +259,98 @@ def account(
     for u, m in (mu or {}).items():
         typer.echo(f"  {u:>8}: μ = {m:.4f} (Gaussian DP)")
     typer.echo(f"  threat model: {probe.threat_model}")
+
+
+def _account_prifedsync(
+    *,
+    noise_multiplier: float | None,
+    target_epsilon: float | None,
+    sample_rate: float,
+    steps: int,
+    rounds: int,
+    clients: int,
+    client_rate: float,
+    batch_sampling: str,
+    delta: float,
+    per_round: bool,
+    as_json: bool,
+) -> None:
+    """The ``account`` command for PriFedSync (f-DP accounting, ``silodp.accounting.fdp``)."""
+    from silodp.accounting.fdp import (
+        THREAT_MODEL,
+        PriFedSyncPlan,
+        account_prifedsync,
+        calibrate_prifedsync,
+    )
+
+    try:
+        if clients < 1:
+            raise ValueError(f"Expected clients={clients!r} to be an integer in [1, inf].")
+        plan = PriFedSyncPlan(
+            noise_multiplier=noise_multiplier if noise_multiplier is not None else 1.0,
+            sample_rates=(sample_rate,) * clients,
+            local_steps=steps,
+            rounds=rounds,
+            client_rate=client_rate,
+            delta=delta,
+            batch_sampling=batch_sampling,
+        )
+        method = "given"
+        if target_epsilon is not None:
+            sigma = calibrate_prifedsync(plan, target_epsilon=target_epsilon)
+            plan = replace(plan, noise_multiplier=sigma)
+            method = "calibrated"
+        reports = account_prifedsync(plan, per_round=per_round)
+    except ValueError as err:
+        _fail(str(err))
+    final = reports[-1]
+    result: dict[str, Any] = {
+        "algorithm": "prifedsync",
+        "noise_multiplier": plan.noise_multiplier,
+        "noise_multiplier_source": method,
+        "delta": delta,
+        "mu": final.mu,
+        "epsilon": {k: _finite(v) for k, v in final.epsilon.items()},
+        "epsilon_route": final.epsilon_route,
+        "method": final.epsilon_route["record"],
+        "estimates": {k: _finite(v) for k, v in final.estimates.items()},
+        "plan": {
+            "sample_rate": sample_rate,
+            "steps": steps,
+            "rounds": rounds,
+            "clients": clients,
+            "client_rate": client_rate,
+            "batch_sampling": batch_sampling,
+        },
+        "threat_model": THREAT_MODEL,
+    }
+    if per_round:
+        result["per_round"] = [
+            {
+                "round": r.round,
+                "mu": r.mu,
+                "epsilon": {k: _finite(v) for k, v in r.epsilon.items()},
+                "estimates": {k: _finite(v) for k, v in r.estimates.items()},
+            }
+            for r in reports
+        ]
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    typer.echo(
+        f"prifedsync: σ = {plan.noise_multiplier:.6g} ({method}), δ = {delta:g}, "
+        f"m = {clients}, p = {client_rate:g}, K = {steps}, R = {rounds}"
+    )
+    for key, eps in final.epsilon.items():
+        typer.echo(f"  {key:>20}: ε = {eps:.4f}  via {final.epsilon_route[key]}  (guarantee)")
+    for key, eps in final.estimates.items():
+        typer.echo(f"  {key:>20}: ε ≈ {eps:.4f}  (CLT estimate, not a guarantee)")
+    for key, mu in final.mu.items():
+        typer.echo(f"  {key:>20}: μ ≈ {mu:.4f}  (CLT Gaussian DP, estimate)")
+    if per_round:
+        for r in reports:
+            typer.echo(f"  round {r.round:>4}: ε(record) = {r.epsilon['record']:.4f}")
+    typer.echo(f"  threat model: {THREAT_MODEL}")
 
 
 def _mu(algorithm: Any, plan: PrivacyPlan) -> dict[str, float]:

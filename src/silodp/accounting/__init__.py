@@ -1,5 +1,20 @@
 """Privacy accounting on dp-accounting: per-unit composition, group conversion, calibration."""
 
 from silodp.accounting.accountant import UNITS, Estimate, FederatedAccountant, SiloPrivacy
+from silodp.accounting.fdp import (
+    FdpReport,
+    PriFedSyncPlan,
+    account_prifedsync,
+    calibrate_prifedsync,
+)
 
-__all__ = ["Estimate", "FederatedAccountant", "SiloPrivacy", "UNITS"]
+__all__ = [
+    "Estimate",
+    "FdpReport",
+    "FederatedAccountant",
+    "PriFedSyncPlan",
+    "SiloPrivacy",
+    "UNITS",
+    "account_prifedsync",
+    "calibrate_prifedsync",
+]
