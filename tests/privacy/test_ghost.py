@@ -132,8 +132,9 @@ def test_unsupported_layer_falls_back_with_a_warning(caplog) -> None:
 def test_norms_respect_the_clip_in_the_sum() -> None:
     model = build_model("mlp", (4,), 3).double()
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    x = torch.randn(1, 4, dtype=torch.float64) * 50
-    _, summed = GhostClipper(model).norms_and_sum(params, x, torch.tensor([1]), clip=0.25)
+    x = torch.randn(1, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 50
+    norms, summed = GhostClipper(model).norms_and_sum(params, x, torch.tensor([1]), clip=0.25)
+    assert float(norms[0]) > 0.25  # the example is clipped
     total = torch.sqrt(sum(v.pow(2).sum() for v in summed.values()))
     assert float(total) == pytest.approx(0.25, rel=1e-9)
 

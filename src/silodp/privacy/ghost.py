@@ -2,12 +2,14 @@
 
 For a layer ``y = W a (+ b)`` applied at positions ``t`` (sequence steps, conv patches), the
 gradient of example i is ``G_i = Σ_t g_{i,t} a_{i,t}^T``. One forward and one backward pass give
-every layer's inputs ``a`` and output gradients ``g``; from them:
+every layer's inputs ``a`` and output gradients ``g``; from them, per layer:
 
-* the squared norm ``||G_i||²`` is ``||g_i||²·||a_i||²`` when there is one position, else either
-  ``Σ_{t,t'} (a_t·a_t')(g_t·g_t')`` (ghost norm, Gram matrices) or, when ``T² > p·d``, the norm of
-  the per-example ``G_i`` itself — whichever is cheaper;
-* the clipped, weighted sum ``Σ_i w_i G_i`` is one contraction ``einsum('b,btp,btd->pd')``.
+* materialised per-example gradients ``G_i`` (``T·p·d`` per example), whose norms, per-subject
+  sums and weighted sum are then cheap — for ``Conv2d`` (one grouped weight-gradient
+  convolution with the batch folded into the groups, no unfold) unless they exceed
+  ``PER_EXAMPLE_LIMIT`` elements, for ``Linear`` where they cost fewer flops than
+* Gram matrices, ``||G_i||² = Σ_{t,t'} (a_t·a_t')(g_t·g_t')`` (``T²·(d+p)``; ``||g_i||²·||a_i||²``
+  when there is one position), with the weighted sum ``Σ_i w_i G_i`` as one contraction.
 
 So DP-SGD (``w_i = c_i``) and HiGradAvgDP (``w_i = c_i / m_{a(i)}``, a per-subject average of
 clipped gradients) cost about one plain training step plus these contractions. Supported
@@ -186,7 +188,12 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
         sq = sq + bias.pow(2).sum(1)
 
     def subject_sq(inverse: torch.Tensor, num: int) -> torch.Tensor:
-        if positions == 1:
+        if positions == 1 and (batch + num) * p * d <= batch * batch:
+            # small layer: per-example outer products summed per subject (fewer elements to
+            # write than the B×B Gram matrix)
+            outer = (g1[:, :, None] * a1[:, None, :]).reshape(batch, -1)
+            out = outer.new_zeros(num, p * d).index_add_(0, inverse, outer).pow(2).sum(1)
+        elif positions == 1:
             # ||Σ_{i∈a} g_i a_iᵀ||² = Σ_{i,j∈a} (g_i·g_j)(a_i·a_j): a masked B×B Gram matrix
             gram = (a1 @ a1.T) * (g1 @ g1.T)
             rows = gram.new_zeros(num, batch).index_add_(0, inverse, gram)  # Σ_{i∈a} K_ij
