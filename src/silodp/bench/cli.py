@@ -214,7 +214,8 @@ def uldp(
         "vectorised (per_subject_deltas; path = how it trains the subjects: vmap together, or "
         "a loop for convolutional models, where vmap is slower on CPU); local_update_speedup = "
         "loop / the algorithm's local_update (clipping, weighting and noise included; "
-        "uldp_sgd: per-subject norms without model copies); peak_rss_mb = extra peak RSS of one round of the algorithm's "
+        "uldp_sgd: per-subject norms without model copies); peak_rss_mb = extra peak RSS of "
+        "one round of the algorithm's "
         "local_update (vectorised) in a fresh process, loop_peak_rss_mb the same for the loop; "
         "fill = share of the vectorised batch slots holding a real record.",
         as_json,
