@@ -2,13 +2,16 @@
 
 A config file has a top-level ``name`` and ``algorithms`` list and the tables ``[data]``
 (:class:`~silodp.data.build.DataConfig`), ``[model]``, ``[training]`` and ``[privacy]``;
-``[algorithm.NAME]`` tables override training/privacy keys for one algorithm. Unknown keys are
-errors (a typo must not silently fall back to a default).
+``[algorithm.NAME]`` tables override training/privacy keys for one algorithm. A ``[sweep]``
+table (:class:`SweepConfig`, PriFedSync only) runs a grid of settings and tabulates the rounds
+each needs to reach a target accuracy. Unknown keys are errors (a typo must not silently fall
+back to a default).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import tomllib
 from collections.abc import Mapping
@@ -32,6 +35,8 @@ __all__ = [
     "ExperimentConfig",
     "ModelConfig",
     "PrivacyConfig",
+    "SweepCell",
+    "SweepConfig",
     "TrainingConfig",
     "default_config_path",
     "load_config",
@@ -76,7 +81,7 @@ class TrainingConfig:
     optimizer: str = "sgd"
     momentum: float = 0.9
     helper: str = "identity"
-    alpha: float | list[float] = 0.5
+    alpha: float | list[float] | tuple[float, ...] = 0.5
 
     def __post_init__(self) -> None:
         check_choice("training.grad_method", self.grad_method, ("auto", "vmap"))
@@ -84,7 +89,7 @@ class TrainingConfig:
         check_choice("training.optimizer", self.optimizer, ("sgd", "momentum", "adam"))
         check_in_range("training.momentum", self.momentum, 0.0, 1.0, hi_open=True)
         check_choice("training.helper", self.helper, ("identity", "interpolate"))
-        for a in self.alpha if isinstance(self.alpha, list) else [self.alpha]:
+        for a in self.alpha if isinstance(self.alpha, list | tuple) else [self.alpha]:
             check_in_range("training.alpha", a, 0.0, 1.0)
         check_int("training.rounds", self.rounds, 1)
         if self.silos_per_round is not None:
@@ -159,6 +164,88 @@ class PrivacyConfig:
         check_int("privacy.subject_records", self.subject_records, 1)
 
 
+@dataclass(frozen=True)
+class SweepCell:
+    """One setting of a sweep: the values it sets (``None``: the base config's)."""
+
+    client_rate: float | None = None
+    noise_multiplier: float | None = None
+    batch_size: int | None = None
+    local_steps: int | None = None
+
+    def label(self, training: TrainingConfig, privacy: PrivacyConfig) -> str:
+        """A directory-safe name of the cell, e.g. ``p0.5_sigma0.9_B16_K38``."""
+        p = self.client_rate if self.client_rate is not None else training.client_rate
+        sigma = (
+            self.noise_multiplier if self.noise_multiplier is not None else privacy.noise_multiplier
+        )
+        b = self.batch_size or training.batch_size
+        k = self.local_steps or training.local_steps
+        noise = f"sigma{sigma:g}" if sigma is not None else f"eps{privacy.epsilon:g}"
+        return f"p{p:g}_{noise}_B{b}_K{k}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    """A grid of PriFedSync runs tabulated as the paper's Tables 1–3.
+
+    The grid is ``client_rate × noise_multiplier × batches``, where ``batches`` pairs
+    ``batch_size[i]`` with ``local_steps[i]`` (so the paper's "halve B, double K" is
+    ``batch_size = [16, 8]``, ``local_steps = [38, 76]``); ``local_steps`` may be left empty to
+    keep ``training.local_steps``; an empty axis keeps the base value. Each run stops at the
+    first round where ``target_metric`` (the mean over clients of the ``personalised`` or the
+    ``global`` model's accuracy on the client's own test split) reaches ``target_accuracy``
+    (``stop_at_target``), or after ``training.rounds``.
+    """
+
+    target_accuracy: float
+    client_rate: tuple[float, ...] = ()
+    noise_multiplier: tuple[float, ...] = ()
+    batch_size: tuple[int, ...] = ()
+    local_steps: tuple[int, ...] = ()
+    target_metric: str = "personalised"
+    stop_at_target: bool = True
+
+    def __post_init__(self) -> None:
+        check_in_range("sweep.target_accuracy", self.target_accuracy, 0.0, 1.0, lo_open=True)
+        check_choice("sweep.target_metric", self.target_metric, ("personalised", "global"))
+        if not isinstance(self.stop_at_target, bool):
+            raise ConfigError(f"Expected sweep.stop_at_target={self.stop_at_target!r} a boolean.")
+        for name in ("client_rate", "noise_multiplier", "batch_size", "local_steps"):
+            values = getattr(self, name)
+            if not isinstance(values, tuple):
+                raise ConfigError(f"Expected sweep.{name}={values!r} to be a list.")
+            if len(set(values)) != len(values) and name != "local_steps":
+                raise ConfigError(f"Expected distinct values in sweep.{name}, got {list(values)}.")
+        for v in self.client_rate:
+            check_in_range("sweep.client_rate", v, 0.0, 1.0, lo_open=True)
+        for v in self.noise_multiplier:
+            check_positive("sweep.noise_multiplier", v)
+        for v in self.batch_size:
+            check_int("sweep.batch_size", v, 1)
+        for v in self.local_steps:
+            check_int("sweep.local_steps", v, 1)
+        if self.local_steps and len(self.local_steps) != len(self.batch_size):
+            raise ConfigError(
+                f"Expected sweep.local_steps to pair with sweep.batch_size (same length), got "
+                f"{len(self.local_steps)} local_steps for {len(self.batch_size)} batch sizes."
+            )
+
+    def cells(self) -> list[SweepCell]:
+        """Every setting of the grid, in table order."""
+        batches: list[tuple[int | None, int | None]] = (
+            list(itertools.zip_longest(self.batch_size, self.local_steps))
+            if self.batch_size
+            else [(None, None)]
+        )
+        return [
+            SweepCell(client_rate=p, noise_multiplier=sigma, batch_size=b, local_steps=k)
+            for p, sigma, (b, k) in itertools.product(
+                self.client_rate or (None,), self.noise_multiplier or (None,), batches
+            )
+        ]
+
+
 _OVERRIDABLE = {f.name for f in fields(TrainingConfig)} | {f.name for f in fields(PrivacyConfig)}
 
 
@@ -173,8 +260,14 @@ class ExperimentConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    sweep: SweepConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.sweep is not None and self.algorithms != ("prifedsync",):
+            raise ConfigError(
+                f"Expected algorithms = ['prifedsync'] with a [sweep] table, got "
+                f"{list(self.algorithms)}."
+            )
         if not self.algorithms:
             raise ConfigError("Expected at least one algorithm in `algorithms`, got none.")
         for name in self.algorithms:
@@ -204,6 +297,27 @@ class ExperimentConfig:
             )
         for name in self.algorithms:  # validate every override now, not mid-run
             self.for_algorithm(name)
+        for cell in self.sweep.cells() if self.sweep is not None else ():
+            self.for_cell(cell)
+
+    def for_cell(self, cell: SweepCell) -> tuple[TrainingConfig, PrivacyConfig]:
+        """PriFedSync's training and privacy settings with a sweep cell's values applied."""
+        training, privacy = self.for_algorithm("prifedsync")
+        values: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("client_rate", cell.client_rate),
+                ("batch_size", cell.batch_size),
+                ("local_steps", cell.local_steps),
+            )
+            if v is not None
+        }
+        training = dataclasses.replace(training, **values)
+        if cell.noise_multiplier is not None:
+            privacy = dataclasses.replace(
+                privacy, noise_multiplier=cell.noise_multiplier, epsilon=None
+            )
+        return training, privacy
 
     def for_algorithm(self, name: str) -> tuple[TrainingConfig, PrivacyConfig]:
         """Training and privacy settings of ``name`` with its overrides applied."""
@@ -240,7 +354,7 @@ def _build(cls: type, table: Any, section: str) -> Any:
 
 def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
     """Builds an :class:`ExperimentConfig` from a parsed TOML mapping."""
-    top = {"name", "algorithms", "data", "model", "training", "privacy", "algorithm"}
+    top = {"name", "algorithms", "data", "model", "training", "privacy", "algorithm", "sweep"}
     unknown = set(raw) - top
     if unknown:
         raise ConfigError(f"Unknown top-level key(s) {sorted(unknown)}; expected {sorted(top)}.")
@@ -261,6 +375,7 @@ def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
             training=_build(TrainingConfig, raw.get("training", {}), "training"),
             privacy=_build(PrivacyConfig, raw.get("privacy", {}), "privacy"),
             overrides={k: dict(v) for k, v in overrides.items()},
+            sweep=_build(SweepConfig, raw["sweep"], "sweep") if "sweep" in raw else None,
         )
     except ConfigError:
         raise

@@ -13,7 +13,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from silodp.io import atomic_write  # noqa: E402
 
-__all__ = ["plot_batch_histograms", "plot_comparison", "plot_epsilon", "plot_training"]
+__all__ = [
+    "plot_batch_histograms",
+    "plot_comparison",
+    "plot_epsilon",
+    "plot_personalised",
+    "plot_training",
+]
 
 Metrics = Sequence[Mapping[str, Any]]
 
@@ -119,4 +125,30 @@ def plot_comparison(
     else:
         right.text(0.5, 0.5, "no private run", ha="center", va="center", transform=right.transAxes)
     right.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_personalised(
+    runs: Mapping[str, Metrics], path: Path, title: str, *, target: float | None = None
+) -> Path:
+    """Personalised (solid) and global (dashed) models' mean accuracy over clients' own test
+    splits against round, one colour per run (PriFedSync's personalisation figure)."""
+    fig, ax = plt.subplots(figsize=(7.5 + (3.0 if len(runs) > 1 else 0.0), 4.5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (name, metrics) in enumerate(runs.items()):
+        colour = colours[i % len(colours)]
+        rounds, acc = _series(metrics, "personalised_accuracy")
+        ax.plot(rounds, acc, color=colour, label=f"{name} personalised")
+        rounds, acc = _series(metrics, "global_accuracy")
+        ax.plot(rounds, acc, color=colour, linestyle="--", label=f"{name} global")
+    if target is not None:
+        ax.axhline(target, color="grey", linewidth=0.8, linestyle=":", label="target")
+    ax.set_xlabel("synchronisation round")
+    ax.set_ylabel("mean test accuracy over clients")
+    ax.grid(alpha=0.3)
+    if len(runs) > 1:
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize="x-small")
+    ax.set_title(title)
     return _save(fig, path)

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,21 +21,43 @@ import numpy as np
 import tomli_w
 import torch
 
-from silodp import plotting
+from silodp import plotting, reports
 from silodp.accounting import FederatedAccountant
+from silodp.accounting.fdp import (
+    FdpReport,
+    PriFedSyncPlan,
+    account_prifedsync,
+    calibrate_prifedsync,
+)
 from silodp.accounting.plan import PrivacyPlan, calibrate_noise
 from silodp.algorithms import ALGORITHMS, Algorithm, AlgorithmConfig, make_algorithm
+from silodp.algorithms.prifedsync import PriFedSync
 from silodp.algorithms.uldp import SECURE_AGGREGATION
-from silodp.config import ExperimentConfig, PrivacyConfig, TrainingConfig, to_toml_dict
+from silodp.config import (
+    ExperimentConfig,
+    PrivacyConfig,
+    SweepCell,
+    SweepConfig,
+    TrainingConfig,
+    to_toml_dict,
+)
 from silodp.data import FederatedData, FederatedDataset
 from silodp.data.build import build_federated_data
 from silodp.data.describe import describe
 from silodp.data.partition import cap_records, cap_span
 from silodp.federated import RoundResult, Simulator
+from silodp.federated.personalised import PersonalisedRoundResult, PersonalisedSimulator
 from silodp.io import write_json, write_jsonl, write_text
 from silodp.models import build_model
 
-__all__ = ["OutputExistsError", "PreparedRun", "prepare_run", "run_experiment"]
+__all__ = [
+    "OutputExistsError",
+    "PreparedPriFedSync",
+    "PreparedRun",
+    "prepare_prifedsync",
+    "prepare_run",
+    "run_experiment",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +169,37 @@ def _bound_data(
     return train, largest, f"data (largest {where}; set privacy.group_size)", span, span_source
 
 
+def _algorithm_config(
+    training: TrainingConfig, privacy: PrivacyConfig, *, group_size: int
+) -> AlgorithmConfig:
+    """The algorithm's hyperparameters from the (per-algorithm) training and privacy tables."""
+    return AlgorithmConfig(
+        local_steps=training.local_steps,
+        batch_size=training.batch_size,
+        lr=training.lr,
+        server_lr=training.server_lr,
+        clip=privacy.clip,
+        noise_multiplier=privacy.noise_multiplier or 0.0,
+        group_size=group_size,
+        sampling=privacy.sampling,
+        subject_records=privacy.subject_records,
+        local_epochs=training.local_epochs,
+        grad_method=training.grad_method,
+        subject_rate=privacy.subject_rate,
+        secure_noise=privacy.secure_noise,
+        weighting=privacy.weighting,
+        key_bits=privacy.key_bits,
+        n_max=privacy.n_max,
+        client_rate=training.client_rate,
+        optimizer=training.optimizer,
+        momentum=training.momentum,
+        helper=training.helper,
+        alpha=(
+            tuple(training.alpha) if isinstance(training.alpha, list | tuple) else training.alpha
+        ),
+    )
+
+
 def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> PreparedRun:
     """Resolves bounds, the privacy plan and σ for algorithm ``name``; trains nothing."""
     training, privacy = config.for_algorithm(name)
@@ -162,29 +215,7 @@ def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> Pre
         raise ValueError(
             f"Expected training.silos_per_round={silos_per_round} <= {train.num_silos} silos."
         )
-    algo_config = AlgorithmConfig(
-        local_steps=training.local_steps,
-        batch_size=training.batch_size,
-        lr=training.lr,
-        server_lr=training.server_lr,
-        clip=privacy.clip,
-        noise_multiplier=privacy.noise_multiplier or 0.0,
-        group_size=group_size or 1,
-        sampling=privacy.sampling,
-        subject_records=privacy.subject_records,
-        local_epochs=training.local_epochs,
-        grad_method=training.grad_method,
-        subject_rate=privacy.subject_rate,
-        secure_noise=privacy.secure_noise,
-        weighting=privacy.weighting,
-        key_bits=privacy.key_bits,
-        n_max=privacy.n_max,
-        client_rate=training.client_rate,
-        optimizer=training.optimizer,
-        momentum=training.momentum,
-        helper=training.helper,
-        alpha=tuple(training.alpha) if isinstance(training.alpha, list) else training.alpha,
-    )
+    algo_config = _algorithm_config(training, privacy, group_size=group_size or 1)
     probe = make_algorithm(name, algo_config)
     if probe.threat_model == SECURE_AGGREGATION and silos_per_round != train.num_silos:
         raise ValueError(
@@ -365,6 +396,331 @@ def _train(
     return rows, summary
 
 
+# --- PriFedSync: personalised FL with f-DP accounting --------------------------------------
+
+
+@dataclass
+class PreparedPriFedSync:
+    """One PriFedSync run (a sweep cell or a listed algorithm), resolved before training.
+
+    ``reports`` are the accountant's per-round reports for the planned rounds (``None`` when
+    σ = 0: a non-private baseline).
+    """
+
+    name: str
+    algorithm: PriFedSync
+    training: TrainingConfig
+    privacy: PrivacyConfig
+    train: FederatedDataset
+    plan: PriFedSyncPlan
+    reports: list[FdpReport] | None
+    noise_multiplier: float
+    calibration: dict[str, Any]
+    cell: SweepCell | None = None
+
+    def account_command(self, rounds: int | None = None) -> str | None:
+        """A ``silodp account`` call reproducing the μ and ε of ``rounds`` rounds (default:
+        the planned rounds). It gives the largest client sampling rate ``B_j/n_j`` for every
+        client, which fixes μ_max, the quantity every reported guarantee is computed from."""
+        if self.reports is None:
+            return None
+        plan = self.plan
+        return shlex.join(
+            [
+                "silodp",
+                "account",
+                "--algorithm",
+                "prifedsync",
+                "--noise-multiplier",
+                repr(plan.noise_multiplier),
+                "--sample-rate",
+                repr(max(plan.sample_rates)),
+                "--steps",
+                str(plan.local_steps),
+                "--rounds",
+                str(rounds if rounds is not None else plan.rounds),
+                "--clients",
+                str(len(plan.sample_rates)),
+                "--client-rate",
+                repr(plan.client_rate),
+                "--delta",
+                repr(plan.delta),
+            ]
+        )
+
+
+def prepare_prifedsync(
+    config: ExperimentConfig,
+    data: FederatedData,
+    *,
+    cell: SweepCell | None = None,
+) -> PreparedPriFedSync:
+    """Resolves PriFedSync's plan, σ (given or calibrated) and per-round privacy reports."""
+    training, privacy = (
+        config.for_cell(cell) if cell is not None else config.for_algorithm("prifedsync")
+    )
+    name = "prifedsync" if cell is None else f"prifedsync/{cell.label(training, privacy)}"
+    if training.silos_per_round is not None:
+        raise ValueError(
+            f"Expected training.silos_per_round unset for prifedsync (clients are Poisson-"
+            f"sampled at training.client_rate), got {training.silos_per_round}."
+        )
+    algo_config = _algorithm_config(training, privacy, group_size=1)
+    probe = PriFedSync(algo_config)
+    train = data.train
+    probe.check_clients(train.num_silos)
+    rates = tuple(
+        probe.sampling_rate(num_records=int(n), num_subjects=1) for n in train.silo_sizes()
+    )
+    plan = PriFedSyncPlan(
+        noise_multiplier=privacy.noise_multiplier or 1.0,
+        sample_rates=rates,
+        local_steps=training.local_steps,
+        rounds=training.rounds,
+        client_rate=training.client_rate,
+        delta=privacy.delta,
+        batch_sampling=probe.batch_sampling,
+    )
+    calibration: dict[str, Any]
+    if privacy.noise_multiplier is not None:
+        sigma = privacy.noise_multiplier
+        calibration = {"method": "given noise_multiplier" if sigma > 0 else "not private"}
+    else:
+        assert privacy.epsilon is not None
+        started = time.perf_counter()
+        sigma = calibrate_prifedsync(plan, target_epsilon=privacy.epsilon)
+        calibration = {
+            "method": "calibrated",
+            "target_epsilon": privacy.epsilon,
+            "unit": "record",
+            "seconds": round(time.perf_counter() - started, 2),
+        }
+    reports: list[FdpReport] | None = None
+    if sigma > 0:
+        plan = dataclasses.replace(plan, noise_multiplier=sigma)
+        reports = account_prifedsync(plan, per_round=True)
+        if [r.round for r in reports] != list(range(1, training.rounds + 1)):
+            raise RuntimeError(
+                f"Expected the accountant to report rounds 1..{training.rounds}, got "
+                f"{[r.round for r in reports][:5]}..."
+            )
+    algo_config = dataclasses.replace(algo_config, noise_multiplier=sigma)
+    return PreparedPriFedSync(
+        name=name,
+        algorithm=PriFedSync(algo_config),
+        training=training,
+        privacy=privacy,
+        train=train,
+        plan=plan,
+        reports=reports,
+        noise_multiplier=sigma,
+        calibration=calibration,
+        cell=cell,
+    )
+
+
+def _target_round(
+    results: Sequence[PersonalisedRoundResult], target: SweepConfig | None
+) -> int | None:
+    """First round whose mean ``target.target_metric`` accuracy reached the target."""
+    if target is None:
+        return None
+    for r in results:
+        value = (
+            r.personalised_accuracy if target.target_metric == "personalised" else r.global_accuracy
+        )
+        if value is not None and value >= target.target_accuracy:
+            return r.round
+    return None
+
+
+def _prifedsync_summary(
+    run: PreparedPriFedSync,
+    results: Sequence[PersonalisedRoundResult],
+    status: str,
+    started: float,
+    target: SweepConfig | None,
+) -> dict[str, Any]:
+    last = results[-1] if results else None
+    evaluated = [r for r in results if r.test_accuracy is not None]
+    final = evaluated[-1] if evaluated else None
+    private = run.reports is not None
+    return {
+        "algorithm": run.name,
+        "status": status,
+        "rounds_completed": len(results),
+        "rounds_planned": run.training.rounds,
+        "target_accuracy": target.target_accuracy if target else None,
+        "target_round": _target_round(results, target),
+        "test_accuracy": final.test_accuracy if final else None,
+        "test_loss": final.test_loss if final else None,
+        "global_accuracy": final.global_accuracy if final else None,
+        "personalised_accuracy": final.personalised_accuracy if final else None,
+        "epsilon": last.to_json()["epsilon"] if last else {},
+        "epsilon_route": last.epsilon_route if last else {},
+        "epsilon_estimates": last.to_json()["epsilon_estimates"] if last else {},
+        "mu": last.to_json()["mu"] if last else {},
+        "delta": run.privacy.delta if private else None,
+        "units": list(run.algorithm.units) if private else [],
+        "noise_multiplier": run.noise_multiplier,
+        "clip": run.privacy.clip,
+        "calibration": run.calibration,
+        "client_rate": run.training.client_rate,
+        "clients": run.train.num_silos,
+        "empty_rounds": sum(1 for r in results if not r.silos),
+        "batch_sampling": run.algorithm.batch_sampling,
+        "sampling_rate": {"min": min(run.plan.sample_rates), "max": max(run.plan.sample_rates)},
+        "helper": run.training.helper,
+        "optimizer": run.training.optimizer,
+        "threat_model": run.algorithm.threat_model,
+        "notes": run.algorithm.run_notes()
+        + ([] if private else ["noise_multiplier = 0: not private, no privacy reported"]),
+        "account_command": run.account_command(),
+        "wall_time_s": round(time.perf_counter() - started, 3),
+    }
+
+
+def _train_prifedsync(
+    config: ExperimentConfig,
+    data: FederatedData,
+    run: PreparedPriFedSync,
+    run_dir: Path,
+    progress: ProgressFactory | None,
+    sweep: SweepConfig | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    started = time.perf_counter()
+    resolved = dataclasses.replace(
+        config,
+        algorithms=("prifedsync",),
+        training=run.training,
+        privacy=dataclasses.replace(
+            run.privacy, noise_multiplier=run.noise_multiplier, epsilon=None
+        ),
+        overrides={},
+        sweep=None,
+    )
+    write_text(run_dir / "config.toml", tomli_w.dumps(to_toml_dict(resolved)))
+    model = build_model(
+        config.model.name, data.train.feature_shape, data.train.num_classes, seed=run.training.seed
+    )
+    simulator = PersonalisedSimulator(
+        algorithm=run.algorithm,
+        model=model,
+        train=run.train,
+        test=data.test,
+        reports=run.reports,
+        seed=run.training.seed,
+        eval_every=run.training.eval_every,
+    )
+    results: list[PersonalisedRoundResult] = []
+    rows: list[dict[str, Any]] = []
+
+    def record(result: RoundResult) -> None:
+        assert isinstance(result, PersonalisedRoundResult)
+        results.append(result)
+        rows.append(result.to_json())
+        write_jsonl(run_dir / "metrics.jsonl", rows)
+
+    def reached(result: PersonalisedRoundResult) -> bool:
+        if sweep is None or not sweep.stop_at_target:
+            return False
+        return _target_round([result], sweep) is not None
+
+    callbacks: list[Callable[[RoundResult], None]] = [record]
+    if progress is not None:
+        callbacks.append(progress(run.name, run.training.rounds))
+    write_json(
+        run_dir / "summary.json", _prifedsync_summary(run, results, "running", started, sweep)
+    )
+    try:
+        simulator.run(run.training.rounds, callbacks, stop=reached)
+    except BaseException:
+        write_json(
+            run_dir / "summary.json",
+            _prifedsync_summary(run, results, "interrupted", started, sweep),
+        )
+        raise
+    torch.save(simulator.params, run_dir / "model.tmp")
+    (run_dir / "model.tmp").replace(run_dir / "model.pt")
+    title = f"{config.name}: {run.name}"
+    plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
+    plotting.plot_epsilon(rows, run_dir / "epsilon.png", title, run.privacy.delta)
+    plotting.plot_personalised(
+        {run.name: rows},
+        run_dir / "personalised_vs_global.png",
+        title,
+        target=sweep.target_accuracy if sweep else None,
+    )
+    summary = _prifedsync_summary(run, results, "complete", started, sweep)
+    write_json(run_dir / "summary.json", summary)
+    return rows, summary
+
+
+def _run_sweep(
+    config: ExperimentConfig,
+    data: FederatedData,
+    out: Path,
+    *,
+    overwrite: bool,
+    progress: ProgressFactory | None,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Runs every cell of ``config.sweep``; writes the table (``prifedsync_table.md``/``.csv``)
+    and ``personalised_vs_global.png`` into ``out``."""
+    sweep = config.sweep
+    assert sweep is not None
+    runs = [prepare_prifedsync(config, data, cell=cell) for cell in sweep.cells()]
+    _check_output(out, tuple(run.name for run in runs), overwrite)
+    log(
+        f"prifedsync sweep: {len(runs)} runs, target {sweep.target_metric} accuracy "
+        f"{sweep.target_accuracy:g}, at most {config.training.rounds} rounds each"
+    )
+    write_json(out / "data.json", describe(data.train))
+    all_rows: dict[str, list[dict[str, Any]]] = {}
+    summaries, table = [], []
+    key = f"{sweep.target_metric}_accuracy"
+    for run in runs:
+        rows, run_summary = _train_prifedsync(config, data, run, out / run.name, progress, sweep)
+        label = run.name.removeprefix("prifedsync/")
+        all_rows[label] = rows
+        summaries.append(run_summary)
+        hit = reports.rounds_to_target(rows, key=key, target=sweep.target_accuracy)
+        at = int(hit["round"]) if hit is not None else int(rows[-1]["round"])
+        table.append(
+            reports.sweep_row(
+                label=label,
+                training=dataclasses.asdict(run.training),
+                noise_multiplier=run.noise_multiplier,
+                metrics=rows,
+                target_key=key,
+                target=sweep.target_accuracy,
+                account_command=run.account_command(at),
+            )
+        )
+        reports.write_table(
+            table, out, stem="prifedsync_table", title=_table_title(config, sweep, data)
+        )
+    plotting.plot_personalised(
+        all_rows,
+        out / "personalised_vs_global.png",
+        f"{config.name}: personalised (solid) vs global (dashed)",
+        target=sweep.target_accuracy,
+    )
+    summary = {"name": config.name, "runs": summaries, "table": table}
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def _table_title(config: ExperimentConfig, sweep: SweepConfig, data: FederatedData) -> str:
+    return (
+        f"**{config.name}** — {data.name}, {data.train.num_silos} clients: rounds R until the "
+        f"mean {sweep.target_metric} test accuracy over clients reaches "
+        f"{100 * sweep.target_accuracy:g}%, and the privacy spent by then (μ: Gaussian DP by "
+        f"the CLT of Theorem 2; ε at δ={config.privacy.delta:g}: the accountant's rigorous "
+        "bound). Accuracies in %."
+    )
+
+
 def run_experiment(
     config: ExperimentConfig,
     out_dir: str | Path,
@@ -378,14 +734,20 @@ def run_experiment(
     Returns the experiment summary (also written to ``out_dir/summary.json``).
     """
     out = Path(out_dir)
-    _check_output(out, config.algorithms, overwrite)
+    if config.sweep is None:
+        _check_output(out, config.algorithms, overwrite)
     data = build_federated_data(config.data)
     log(
         f"data: {len(data.train)} training records, {data.train.num_silos} silos, "
         f"{data.train.num_subjects} subjects, {len(data.test)} test records"
     )
-    runs = []
+    if config.sweep is not None:
+        return _run_sweep(config, data, out, overwrite=overwrite, progress=progress, log=log)
+    runs: list[PreparedRun | PreparedPriFedSync] = []
     for name in config.algorithms:
+        if name == "prifedsync":
+            runs.append(prepare_prifedsync(config, data))
+            continue
         run = prepare_run(name, config, data)
         if run.noise_multiplier is not None:
             log(
@@ -399,9 +761,13 @@ def run_experiment(
     write_json(out / "data.json", describe(data.train))
     all_rows: dict[str, list[dict[str, Any]]] = {}
     summaries = []
-    for run in runs:
-        run_dir = out / run.name
-        all_rows[run.name], run_summary = _train(config, data, run, run_dir, progress)
+    for prepared in runs:
+        run_dir = out / prepared.name
+        if isinstance(prepared, PreparedPriFedSync):
+            rows, run_summary = _train_prifedsync(config, data, prepared, run_dir, progress)
+        else:
+            rows, run_summary = _train(config, data, prepared, run_dir, progress)
+        all_rows[prepared.name] = rows
         summaries.append(run_summary)
     plotting.plot_comparison(all_rows, out / "comparison.png", delta=config.privacy.delta)
     summary = {"name": config.name, "runs": summaries}

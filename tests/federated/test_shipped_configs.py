@@ -22,8 +22,14 @@ PREPARE_ONLY = {"uldp_fmnist_uniform.toml", "uldp_fmnist_zipf.toml", "uldp_fmnis
 
 def _shipped() -> list[str]:
     return sorted(
-        p.name for p in CONFIGS.glob("*.toml") if p.name not in NEEDS_USER_DATA | PREPARE_ONLY
+        p.name
+        for p in CONFIGS.glob("*.toml")
+        if p.name not in NEEDS_USER_DATA | PREPARE_ONLY and not p.name.startswith("prifedsync_")
     )
+
+
+def _sweeps() -> list[str]:
+    return sorted(p.name for p in CONFIGS.glob("prifedsync_*.toml"))
 
 
 @pytest.mark.slow
@@ -64,3 +70,29 @@ def test_shipped_config_runs_one_round(name: str, tmp_path: Path) -> None:
         if item["algorithm"] != "fedavg":
             assert item["epsilon"], item["algorithm"]
             assert all(v is not None and v > 0 for v in item["epsilon"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _sweeps())
+def test_prifedsync_sweep_config_runs(name: str, tmp_path: Path) -> None:
+    """Each PriFedSync sweep config, cut to its first grid cell and 2 rounds, writes its table."""
+    raw = tomllib.loads((CONFIGS / name).read_text())
+    raw["training"]["rounds"] = 2
+    for axis in ("client_rate", "noise_multiplier", "batch_size", "local_steps"):
+        if raw["sweep"].get(axis):
+            raw["sweep"][axis] = raw["sweep"][axis][:1]
+    if raw["sweep"].get("local_steps"):
+        raw["sweep"]["local_steps"] = [2]
+    else:
+        raw["training"]["local_steps"] = 2
+    if "train_per_client" in raw["data"]:
+        raw["data"]["train_per_client"] = 50
+    else:
+        raw["data"]["max_records"] = min(raw["data"].get("max_records", 2400), 2400)
+    summary = run_experiment(parse_config(raw), tmp_path)
+    (item,) = summary["runs"]
+    assert item["status"] == "complete" and item["epsilon"]["record"] > 0
+    assert item["mu"]["client_max"] > 0
+    assert (tmp_path / "prifedsync_table.md").is_file()
+    assert (tmp_path / "prifedsync_table.csv").is_file()
+    assert (tmp_path / "personalised_vs_global.png").is_file()

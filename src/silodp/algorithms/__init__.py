@@ -7,6 +7,7 @@ from silodp.algorithms.base import Algorithm, AlgorithmConfig, SiloData, SiloUpd
 from silodp.algorithms.dp_sgd import LocalGroupDP, LocalItemDP
 from silodp.algorithms.fedavg import FedAvg
 from silodp.algorithms.higradavg import HiGradAvgDP
+from silodp.algorithms.prifedsync import PriFedSync
 from silodp.algorithms.uldp import UldpAvg, UldpAvgW, UldpGroup, UldpNaive, UldpSgd
 from silodp.algorithms.user_ldp import UserLDP
 from silodp.data import FederatedDataset
@@ -33,6 +34,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
         UldpAvg,
         UldpSgd,
         UldpAvgW,
+        PriFedSync,
     )
 }
 

@@ -67,6 +67,8 @@ class DataConfig:
     zipf_alpha2: float = 2.0
     dirichlet_beta: float = 0.5
     shards_per_client: int = 4
+    train_per_client: int | None = None
+    test_per_client: int | None = None
     labels_per_subject: int | None = None
     first_subjects: int | None = None
     max_records: int | None = None
@@ -105,6 +107,8 @@ class DataConfig:
         check_positive("zipf_alpha2", self.zipf_alpha2)
         check_positive("dirichlet_beta", self.dirichlet_beta)
         check_int("shards_per_client", self.shards_per_client, 1)
+        _optional_int("train_per_client", self.train_per_client, 1)
+        _optional_int("test_per_client", self.test_per_client, 1)
         _optional_int("labels_per_subject", self.labels_per_subject, 1)
         _optional_int("first_subjects", self.first_subjects, 1)
         _optional_int("max_records", self.max_records, 2)
@@ -140,6 +144,16 @@ class DataConfig:
 
     def _check_allocation(self) -> None:
         alloc = self.allocation
+        if self.train_per_client is not None and alloc != "dirichlet":
+            raise ValueError(
+                f"Expected train_per_client=None unless allocation='dirichlet', got "
+                f"train_per_client={self.train_per_client} with allocation={alloc!r}."
+            )
+        if self.test_per_client is not None and alloc not in ("shards", "dirichlet"):
+            raise ValueError(
+                f"Expected test_per_client=None unless allocation is 'shards' or 'dirichlet', "
+                f"got test_per_client={self.test_per_client} with allocation={alloc!r}."
+            )
         if alloc == "column" and (self.source != "table" or self.silo_column is None):
             raise ValueError(
                 "Expected allocation='column' only with source='table' and a silo_column, got "
@@ -333,6 +347,8 @@ def _allocate(
         silo = part.spread_uniform(subject, num_silos=num_silos, rng=rng)
     elif alloc == "power":
         silo = part.spread_power(subject, num_silos=num_silos, alpha=cfg.alpha, rng=rng)
+    elif alloc == "dirichlet" and raw.silo is not None:  # fixed-size clients, drawn already
+        silo = raw.silo
     elif alloc == "dirichlet":
         silo = part.dirichlet_label_skew(
             raw.y, num_silos=num_silos, beta=cfg.dirichlet_beta, rng=rng
@@ -356,11 +372,20 @@ def build_federated_data(cfg: DataConfig) -> FederatedData:
     """
     if not isinstance(cfg, DataConfig):
         raise ValueError(f"Expected a DataConfig, got {type(cfg).__name__}.")
-    streams = np.random.SeedSequence(cfg.seed).spawn(4)
-    split_rng, sub_rng, alloc_rng, data_rng = (np.random.default_rng(s) for s in streams)
+    streams = np.random.SeedSequence(cfg.seed).spawn(5)
+    split_rng, sub_rng, alloc_rng, data_rng, test_rng = (np.random.default_rng(s) for s in streams)
     raw = _load(cfg, split_rng, data_rng)
     if cfg.max_records is not None and cfg.max_records < len(raw.y):
         raw = raw.take(np.sort(sub_rng.choice(len(raw.y), cfg.max_records, replace=False)))
+    if cfg.train_per_client is not None:
+        index, client = part.dirichlet_clients(
+            raw.y,
+            num_clients=cfg.num_silos,
+            beta=cfg.dirichlet_beta,
+            records_per_client=cfg.train_per_client,
+            rng=alloc_rng,
+        )
+        raw = replace(raw.take(index), silo=client, num_table_silos=cfg.num_silos)
     silo, subject, num_silos = _allocate(cfg, raw, alloc_rng)
     train: FederatedDataset = part.assemble(
         raw.x,
@@ -382,7 +407,18 @@ def build_federated_data(cfg: DataConfig) -> FederatedData:
         )
     if raw.test is None:  # pragma: no cover - every loader sets a test split
         raise RuntimeError("No test split was built.")
-    return FederatedData(train=train, test=raw.test, name=_name(cfg, train.num_silos))
+    test = raw.test
+    if cfg.test_per_client is not None:
+        index, client = part.per_client_test(
+            train.y,
+            train.silo,
+            test.y,
+            num_clients=train.num_silos,
+            records_per_client=cfg.test_per_client,
+            rng=test_rng,
+        )
+        test = TestSplit(x=test.x[index], y=test.y[index], silo=client)
+    return FederatedData(train=train, test=test, name=_name(cfg, train.num_silos))
 
 
 def _name(cfg: DataConfig, num_silos: int) -> str:

@@ -194,9 +194,17 @@ class TestSplit:
             raise ValueError(
                 f"Expected as many test labels as records, got {len(self.y)} vs {len(x)}."
             )
+        if self.silo is not None:
+            object.__setattr__(self, "silo", _as_int_array("test silo", self.silo, len(x)))
 
     def __len__(self) -> int:
         return len(self.y)
+
+    def silo_indices(self, s: int) -> np.ndarray:
+        """Indices of silo ``s``'s own test records (every record when the split is shared)."""
+        if self.silo is None:
+            return np.arange(len(self.y))
+        return np.flatnonzero(self.silo == s)
 
 
 @dataclass(frozen=True, eq=False)

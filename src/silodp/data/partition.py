@@ -21,8 +21,10 @@ __all__ = [
     "assign_subjects",
     "cap_records",
     "cap_span",
+    "dirichlet_clients",
     "dirichlet_label_skew",
     "first_subjects",
+    "per_client_test",
     "shards",
     "spread_power",
     "spread_uniform",
@@ -277,6 +279,102 @@ def shards(
     for shard, idx in enumerate(np.array_split(by_label, num_shards)):
         client[idx] = owner[shard]
     return client
+
+
+def dirichlet_clients(
+    y: np.ndarray,
+    *,
+    num_clients: int,
+    beta: float,
+    records_per_client: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
+    """PriFedSync's CIFAR-10 split (Hsu et al. 2019): fixed-size clients with Dirichlet labels.
+
+    Client ``i`` draws label proportions ``q_i ~ Dirichlet(β·1)`` and label counts
+    ``Multinomial(records_per_client, q_i)``, then takes that many records of each label from
+    the pool **without replacement across all clients** (no record is in two clients). When a
+    label runs out, the client's missing records are redrawn from ``q_i`` restricted to the
+    labels that still have records. Returns ``(index, client)``: the chosen records and the
+    client of each; records not chosen are not used.
+    """
+    y = _ids("y", y)
+    num_clients = check_int("num_clients", num_clients, 1)
+    beta = check_positive("beta", beta)
+    records_per_client = check_int("records_per_client", records_per_client, 1)
+    if num_clients * records_per_client > len(y):
+        raise ValueError(
+            f"Expected num_clients * records_per_client <= {len(y)} records, got "
+            f"{num_clients} * {records_per_client}."
+        )
+    labels = np.unique(y)
+    pools = [list(rng.permutation(np.flatnonzero(y == label))) for label in labels]
+    index: list[int] = []
+    client: list[int] = []
+    for i in range(num_clients):
+        q = rng.dirichlet(np.full(len(labels), beta))
+        missing = records_per_client
+        while missing:
+            left = np.array([len(pool) for pool in pools], dtype=np.float64)
+            weights = q * (left > 0)
+            if weights.sum() <= 0:  # the client's labels are exhausted: any label left
+                weights = (left > 0).astype(np.float64)
+            counts = rng.multinomial(missing, weights / weights.sum())
+            for c, want in enumerate(counts):
+                take = min(int(want), len(pools[c]))
+                index.extend(pools[c][:take])
+                del pools[c][:take]
+                missing -= take
+            client.extend([i] * (len(index) - len(client)))
+    return np.asarray(index, dtype=np.int64), np.asarray(client, dtype=np.int64)
+
+
+def per_client_test(
+    train_y: np.ndarray,
+    train_client: np.ndarray,
+    test_y: np.ndarray,
+    *,
+    num_clients: int,
+    records_per_client: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each client's own test set, with the label mix of its training records.
+
+    Client ``i`` draws label counts ``Multinomial(records_per_client, p_i)`` with ``p_i`` the
+    label proportions of its training records (so it is only tested on labels it has seen,
+    as in PriFedSync's MNIST and CIFAR-10 splits), and takes that many test records of each
+    label without replacement inside the client (with replacement only when the test pool
+    holds fewer records of a label than asked for). Different clients may share test records.
+    Returns ``(index, client)`` into ``test_y``.
+    """
+    train_y = _ids("train_y", train_y)
+    train_client = _ids("train_client", train_client)
+    test_y = _ids("test_y", test_y)
+    num_clients = check_int("num_clients", num_clients, 1)
+    records_per_client = check_int("records_per_client", records_per_client, 1)
+    if len(train_y) != len(train_client):
+        raise ValueError(
+            f"Expected one client per training record, got {len(train_client)} clients for "
+            f"{len(train_y)} records."
+        )
+    num_labels = int(max(train_y.max(), test_y.max())) + 1
+    by_label = [np.flatnonzero(test_y == c) for c in range(num_labels)]
+    index: list[np.ndarray] = []
+    client: list[np.ndarray] = []
+    for i in range(num_clients):
+        seen = np.bincount(train_y[train_client == i], minlength=num_labels).astype(np.float64)
+        seen[[len(pool) == 0 for pool in by_label]] = 0.0
+        if seen.sum() == 0:
+            raise ValueError(
+                f"Client {i} has no training record with a label present in the test pool."
+            )
+        counts = rng.multinomial(records_per_client, seen / seen.sum())
+        for c in np.flatnonzero(counts):
+            pool = by_label[c]
+            chosen = rng.choice(pool, size=int(counts[c]), replace=int(counts[c]) > len(pool))
+            index.append(chosen)
+            client.append(np.full(len(chosen), i, dtype=np.int64))
+    return np.concatenate(index).astype(np.int64), np.concatenate(client)
 
 
 # --- datasets ---------------------------------------------------------------------------

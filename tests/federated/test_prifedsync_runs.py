@@ -1,0 +1,149 @@
+"""End-to-end PriFedSync runs: sweep tables and plots whose privacy comes from the accountant."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from silodp.accounting.fdp import PriFedSyncPlan, account_prifedsync
+from silodp.config import ConfigError, parse_config
+from silodp.runner import run_experiment
+
+TINY = {
+    "name": "tiny-prifedsync",
+    "algorithms": ["prifedsync"],
+    "data": {
+        "source": "digits",
+        "num_silos": 4,
+        "allocation": "shards",
+        "shards_per_client": 2,
+        "test_per_client": 20,
+    },
+    "model": {"name": "mlp"},
+    "training": {
+        "rounds": 4,
+        "local_steps": 3,
+        "batch_size": 8,
+        "lr": 0.01,
+        "optimizer": "adam",
+        "helper": "interpolate",
+        "alpha": 0.1,
+    },
+    "privacy": {"noise_multiplier": 1.0},
+    "sweep": {
+        "client_rate": [1.0, 0.5],
+        "noise_multiplier": [1.0],
+        "batch_size": [8, 4],
+        "local_steps": [3, 6],
+        "target_accuracy": 0.3,
+    },
+}
+
+
+def _raw(**changes: object) -> dict:
+    raw = json.loads(json.dumps(TINY))
+    for key, value in changes.items():
+        section, _, name = key.partition("__")
+        if value is None:
+            raw[section].pop(name, None)
+        else:
+            raw[section][name] = value
+    return raw
+
+
+def _account(command: str) -> tuple[float, float]:
+    """μ_max of the accountant for the plan a summary's ``account_command`` describes."""
+    args = shlex.split(command)
+    opt = {args[i]: args[i + 1] for i in range(2, len(args), 2)}
+    assert opt["--algorithm"] == "prifedsync"
+    plan = PriFedSyncPlan(
+        noise_multiplier=float(opt["--noise-multiplier"]),
+        sample_rates=(float(opt["--sample-rate"]),) * int(opt["--clients"]),
+        local_steps=int(opt["--steps"]),
+        rounds=int(opt["--rounds"]),
+        client_rate=float(opt["--client-rate"]),
+        delta=float(opt["--delta"]),
+    )
+    report = account_prifedsync(plan)[-1]
+    return report.mu["client_max"], report.epsilon["record"]
+
+
+@pytest.mark.slow
+def test_sweep_writes_tables_and_plots_with_the_accountants_numbers(tmp_path: Path) -> None:
+    summary = run_experiment(parse_config(_raw()), tmp_path)
+    assert len(summary["runs"]) == 4
+    for name in ("prifedsync_table.md", "prifedsync_table.csv", "personalised_vs_global.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    with open(tmp_path / "prifedsync_table.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 4
+    md = (tmp_path / "prifedsync_table.md").read_text()
+    assert md.count("\n| ") == 5  # header + 4 rows
+    for row, run in zip(rows, summary["runs"], strict=True):
+        run_dir = tmp_path / run["algorithm"]
+        for f in ("metrics.jsonl", "summary.json", "personalised_vs_global.png", "model.pt"):
+            assert (run_dir / f).is_file()
+        metrics = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
+        rounds = int(row["rounds"])
+        at = metrics[rounds - 1]
+        assert float(row["mu_max"]) == at["mu"]["client_max"]
+        assert float(row["epsilon"]) == at["epsilon"]["record"]
+        if row["reached"] == "True":
+            assert at["personalised_accuracy"] >= 0.3
+        # the table's numbers are the accountant's for R rounds of this plan
+        mu, eps = _account(row["account_command"])
+        assert float(row["mu_max"]) == pytest.approx(mu, rel=1e-9)
+        assert float(row["epsilon"]) == pytest.approx(eps, rel=1e-6)
+        assert (
+            int(row["total_examples"]) == int(row["batch_size"]) * int(row["local_steps"]) * rounds
+        )
+        done = json.loads((run_dir / "summary.json").read_text())
+        assert done["status"] == "complete" and done["batch_sampling"] == "uniform"
+        assert done["personalised_accuracy"] is not None and done["global_accuracy"] is not None
+        assert done["empty_rounds"] == sum(1 for m in metrics if not m["silos"])
+    # batch size 4 with twice the steps: smaller sampling rate, smaller μ per round
+    by_run = {r["run"]: r for r in rows}
+    a, b = by_run["p1_sigma1_B8_K3"], by_run["p1_sigma1_B4_K6"]
+    if a["rounds"] == b["rounds"]:
+        assert float(b["mu_max"]) < float(a["mu_max"])
+
+
+def test_plain_prifedsync_run_reports_accountant_privacy(tmp_path: Path) -> None:
+    raw = _raw(training__rounds=2)
+    raw.pop("sweep")
+    summary = run_experiment(parse_config(raw), tmp_path)
+    (item,) = summary["runs"]
+    assert item["algorithm"] == "prifedsync" and item["status"] == "complete"
+    mu, eps = _account(item["account_command"])
+    assert item["mu"]["client_max"] == pytest.approx(mu, rel=1e-9)
+    assert item["epsilon"]["record"] == pytest.approx(eps, rel=1e-6)
+    assert item["threat_model"].startswith("local noise")
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"algorithms": ["prifedsync", "fedavg"]}, "prifedsync"),
+        ({"sweep": {"target_accuracy": 0.5, "batch_size": [8], "local_steps": [1, 2]}}, "pair"),
+        ({"sweep": {"target_accuracy": 1.5}}, "target_accuracy"),
+        ({"sweep": {"target_accuracy": 0.5, "client_rate": [0.0]}}, "client_rate"),
+        ({"sweep": {"target_accuracy": 0.5, "target_metric": "best"}}, "target_metric"),
+        ({"sweep": {"target_accuracy": 0.5, "oops": 1}}, "oops"),
+    ],
+)
+def test_bad_sweeps_are_config_errors(change: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_config({**_raw(), **change})
+
+
+def test_alpha_list_must_have_one_value_per_client(tmp_path: Path) -> None:
+    raw = _raw(training__alpha=[0.1, 0.2])
+    with pytest.raises(ValueError, match="one value per client"):
+        run_experiment(parse_config(raw), tmp_path)
+    assert not (tmp_path / "prifedsync_table.md").exists()
