@@ -188,11 +188,11 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
         sq = sq + bias.pow(2).sum(1)
 
     def subject_sq(inverse: torch.Tensor, num: int) -> torch.Tensor:
-        if positions == 1 and (batch + num) * p * d <= batch * batch:
-            # small layer: per-example outer products summed per subject (fewer elements to
-            # write than the B×B Gram matrix)
-            outer = (g1[:, :, None] * a1[:, None, :]).reshape(batch, -1)
-            out = outer.new_zeros(num, p * d).index_add_(0, inverse, outer).pow(2).sum(1)
+        width = int(torch.bincount(inverse, minlength=num).max()) if positions == 1 else 0
+        if positions == 1 and num * width * p * d <= batch * batch * (d + p):
+            # per-subject gradients Σ_{i∈a} g_i a_iᵀ from subjects' rows padded to the
+            # largest subject, a few subjects at a time
+            out = _padded_subject_grad_sq(a1, g1, inverse, num)
         elif positions == 1:
             # ||Σ_{i∈a} g_i a_iᵀ||² = Σ_{i,j∈a} (g_i·g_j)(a_i·a_j): a masked B×B Gram matrix
             gram = (a1 @ a1.T) * (g1 @ g1.T)
@@ -353,6 +353,7 @@ class GhostClipper:
         subjects: torch.Tensor,
         *,
         weigh: Callable[[torch.Tensor], torch.Tensor],
+        max_batch: int = 256,
     ) -> tuple[torch.Tensor, Params]:
         """Per-subject mean gradients ``G_a = mean_{i in a} g_i``: their norms, and
         ``Σ_a v_a G_a`` with ``v = weigh(norms)`` (one weight per subject, in the order of
@@ -360,8 +361,9 @@ class GhostClipper:
 
         The norms come from per-example gradients summed per subject where those are small
         (conv layers), else from Gram matrices restricted to each subject's rows; the sum from
-        one contraction with per-example weights ``v_{a(i)}``. Needs every layer supported
-        (no fallback).
+        one contraction with per-example weights ``v_{a(i)}``. Whole subjects are processed
+        in passes of about ``max_batch`` records (large batches of activations fall out of
+        cache). Needs every layer supported (no fallback).
         """
         if not self.fast:
             raise ValueError(
@@ -370,11 +372,30 @@ class GhostClipper:
         _, inverse, counts = torch.unique(subjects, return_inverse=True, return_counts=True)
         dtype = next(iter(params.values())).dtype
         scale = 1.0 / counts.to(dtype)[inverse]
-        stats = self._capture(params, x, y, scale)
         num = counts.numel()
-        sq = torch.stack([layer.subject_sq(inverse, num) for layer in stats.values()]).sum(0)
-        norms = sq.clamp(min=0).sqrt()
-        return norms, self._assemble(params, stats, weigh(norms)[inverse])
+        # consecutive subjects, about max_batch records per pass
+        passes = torch.div(torch.cumsum(counts, 0) - counts, max_batch, rounding_mode="floor")
+        parts = []
+        for part in torch.unique(passes):
+            members = torch.nonzero(passes == part).flatten()
+            rows = torch.nonzero(torch.isin(inverse, members)).flatten()
+            local = torch.searchsorted(members, inverse[rows])
+            stats = self._capture(params, x[rows], y[rows], scale[rows])
+            sq = torch.stack(
+                [layer.subject_sq(local, members.numel()) for layer in stats.values()]
+            ).sum(0)
+            parts.append((members, rows, local, stats, sq))
+        sq_all = torch.zeros(num, dtype=dtype)
+        for members, _, _, _, sq in parts:
+            sq_all[members] = sq
+        norms = sq_all.clamp(min=0).sqrt()
+        coefficients = weigh(norms)
+        total: Params | None = None
+        for members, _, local, stats, _ in parts:
+            summed = self._assemble(params, stats, coefficients[members][local])
+            total = summed if total is None else {k: total[k] + v for k, v in summed.items()}
+        assert total is not None
+        return norms, total
 
 
 def _subject_layout(inverse: torch.Tensor, num: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -395,6 +416,23 @@ def _pad_by_subject(
     out = t.new_zeros(num, width, *t.shape[1:])
     out[rows, slot] = t
     return out.reshape(num, width * t.shape[1], *t.shape[2:])
+
+
+def _padded_subject_grad_sq(
+    a: torch.Tensor, g: torch.Tensor, inverse: torch.Tensor, num: int
+) -> torch.Tensor:
+    """Squared norms of ``Σ_{i∈a} g_i a_iᵀ`` for (B, d) inputs and (B, p) output gradients,
+    computed subject by subject in chunks of at most ``PER_EXAMPLE_LIMIT`` elements."""
+    rows, slot = _subject_layout(inverse, num)
+    ap = _pad_by_subject(a[:, None, :], rows, slot, num)  # (num, width, d)
+    gp = _pad_by_subject(g[:, None, :], rows, slot, num)  # (num, width, p)
+    per = max(1, PER_EXAMPLE_LIMIT // (a.shape[1] * g.shape[1]))
+    return torch.cat(
+        [
+            torch.bmm(gp[i : i + per].transpose(1, 2), ap[i : i + per]).pow(2).sum((1, 2))
+            for i in range(0, num, per)
+        ]
+    )
 
 
 def _padded_subject_sq(
