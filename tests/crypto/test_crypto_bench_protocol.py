@@ -21,10 +21,20 @@ def test_run_point_reports_phases_and_matches_the_phe_baseline() -> None:
     assert row["baseline_max_abs_diff"] == 0.0  # identical decoded values
     assert row["max_abs_error"] < 1e-9
     assert row["silodp_s"] > 0 and row["speedup"] > 0
+    assert row["slots"] == 1  # n_max = 300 leaves no room for a second coordinate
     lines = format_rows([row], COLUMNS, as_json=True).splitlines()
     assert json.loads(lines[0])["params"] == 6
     table = format_rows([row], COLUMNS, as_json=False)
     assert table.splitlines()[0].startswith("| params")
+
+
+def test_small_n_max_packs_coordinates_and_still_matches_the_baseline() -> None:
+    row = run_point(
+        64, 4, records=40, n_max=40, insecure_test_key_bits=768, baseline_sample=8, workers=1
+    )
+    assert row["slots"] > 1
+    assert row["baseline_max_abs_diff"] == 0.0
+    assert row["max_abs_error"] < 1e-9
 
 
 def test_register_adds_the_protocol_command() -> None:

@@ -106,3 +106,49 @@ def test_derive_key_separates_domains() -> None:
     assert derive_key(s, b"a", salt=b"x") != derive_key(s, b"a")
     with pytest.raises(ValueError):
         derive_key(b"short", b"a")
+
+
+def test_signed_key_shares_refuse_a_substituted_key() -> None:
+    from silodp.crypto.errors import KeyAuthenticationError
+    from silodp.crypto.messages import KeyDirectory
+    from silodp.crypto.protocol import ProtocolConfig, Server, Silo, with_identities
+
+    base = ProtocolConfig(
+        silo_ids=(0, 1, 2), subject_ids=(0, 1), n_max=4, insecure_test_key_bits=512
+    )
+    config, identities = with_identities(base, ChaCha20Prg(bytes([7]) * 32))
+    assert config.identity_of(1) == identities[1].public_bytes
+    hist = {0: {0: 1}, 1: {1: 2}, 2: {0: 1}}
+
+    def parties():
+        server = Server(config)
+        silos = {s: Silo(s, config, hist[s], identity=identities[s]) for s in range(3)}
+        hello = server.hello()
+        shares = {s: silo.receive_hello(hello) for s, silo in silos.items()}
+        return server, silos, shares
+
+    # honest run: every signature verifies, set-up completes
+    server, silos, shares = parties()
+    directory = None
+    for share in shares.values():
+        directory = server.receive_key_share(share)
+    assert directory is not None and len(directory.signatures) == 3
+    for silo in silos.values():
+        silo.receive_directory(directory)
+    # a server that swaps silo 1's key for its own is caught by every other silo
+    server, silos, shares = parties()
+    for share in shares.values():
+        directory = server.receive_key_share(share)
+    assert directory is not None
+    mitm = dict(directory.dh_publics)
+    mitm[1] = generate_dh_keypair(ChaCha20Prg(bytes([8]) * 32)).public_bytes
+    forged = KeyDirectory(directory.session_id, tuple(sorted(mitm.items())), directory.signatures)
+    with pytest.raises(KeyAuthenticationError, match="silo 1"):
+        silos[0].receive_directory(forged)
+    # a share signed by the wrong identity (or unsigned) is refused by the server too
+    server, silos, shares = parties()
+    bad = type(shares[2])(shares[2].session_id, 2, shares[2].dh_public, shares[1].signature)
+    with pytest.raises(KeyAuthenticationError, match="silo 2"):
+        server.receive_key_share(bad)
+    with pytest.raises(ValueError, match="identity key registered"):
+        Silo(0, config, hist[0], identity=identities[1])

@@ -22,6 +22,7 @@ from silodp.crypto.messages import (
     KeyDirectory,
     KeyShare,
     MaskedHistogram,
+    MaskedWeightedSum,
     SealedSeed,
     ServerHello,
 )
@@ -91,7 +92,10 @@ def test_messages_validate_their_shape() -> None:
     with pytest.raises(MalformedMessageError, match="tuple"):
         MaskedHistogram(sid, 0, [1, 2])  # type: ignore[arg-type]
     with pytest.raises(MalformedMessageError, match="dim"):
-        EncryptedWeights(sid, 0, 0, (1,))
+        EncryptedWeights(sid, 0, -1, (1,))
+    assert EncryptedWeights(sid, 0, 0, (1,)).dim == 0  # 0: the silos say how many
+    with pytest.raises(MalformedMessageError, match="dim"):
+        MaskedWeightedSum(sid, 0, 0, 0, (1,))
     with pytest.raises(MalformedMessageError, match="nonce"):
         SealedSeed(sid, 0, 1, bytes(11), b"x")
     with pytest.raises(MalformedMessageError, match="modulus"):

@@ -11,6 +11,7 @@ from silodp.crypto.errors import (
     EncodingOverflowError,
     InsecureKeyError,
     SiloDropoutError,
+    StageError,
     SubjectBoundError,
 )
 from silodp.crypto.paillier import generate_keypair
@@ -307,3 +308,72 @@ def test_weight_ciphertexts_are_fresh_and_hide_the_inverse() -> None:
     for c, inv in zip(w1.ciphertexts, session.server._inverses, strict=True):
         assert c % n != 1 and (c - 1) // n != inv  # not the deterministic 1 + w n
         assert gmpy2.gcd(c, n) == 1
+
+
+def test_a_silo_silent_during_set_up_aborts_with_a_named_error() -> None:
+    from silodp.crypto.errors import SetupDropoutError
+
+    hist, _, _ = _problem(14, 3, 4, 1, 20)
+    with pytest.raises(SetupDropoutError, match=r"collecting key shares.*\[1\]") as info:
+        WeightingSession(_config(3, 4, 20), hist, unresponsive={1})
+    assert info.value.missing == (1,)
+    # the same at the histogram stage, driving the parties by hand
+    session_config = _config(3, 4, 20)
+    server = Server(session_config)
+    silos = {s: Silo(s, session_config, hist[s]) for s in range(3)}
+    hello = server.hello()
+    directory = None
+    for silo in silos.values():
+        directory = server.receive_key_share(silo.receive_hello(hello))
+    assert directory is not None
+    sealed = [m for silo in silos.values() for m in silo.receive_directory(directory)]
+    for msg in sealed:
+        silos[msg.recipient].receive_seed(server.relay_seed(msg))
+    server.receive_histogram(silos[0].masked_histogram())
+    assert server.setup_pending == (1, 2)
+    with pytest.raises(SetupDropoutError, match=r"masked histograms.*\[1, 2\]"):
+        server.abort_setup()
+    assert server.stage is ServerStage.ABORTED
+    with pytest.raises(StageError):
+        server.open_round(0, 1)
+
+
+def test_packing_carries_several_coordinates_per_ciphertext() -> None:
+    from silodp.crypto.weighted_sum import choose_slots
+
+    hist, deltas, noise = _problem(15, 3, 4, 300, 6)
+    config = _config(3, 4, 6, noise_bound=100.0)
+    session = WeightingSession(config, hist, source=ChaCha20Prg(bytes([5]) * 32))
+    encoding = session.server.encoding
+    assert encoding.max_slots > 1
+    slots = config.slots_for(encoding, 300)
+    assert slots > 1 and slots == choose_slots(encoding, 300, 12, key_bits=BITS)
+    weights = session.server.open_round(0, None)
+    replies = [session.silos[s].weighted_sum(weights, deltas[s], noise[s]) for s in range(3)]
+    assert all(len(r.ciphertexts) == -(-300 // slots) and r.dim == 300 for r in replies)
+    for r in replies:
+        session.server.receive_weighted_sum(r)
+    out = session.server.finish_round().aggregate
+    ref = plaintext_weighted_sum(deltas, hist, noise=noise)
+    assert out.shape == (300,)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=_tolerance(4, 3, ref))
+    unpacked = _config(3, 4, 6, noise_bound=100.0, packing=False)
+    assert unpacked.slots_for(unpacked.encoding(session.server.public_key.n), 300) == 1
+
+
+def test_unpack_recovers_balanced_digits_and_refuses_out_of_range() -> None:
+    from silodp.crypto.encoding import WeightingEncoding
+    from silodp.crypto.errors import ValueOutOfRangeError
+
+    enc = WeightingEncoding(modulus=(1 << 511) + 1, n_max=4, num_subjects=2, num_silos=2)
+    k = enc.max_slots
+    assert k > 2
+    rng = np.random.default_rng(0)
+    digits = [int(v) for v in rng.integers(-enc.aggregate_bound, enc.aggregate_bound, k)]
+    digits[0], digits[-1] = -enc.aggregate_bound, enc.aggregate_bound
+    packed = sum(d << (enc.slot_bits * i) for i, d in enumerate(digits))
+    assert enc.unpack(packed, k) == digits
+    with pytest.raises(ValueOutOfRangeError):
+        enc.unpack(enc.packed_bound(k) + 1, k)
+    with pytest.raises(ValueError, match="slots"):
+        enc.unpack(0, k + 1)

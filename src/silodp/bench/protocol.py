@@ -2,8 +2,9 @@
 
 The grid follows the paper's Figure 12: 10,000 records spread uniformly over subjects and 3
 silos, ``N_max = 2000``, 3072-bit Paillier; parameters 16 -> 10^5 (20 subjects) and subjects
-10 -> 40 (16 parameters). Each point runs set-up and one round of
-:class:`~silodp.crypto.protocol.WeightingSession` and reports wall time per phase:
+10 -> 40 (16 parameters); then 600 records with ``N_max = 64``, where ``slots`` coordinates
+share one ciphertext (packing, :mod:`silodp.crypto.encoding`). Each point runs set-up and one
+round of :class:`~silodp.crypto.protocol.WeightingSession` and reports wall time per phase:
 
 * ``keygen_s`` (Paillier key), ``key_exchange_s`` (pk broadcast, X25519, sealed seed),
   ``histogram_s`` (blinded, masked histograms and server inverses) - once per training;
@@ -44,6 +45,8 @@ Row = dict[str, Any]
 COLUMNS = [
     "params",
     "users",
+    "n_max",
+    "slots",
     "keygen_s",
     "key_exchange_s",
     "histogram_s",
@@ -177,6 +180,8 @@ def run_point(
         "silos": silos,
         "key_bits": session.server.public_key.bits,
         "n_max": n_max,
+        "records": records,
+        "slots": config.slots_for(session.server.encoding, params),
         "keygen_s": t["keygen"],
         "key_exchange_s": t["key_exchange"],
         "histogram_s": t["histogram"],
@@ -203,17 +208,28 @@ def run_point(
     return row
 
 
-QUICK_GRID = [(16, 10), (1000, 10)]
-FULL_GRID = [(16, 20), (100, 20), (1000, 20), (10_000, 20), (100_000, 20)] + [
-    (16, u) for u in (10, 30, 40)
-]
+#: a small federation whose subjects hold at most ``PACKED_N_MAX`` records (about 30 each),
+#: so that several coordinates share one ciphertext
+PACKED_RECORDS = 600
+PACKED_N_MAX = 64
+
+#: (parameters, subjects, records, n_max)
+QUICK_GRID = [(16, 10, RECORDS, N_MAX), (1000, 10, RECORDS, N_MAX), (1000, 10, 300, 64)]
+FULL_GRID = (
+    [(p, 20, RECORDS, N_MAX) for p in (16, 100, 1000, 10_000, 100_000)]
+    + [(16, u, RECORDS, N_MAX) for u in (10, 30, 40)]
+    + [(p, 20, PACKED_RECORDS, PACKED_N_MAX) for p in (1000, 10_000, 100_000)]
+)
 
 
 def protocol_rows(quick: bool) -> list[dict[str, Any]]:
-    """One row per grid point (``quick``: 16 and 10^3 parameters, 10 subjects, ~2 minutes)."""
+    """One row per grid point (``quick``: 16 and 10^3 parameters, 10 subjects, ~2 minutes).
+
+    The paper's setting (10,000 records, ``N_max = 2000``: one coordinate per ciphertext)
+    and a federation with at most 64 records per subject (``N_max = 64``: packed)."""
     grid = QUICK_GRID if quick else FULL_GRID
     sample = 16 if quick else 32
-    return [run_point(p, u, baseline_sample=sample) for p, u in grid]
+    return [run_point(p, u, records=r, n_max=m, baseline_sample=sample) for p, u, r, m in grid]
 
 
 def _cell(value: Any) -> str:

@@ -3,6 +3,7 @@
 Modules: :mod:`~silodp.crypto.paillier` (Paillier on gmpy2), :mod:`~silodp.crypto.keyagree`
 (X25519 + HKDF + sealed seed), :mod:`~silodp.crypto.prg` (ChaCha20 generators),
 :mod:`~silodp.crypto.encoding` (fixed point with ``L = lcm(1..N_max)``),
+:mod:`~silodp.crypto.identity` (Ed25519-signed key shares),
 :mod:`~silodp.crypto.protocol` (the parties, messages and the in-process driver).
 """
 
@@ -11,10 +12,12 @@ from silodp.crypto.errors import (
     EncodingOverflowError,
     InsecureKeyError,
     KeyAgreementError,
+    KeyAuthenticationError,
     MalformedMessageError,
     ProtocolError,
     SeedAuthenticationError,
     SenderError,
+    SetupDropoutError,
     SiloDropoutError,
     StageError,
     SubjectBoundError,
@@ -34,6 +37,7 @@ from silodp.crypto.protocol import (
     WeightingSession,
     plaintext_weighted_sum,
     run_weighting_round,
+    with_identities,
 )
 
 __all__ = [
@@ -41,6 +45,7 @@ __all__ = [
     "FixedPointCodec",
     "InsecureKeyError",
     "KeyAgreementError",
+    "KeyAuthenticationError",
     "MalformedMessageError",
     "PaillierKeyPair",
     "PaillierPrivateKey",
@@ -51,6 +56,7 @@ __all__ = [
     "SeedAuthenticationError",
     "SenderError",
     "Server",
+    "SetupDropoutError",
     "Silo",
     "SiloDropoutError",
     "StageError",
@@ -62,4 +68,5 @@ __all__ = [
     "lcm_upto",
     "plaintext_weighted_sum",
     "run_weighting_round",
+    "with_identities",
 ]

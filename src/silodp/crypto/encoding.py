@@ -154,11 +154,14 @@ class WeightingEncoding:
     delta_bound: float = 1.0
     noise_bound: float = 1e6
     precision: float = 1e-10
+    packing: bool = True
     codec: FixedPointCodec = field(init=False, repr=False)
     multiplier: int = field(init=False, repr=False)  # L = lcm(1..n_max)
     max_encoded_delta: int = field(init=False, repr=False)
     max_encoded_noise: int = field(init=False, repr=False)
     aggregate_bound: int = field(init=False, repr=False)
+    slot_bits: int = field(init=False, repr=False)
+    max_slots: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         n = self.modulus
@@ -197,10 +200,52 @@ class WeightingEncoding:
         object.__setattr__(self, "max_encoded_delta", e_delta)
         object.__setattr__(self, "max_encoded_noise", e_noise)
         object.__setattr__(self, "aggregate_bound", bound)
+        slot_bits = (2 * bound + 1).bit_length()
+        slots = 1
+        if self.packing:
+            while 2 * bound * sum(1 << (slot_bits * k) for k in range(slots + 1)) < n:
+                slots += 1
+        object.__setattr__(self, "slot_bits", slot_bits)
+        object.__setattr__(self, "max_slots", slots)
 
     @property
     def scale(self) -> int:
         return self.codec.scale
+
+    def check_slots(self, slots: int) -> int:
+        """``slots`` if it is an int in ``[1, max_slots]``."""
+        top = self.max_slots
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= top:
+            raise ValueError(f"Expected slots={slots!r} in [1, {self.max_slots}].")
+        return slots
+
+    def packed_bound(self, slots: int) -> int:
+        """The largest ``|P|`` of an honest plaintext packing ``slots`` digits (``< n / 2``)."""
+        self.check_slots(slots)
+        return self.aggregate_bound * sum(1 << (self.slot_bits * k) for k in range(slots))
+
+    def unpack(self, value: int, slots: int) -> list[int]:
+        """The ``slots`` balanced digits of a centred packed plaintext (lowest first); refuses
+        a value no honest aggregate can produce."""
+        if abs(value) > self.packed_bound(slots):
+            raise ValueOutOfRangeError(
+                f"Decrypted packed aggregate of {abs(value).bit_length()} bits exceeds the "
+                f"{self.packed_bound(slots).bit_length()}-bit bound: inputs were inconsistent."
+            )
+        if slots == 1:
+            return [value]
+        bits, base = self.slot_bits, 1 << self.slot_bits
+        half, mask = base >> 1, base - 1
+        digits = []
+        for _ in range(slots):
+            digit = value & mask
+            if digit >= half:
+                digit -= base
+            digits.append(digit)
+            value = (value - digit) >> bits
+        if value:
+            raise ValueOutOfRangeError("Decrypted packed aggregate has digits beyond its slots.")
+        return digits
 
     @property
     def headroom_bits(self) -> int:

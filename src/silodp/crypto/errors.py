@@ -13,10 +13,12 @@ __all__ = [
     "EncodingOverflowError",
     "InsecureKeyError",
     "KeyAgreementError",
+    "KeyAuthenticationError",
     "MalformedMessageError",
     "ProtocolError",
     "SeedAuthenticationError",
     "SenderError",
+    "SetupDropoutError",
     "SiloDropoutError",
     "StageError",
     "SubjectBoundError",
@@ -64,6 +66,10 @@ class KeyAgreementError(ProtocolError):
     """A Diffie-Hellman public key was invalid (e.g. a low-order point)."""
 
 
+class KeyAuthenticationError(KeyAgreementError):
+    """A key share's signature does not verify under the silo's registered identity key."""
+
+
 class SiloDropoutError(ProtocolError):
     """Silos left mid-round: the round is aborted and nothing is decrypted."""
 
@@ -73,4 +79,17 @@ class SiloDropoutError(ProtocolError):
         super().__init__(
             f"Round {round_index} aborted: no masked sum from silo(s) {list(self.missing)}; "
             "their pairwise masks do not cancel, so the server decrypts nothing."
+        )
+
+
+class SetupDropoutError(ProtocolError):
+    """Silos did not answer during set-up: the session is aborted (no key is used further)."""
+
+    def __init__(self, missing: Iterable[int], stage: str) -> None:
+        self.missing = tuple(sorted(missing))
+        self.stage = stage
+        super().__init__(
+            f"Set-up aborted while {stage}: no answer from silo(s) {list(self.missing)}; "
+            "without every silo's key share and masked histogram the masks and blinded totals "
+            "are unusable. Start a new session."
         )

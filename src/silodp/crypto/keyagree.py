@@ -7,7 +7,7 @@ canonical order) into two independent keys: one for AEAD (ChaCha20-Poly1305, sea
 shared seed), one for the mask generator. The server relays public keys and sealed seeds but
 never holds a private key, so it cannot learn the pairwise keys or the seed - against an
 *honest-but-curious* server. (A server that substitutes public keys could man-in-the-middle;
-deployments that fear this pin or sign silo keys.)
+:mod:`~silodp.crypto.identity` signs the public keys with registered Ed25519 identity keys.)
 """
 
 from __future__ import annotations

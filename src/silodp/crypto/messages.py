@@ -79,20 +79,27 @@ class ServerHello:
 
 @dataclass(frozen=True)
 class KeyShare:
+    """``signature``: Ed25519 signature of the key share (empty without identity keys)."""
+
     session_id: bytes
     sender: SiloId
     dh_public: bytes
+    signature: bytes = b""
 
     def __post_init__(self) -> None:
         _check_session(self.session_id)
         _check_id("sender", self.sender)
         _check_bytes("dh_public", self.dh_public, 32)
+        _check_bytes("signature", self.signature)
 
 
 @dataclass(frozen=True)
 class KeyDirectory:
+    """Every silo's X25519 public key and, with identity keys, its signature."""
+
     session_id: bytes
     dh_publics: tuple[tuple[SiloId, bytes], ...]
+    signatures: tuple[tuple[SiloId, bytes], ...] = ()
 
     def __post_init__(self) -> None:
         _check_session(self.session_id)
@@ -103,6 +110,13 @@ class KeyDirectory:
                 raise MalformedMessageError(f"Expected a (silo, key) pair, got {entry!r:.60}.")
             _check_id("silo", entry[0])
             _check_bytes("dh_public", entry[1], 32)
+        if not isinstance(self.signatures, tuple):
+            raise MalformedMessageError("Expected signatures as a tuple of (silo, bytes) pairs.")
+        for entry in self.signatures:
+            if not isinstance(entry, tuple) or len(entry) != 2:
+                raise MalformedMessageError(f"Expected a (silo, sig) pair, got {entry!r:.60}.")
+            _check_id("silo", entry[0])
+            _check_bytes("signature", entry[1])
 
     def as_dict(self) -> dict[SiloId, bytes]:
         return dict(self.dh_publics)
@@ -138,6 +152,9 @@ class MaskedHistogram:
 
 @dataclass(frozen=True)
 class EncryptedWeights:
+    """``dim``: the number of model parameters, or 0 when the server leaves it to the silos
+    (who must then all send the same)."""
+
     session_id: bytes
     round_index: int
     dim: int
@@ -147,22 +164,27 @@ class EncryptedWeights:
         _check_session(self.session_id)
         _check_id("round_index", self.round_index)
         _check_id("dim", self.dim)
-        if self.dim < 1:
-            raise MalformedMessageError(f"Expected dim >= 1, got {self.dim}.")
         _check_ints("ciphertexts", self.ciphertexts)
 
 
 @dataclass(frozen=True)
 class MaskedWeightedSum:
+    """``dim`` parameters packed into ``ceil(dim / K)`` ciphertexts (``K`` from
+    :func:`~silodp.crypto.weighted_sum.choose_slots`)."""
+
     session_id: bytes
     sender: SiloId
     round_index: int
+    dim: int
     ciphertexts: tuple[int, ...]
 
     def __post_init__(self) -> None:
         _check_session(self.session_id)
         _check_id("sender", self.sender)
         _check_id("round_index", self.round_index)
+        _check_id("dim", self.dim)
+        if self.dim < 1:
+            raise MalformedMessageError(f"Expected dim >= 1, got {self.dim}.")
         _check_ints("ciphertexts", self.ciphertexts)
 
 

@@ -8,7 +8,9 @@ or with out-of-range values raises a :class:`~silodp.crypto.errors.ProtocolError
 Set-up (once)
   1. Server -> silos: ``ServerHello`` (session id, Paillier ``n``). Silos refuse keys below the
      configured size and parameters whose fixed-point aggregate could overflow ``n``.
-  2. Silos -> server -> silos: X25519 public keys (``KeyShare`` / ``KeyDirectory``); every pair
+  2. Silos -> server -> silos: X25519 public keys (``KeyShare`` / ``KeyDirectory``), each
+     signed with the silo's Ed25519 identity key when ``identity_keys`` are registered
+     (:mod:`~silodp.crypto.identity`; every silo checks every peer's signature); every pair
      derives AEAD and mask keys. The lowest silo draws a 32-byte seed and seals it for each
      other silo (``SealedSeed``, ChaCha20-Poly1305); the server only relays ciphertexts.
   3. From the seed every silo derives the same blinds ``r_a`` (uniform units mod ``n``) and
@@ -28,15 +30,18 @@ Round ``t``
 
 What each party sees: the server sees ``r_a n_a`` (uniform on ``Z_n^*`` when ``r_a`` is),
 masked values and ciphertexts; it decrypts only the aggregate. Silos see Paillier ciphertexts
-only. The honest-but-curious model of the paper applies (no party deviates; a server that
-swaps DH public keys could read the seed). The server knows which subjects were sampled, as in
-the paper. ``N_max`` is a public bound every party must respect: a silo refuses its own count
-above it, and :class:`WeightingSession` (which sees the whole federation, as a simulator does)
-refuses ``n_a > N_max`` before set-up; the protocol itself cannot detect an excess total.
+only. The honest-but-curious model of the paper applies (no party deviates). Without registered
+identity keys a server that swaps DH public keys could read the seed and unmask histograms;
+with them (:func:`with_identities`, used by ``uldp_avg_w``) a swapped key is refused. The
+server knows which subjects were sampled, as in the paper. ``N_max`` is a public bound every
+party must respect: a silo refuses its own count above it, and :class:`WeightingSession` (which
+sees the whole federation, as a simulator does) refuses ``n_a > N_max`` before set-up; the
+protocol itself cannot detect an excess total.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import time
@@ -52,10 +57,17 @@ from silodp.crypto.errors import (
     MalformedMessageError,
     ProtocolError,
     SenderError,
+    SetupDropoutError,
     SiloDropoutError,
     StageError,
     SubjectBoundError,
     ValueOutOfRangeError,
+)
+from silodp.crypto.identity import (
+    IDENTITY_PUBLIC_BYTES,
+    IdentityKey,
+    generate_identity,
+    verify_key_share,
 )
 from silodp.crypto.keyagree import (
     SEED_BYTES,
@@ -91,6 +103,7 @@ from silodp.crypto.randomness import RandomSource, SystemRandomSource, bernoulli
 from silodp.crypto.rerandomize import RerandomizationMode, Rerandomizer, make_rerandomizer
 from silodp.crypto.weighted_sum import (
     aggregate_and_decrypt,
+    choose_slots,
     compute_silo_ciphertexts,
     prepare_silo_round,
     resolve_workers,
@@ -106,6 +119,7 @@ __all__ = [
     "WeightingSession",
     "plaintext_weighted_sum",
     "run_weighting_round",
+    "with_identities",
 ]
 
 
@@ -135,6 +149,8 @@ class ProtocolConfig:
     insecure_test_key_bits: int | None = None
     rerandomization: RerandomizationMode = "fixed-base"
     workers: int | None = None
+    packing: bool = True
+    identity_keys: tuple[tuple[SiloId, bytes], ...] | None = None
 
     def __post_init__(self) -> None:
         silos = self.silo_ids
@@ -168,6 +184,21 @@ class ProtocolConfig:
             )
         if self.workers is not None:
             resolve_workers(self.workers, 0)
+        if self.identity_keys is not None:
+            ids = self.identity_keys
+            if not isinstance(ids, tuple) or sorted(s for s, _ in ids) != list(silos):
+                raise ValueError(
+                    f"Expected identity_keys as (silo, key) pairs for silos {list(silos)}."
+                )
+            for s, key in ids:
+                if not isinstance(key, bytes) or len(key) != IDENTITY_PUBLIC_BYTES:
+                    raise ValueError(
+                        f"Expected a {IDENTITY_PUBLIC_BYTES}-byte Ed25519 key for silo {s}."
+                    )
+
+    def identity_of(self, silo: SiloId) -> bytes | None:
+        """Silo ``silo``'s registered Ed25519 public key (``None``: keys not authenticated)."""
+        return None if self.identity_keys is None else dict(self.identity_keys)[silo]
 
     @property
     def modulus_bits(self) -> int:
@@ -188,7 +219,16 @@ class ProtocolConfig:
             delta_bound=self.delta_bound,
             noise_bound=self.noise_bound,
             precision=self.precision,
+            packing=self.packing,
         )
+
+    def slots_for(self, encoding: WeightingEncoding, dim: int) -> int:
+        """Coordinates per ciphertext for a ``dim``-parameter round (public: every party
+        derives the same value)."""
+        if not self.packing:
+            return 1
+        pairs = len(self.subject_ids) * len(self.silo_ids)
+        return choose_slots(encoding, dim, pairs, key_bits=encoding.modulus.bit_length())
 
     def check_public_key(self, public_key: PaillierPublicKey) -> None:
         """Refuses a modulus smaller than configured (never below 2048 bits unless the config
@@ -210,6 +250,7 @@ class ServerStage(enum.Enum):
     COLLECTING_HISTOGRAMS = "collecting masked histograms"
     READY = "ready"
     ROUND_OPEN = "round open"
+    ABORTED = "aborted"
 
 
 class SiloStage(enum.Enum):
@@ -266,6 +307,7 @@ class Server:
         self._session = self._rng.token_bytes(SESSION_ID_BYTES)
         self._stage = ServerStage.CREATED
         self._dh: dict[SiloId, bytes] = {}
+        self._signatures: dict[SiloId, bytes] = {}
         self._relayed: set[SiloId] = set()
         self._hist_sum = [0] * len(config.subject_ids)
         self._hist_from: set[SiloId] = set()
@@ -301,17 +343,51 @@ class Server:
         self._stage = ServerStage.COLLECTING_KEYS
         return ServerHello(self._session, self.public_key.n)
 
+    @property
+    def setup_pending(self) -> tuple[SiloId, ...]:
+        """Silos whose set-up message for the current stage has not arrived."""
+        silos = self.config.silo_ids
+        if self._stage is ServerStage.COLLECTING_KEYS:
+            return tuple(s for s in silos if s not in self._dh)
+        if self._stage is ServerStage.RELAYING_SEEDS:
+            leader = self.config.leader
+            return (leader,) if len(self._relayed) < len(silos) - 1 else ()
+        if self._stage is ServerStage.COLLECTING_HISTOGRAMS:
+            return tuple(s for s in silos if s not in self._hist_from)
+        return ()
+
+    def abort_setup(self) -> None:
+        """Called when set-up times out: raises :class:`SetupDropoutError` naming the silos
+        that did not answer, and leaves the server unusable (stage ``aborted``)."""
+        _expect_stage(
+            "Server",
+            self._stage,
+            ServerStage.COLLECTING_KEYS,
+            ServerStage.RELAYING_SEEDS,
+            ServerStage.COLLECTING_HISTOGRAMS,
+            what="abort_setup",
+        )
+        stage, missing = self._stage.value, self.setup_pending
+        self._stage = ServerStage.ABORTED
+        self._dh, self._hist_sum, self._inverses = {}, [], []
+        raise SetupDropoutError(missing, stage)
+
     def receive_key_share(self, msg: KeyShare) -> KeyDirectory | None:
         """Stores a silo's DH public key; returns the directory once all have arrived."""
         if not isinstance(msg, KeyShare):
             raise MalformedMessageError(f"Expected a KeyShare, got {type(msg).__name__}.")
         _expect_stage("Server", self._stage, ServerStage.COLLECTING_KEYS, what="KeyShare")
         self._check_sender(msg.session_id, msg.sender, self._dh)
+        registered = self.config.identity_of(msg.sender)
+        if registered is not None:
+            verify_key_share(registered, msg.signature, self._session, msg.sender, msg.dh_public)
         self._dh[msg.sender] = msg.dh_public
+        self._signatures[msg.sender] = msg.signature
         if len(self._dh) < len(self.config.silo_ids):
             return None
         self._stage = ServerStage.RELAYING_SEEDS
-        return KeyDirectory(self._session, tuple(sorted(self._dh.items())))
+        signatures = tuple(sorted(self._signatures.items())) if registered is not None else ()
+        return KeyDirectory(self._session, tuple(sorted(self._dh.items())), signatures)
 
     def relay_seed(self, msg: SealedSeed) -> SealedSeed:
         """Forwards a sealed seed from the leader to one other silo (cannot open it)."""
@@ -371,20 +447,21 @@ class Server:
     def open_round(
         self,
         round_index: int,
-        dim: int,
+        dim: int | None,
         *,
         sampled: Collection[SubjectId] | None = None,
         sampling_rate: float | None = None,
     ) -> EncryptedWeights:
         """Encrypted weights for a round: all subjects, an explicit ``sampled`` set, or a
-        Poisson sample at ``sampling_rate`` drawn here."""
+        Poisson sample at ``sampling_rate`` drawn here. ``dim=None``: the number of parameters
+        is taken from the silos' replies (which must agree)."""
         _expect_stage("Server", self._stage, ServerStage.READY, what="open_round")
         if isinstance(round_index, bool) or not isinstance(round_index, int):
             raise ValueError(f"Expected an int round_index, got {round_index!r}.")
         if round_index <= self._last_round:
             raise StageError(f"Round {round_index} is not after round {self._last_round}.")
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"Expected dim={dim!r} to be a positive int.")
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
+            raise ValueError(f"Expected dim={dim!r} to be a positive int or None.")
         subjects = self.config.subject_ids
         if sampled is not None and sampling_rate is not None:
             raise ValueError("Pass either sampled or sampling_rate, not both.")
@@ -406,11 +483,11 @@ class Server:
             int(pk.encrypt(inv if a in chosen else 0, self._rng))
             for a, inv in zip(subjects, self._inverses, strict=True)
         )
-        self._round, self._last_round, self._dim = round_index, round_index, dim
+        self._round, self._last_round, self._dim = round_index, round_index, dim or 0
         self._sampled = chosen
         self._contrib = {}
         self._stage = ServerStage.ROUND_OPEN
-        return EncryptedWeights(self._session, round_index, dim, ciphertexts)
+        return EncryptedWeights(self._session, round_index, dim or 0, ciphertexts)
 
     def receive_weighted_sum(self, msg: MaskedWeightedSum) -> None:
         if not isinstance(msg, MaskedWeightedSum):
@@ -421,10 +498,16 @@ class Server:
             raise StageError(
                 f"Masked sum for round {msg.round_index}; round {self._round} is open."
             )
-        if len(msg.ciphertexts) != self._dim:
+        if self._dim and msg.dim != self._dim:
+            raise MalformedMessageError(
+                f"Masked sum from silo {msg.sender} is for {msg.dim} parameters, expected "
+                f"{self._dim}."
+            )
+        expected = -(-msg.dim // self.config.slots_for(self.encoding, msg.dim))
+        if len(msg.ciphertexts) != expected:
             raise MalformedMessageError(
                 f"Masked sum from silo {msg.sender} has {len(msg.ciphertexts)} ciphertexts, "
-                f"expected {self._dim}."
+                f"expected {expected} for {msg.dim} parameters."
             )
         n2 = self.public_key.n_squared
         for j, c in enumerate(msg.ciphertexts):
@@ -433,6 +516,7 @@ class Server:
                     f"Ciphertext {j} from silo {msg.sender} not in (0, n^2)."
                 )
         self._contrib[msg.sender] = msg.ciphertexts
+        self._dim = msg.dim
 
     @property
     def pending(self) -> tuple[SiloId, ...]:
@@ -459,10 +543,16 @@ class Server:
             raise SiloDropoutError(missing, round_index)
         contributions = [self._contrib[s] for s in self.config.silo_ids]
         self._contrib = {}
-        workers = resolve_workers(self.config.workers, self._dim)
+        slots = self.config.slots_for(self.encoding, self._dim)
+        workers = resolve_workers(self.config.workers, len(contributions[0]))
         try:
             aggregate = aggregate_and_decrypt(
-                self._keys.private_key, self.encoding, contributions, workers=workers
+                self._keys.private_key,
+                self.encoding,
+                contributions,
+                slots=slots,
+                dim=self._dim,
+                workers=workers,
             )
         except ValueOutOfRangeError as err:
             self._round = None
@@ -486,9 +576,16 @@ class Silo:
         histogram: Mapping[SubjectId, int],
         *,
         source: RandomSource | None = None,
+        identity: IdentityKey | None = None,
     ) -> None:
+        """``identity``: the silo's Ed25519 key; required when the config registers
+        ``identity_keys`` (and must match its entry)."""
         if silo_id not in config.silo_ids:
             raise ValueError(f"Silo id {silo_id!r} is not among {config.silo_ids}.")
+        registered = config.identity_of(silo_id)
+        if registered is not None and (identity is None or identity.public_bytes != registered):
+            raise ValueError(f"Silo {silo_id}: expected the identity key registered in the config.")
+        self._identity = identity
         unknown = set(histogram) - set(config.subject_ids)
         if unknown:
             raise ValueError(f"Silo {silo_id}: subjects {sorted(map(repr, unknown))} not public.")
@@ -547,7 +644,11 @@ class Silo:
         self._dh = generate_dh_keypair(self._rng)
         self._rerandomizer = make_rerandomizer(self.config.rerandomization, pk, self._rng)
         self._stage = SiloStage.AWAITING_DIRECTORY
-        return KeyShare(self._session, self.silo_id, self._dh.public_bytes)
+        public = self._dh.public_bytes
+        signature = b""
+        if self._identity is not None:
+            signature = self._identity.sign_key_share(self._session, self.silo_id, public)
+        return KeyShare(self._session, self.silo_id, public, signature)
 
     def receive_directory(self, msg: KeyDirectory) -> list[SealedSeed]:
         """Derives pairwise keys; the leader returns one sealed seed per other silo."""
@@ -566,6 +667,13 @@ class Silo:
         assert self._dh is not None
         if directory[self.silo_id] != self._dh.public_bytes:
             raise MalformedMessageError(f"Silo {self.silo_id}: directory altered its own key.")
+        if self.config.identity_keys is not None:
+            signatures = dict(msg.signatures)
+            for peer, public in directory.items():
+                registered = self.config.identity_of(peer)
+                assert registered is not None
+                sig = signatures.get(peer, b"")
+                verify_key_share(registered, sig, self._session, peer, public)
         self._pairs = {
             peer: derive_pairwise_keys(
                 self.silo_id, self._dh, peer, public, session_id=self._session
@@ -638,11 +746,14 @@ class Silo:
         msg: EncryptedWeights,
         deltas: Mapping[SubjectId, np.ndarray],
         noise: np.ndarray | None = None,
+        *,
+        dim: int | None = None,
     ) -> MaskedWeightedSum:
         """The silo's masked encrypted ``sum_a w_{s,a} Delta_{s,a} + noise`` for a round.
 
         ``deltas`` must hold one clipped vector of length ``msg.dim`` for every subject with a
-        record here (the silo cannot tell which subjects the server sampled).
+        record here (the silo cannot tell which subjects the server sampled). When the server
+        left ``msg.dim`` at 0, the length is ``dim``, else that of ``noise`` or the deltas.
         """
         if not isinstance(msg, EncryptedWeights):
             raise MalformedMessageError(f"Expected EncryptedWeights, got {type(msg).__name__}.")
@@ -666,7 +777,7 @@ class Silo:
                 weights.append(pk.check_ciphertext(c))
             except ValueError as err:
                 raise MalformedMessageError(f"Silo {self.silo_id}: weight {i}: {err}") from err
-        dim = msg.dim
+        dim = self._round_dim(msg.dim, dim, deltas, noise)
         own = self.own_subjects
         if set(deltas) != set(own):
             raise ValueError(
@@ -708,11 +819,46 @@ class Silo:
         masks = _pair_masks(
             self.silo_id, self._pairs, b"round|%d" % msg.round_index, self._session, int(n)
         )
-        job = prepare_silo_round(pk, encoding, lifted, masks, rerand, dim)
-        secrets = rerand.draw(self._rng, dim)
-        workers = resolve_workers(self.config.workers, dim)
+        slots = self.config.slots_for(encoding, dim)
+        job = prepare_silo_round(pk, encoding, lifted, masks, rerand, slots)
+        count = -(-dim // slots)
+        secrets = rerand.draw(self._rng, count)
+        workers = resolve_workers(self.config.workers, count * len(own) // 4 + count)
         ciphertexts = compute_silo_ciphertexts(job, matrix, noise_vec, secrets, workers=workers)
-        return MaskedWeightedSum(self._session, self.silo_id, msg.round_index, tuple(ciphertexts))
+        return MaskedWeightedSum(
+            self._session, self.silo_id, msg.round_index, dim, tuple(ciphertexts)
+        )
+
+    @staticmethod
+    def _round_dim(
+        announced: int,
+        dim: int | None,
+        deltas: Mapping[SubjectId, np.ndarray],
+        noise: np.ndarray | None,
+    ) -> int:
+        if announced:
+            return announced
+        if dim is None:
+            if noise is not None:
+                dim = int(np.asarray(noise).shape[0])
+            elif deltas:
+                dim = int(np.asarray(next(iter(deltas.values()))).shape[-1])
+            else:
+                raise ValueError("The server left dim open: pass dim, noise or deltas.")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"Expected dim={dim!r} to be a positive int.")
+        return dim
+
+
+def with_identities(
+    config: ProtocolConfig, source: RandomSource | None = None
+) -> tuple[ProtocolConfig, dict[SiloId, IdentityKey]]:
+    """Fresh Ed25519 identity keys for every silo and ``config`` with their public halves
+    registered (what a deployment does out of band, once, before any session)."""
+    src = source if source is not None else SystemRandomSource()
+    identities = {s: generate_identity(src) for s in config.silo_ids}
+    registry = tuple((s, key.public_bytes) for s, key in sorted(identities.items()))
+    return dataclasses.replace(config, identity_keys=registry), identities
 
 
 def _child_source(source: RandomSource) -> RandomSource:
@@ -735,7 +881,11 @@ class WeightingSession:
         *,
         source: RandomSource | None = None,
         keypair: PaillierKeyPair | None = None,
+        unresponsive: Collection[SiloId] = (),
+        identities: Mapping[SiloId, IdentityKey] | None = None,
     ) -> None:
+        """``identities``: each silo's Ed25519 key when ``config.identity_keys`` is set;
+        ``unresponsive``: silos that never answer during set-up (to exercise dropout)."""
         if sorted(histograms) != list(config.silo_ids):
             raise ValueError(
                 f"Histograms for silos {sorted(histograms)}, expected {list(config.silo_ids)}."
@@ -759,13 +909,23 @@ class WeightingSession:
         self.server = Server(config, keypair=keypair, source=_child_source(root))
         self._tick("keygen", t0)
         self.silos = {
-            s: Silo(s, config, histograms[s], source=_child_source(root)) for s in config.silo_ids
+            s: Silo(
+                s,
+                config,
+                histograms[s],
+                source=_child_source(root),
+                identity=None if identities is None else identities[s],
+            )
+            for s in config.silo_ids
         }
         t0 = time.perf_counter()
         hello = self.server.hello()
         directory = None
-        for silo in self.silos.values():
-            directory = self.server.receive_key_share(silo.receive_hello(hello))
+        for s, silo in self.silos.items():
+            if s not in unresponsive:
+                directory = self.server.receive_key_share(silo.receive_hello(hello))
+        if directory is None:
+            self.server.abort_setup()  # raises SetupDropoutError
         assert directory is not None
         sealed: list[SealedSeed] = []
         for silo in self.silos.values():

@@ -12,10 +12,19 @@ where ``e_{a,j}`` is the short signed fixed-point encoding of ``Delta_{s,a,j}`` 
 round) cancels it. Each ``c_a^u`` is read from a fixed-base window table, so a parameter costs
 about ``A * ceil(bits / w)`` modular products plus one re-randomisation, instead of ``A`` full
 3072-bit exponentiations. The plaintext noise and mask enter as ``1 + t n`` (one product).
+
+Packing (see :mod:`~silodp.crypto.encoding`): with ``K`` slots, ciphertext ``J`` carries
+parameters ``J K .. J K + K - 1`` as digits in base ``B = 2^b``. Subject ``a``'s base for slot
+``k`` is ``c_a^(B^k)`` (``b`` squarings, once per round), so the loop is the same with ``K``
+tables per subject, each used ``dim / K`` times; noise and masks are packed the same way and
+the offset constant becomes ``prod_a c_a^(-B_off sum_k B^k)``. The server decrypts ``dim / K``
+ciphertexts instead of ``dim``. :func:`choose_slots` picks ``K`` from public values. Each
+table is built and used one at a time (subject by subject), so its window can be wide.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
@@ -26,7 +35,7 @@ from typing import Any
 import gmpy2
 import numpy as np
 
-from silodp.crypto.encoding import WeightingEncoding
+from silodp.crypto.encoding import FixedPointCodec, WeightingEncoding
 from silodp.crypto.fixedbase import FixedBaseTable, choose_window
 from silodp.crypto.paillier import PaillierPrivateKey, PaillierPublicKey
 from silodp.crypto.prg import MaskStream
@@ -35,6 +44,7 @@ from silodp.crypto.rerandomize import Rerandomizer
 __all__ = [
     "SiloRoundJob",
     "aggregate_and_decrypt",
+    "choose_slots",
     "compute_silo_ciphertexts",
     "half_decryption_suffices",
     "prepare_silo_round",
@@ -43,6 +53,7 @@ __all__ = [
 ]
 
 PARALLEL_MIN_ITEMS = 256
+HALF_DECRYPTION_MARGIN_BITS = 32
 
 
 def resolve_workers(workers: int | None, items: int) -> int:
@@ -93,26 +104,73 @@ def run_chunks(
         return list(pool.map(_run_chunk, chunks))
 
 
-def _split(total: int, workers: int) -> list[tuple[int, int]]:
-    parts = 1 if workers <= 1 else min(total, 4 * workers)
+def _split(total: int, workers: int, *, per_worker: int = 4) -> list[tuple[int, int]]:
+    parts = 1 if workers <= 1 else min(total, per_worker * workers)
     bounds = np.linspace(0, total, parts + 1).astype(int).tolist()
     return [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
+def _products_per_value(exponent_bits: int, uses: int) -> float:
+    """Modular products per exponentiation from a window table used ``uses`` times (build
+    included), at the window :func:`choose_window` would pick for one base."""
+    w = choose_window(exponent_bits, uses, element_bytes=1024)
+    windows = -(-exponent_bits // w)
+    return windows * (1 + ((1 << w) - 1) / max(1, uses))
+
+
+#: a decryption costs about this many full-size (mod n^2) products per modulus bit: two
+#: half-size exponentiations (CRT) of half-length exponents; half decryption is one of them
+DECRYPTION_PRODUCTS_PER_BIT = 0.34
+#: re-randomisation, noise and mask of one ciphertext, per silo (about 35 products)
+PER_CIPHERTEXT_PRODUCTS = 40
+
+
+def choose_slots(encoding: WeightingEncoding, dim: int, pairs: int, *, key_bits: int) -> int:
+    """Coordinates per ciphertext for a ``dim``-parameter round, from public values only (so
+    every party computes the same): the ``K <= max_slots`` minimising the modelled work of
+    ``pairs`` (silo, subject) exponentiations per coordinate plus one decryption per
+    ciphertext. More slots divide decryptions by ``K`` but give each window table
+    ``dim / K`` uses, so building tables costs more per coordinate."""
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        raise ValueError(f"Expected dim={dim!r} to be a positive int.")
+    bits = max(1, (2 * encoding.max_encoded_delta).bit_length())
+    p_bits = key_bits // 2
+    best, best_cost = 1, math.inf
+    for slots in range(1, min(encoding.max_slots, dim) + 1):
+        count = -(-dim // slots)
+        half = (2 * encoding.packed_bound(slots)).bit_length() + HALF_DECRYPTION_MARGIN_BITS
+        decrypt_bits = key_bits / 2 if half < p_bits - 1 else key_bits
+        per_ciphertext = DECRYPTION_PRODUCTS_PER_BIT * decrypt_bits + PER_CIPHERTEXT_PRODUCTS
+        cost = pairs * dim * _products_per_value(bits, count) + count * per_ciphertext
+        if cost < best_cost:
+            best, best_cost = slots, cost
+    return best
+
+
 @dataclass(frozen=True, repr=False)
 class SiloRoundJob:
-    """A silo's secrets for one round's parameter loop (never leaves the silo's processes)."""
+    """A silo's secrets for one round's parameter loop (never leaves the silo's processes).
+
+    ``slot_bases[k][a] = c_a^(B^k)``: subject ``a``'s lifted weight shifted to packing slot
+    ``k``; ``start_constant = prod_a c_a^(-offset * sum_k B^k)`` cancels the exponent offset.
+    """
 
     public_key: PaillierPublicKey
     encoding: WeightingEncoding
-    tables: tuple[FixedBaseTable, ...]
+    slot_bases: tuple[tuple[Any, ...], ...]
+    slots: int
     offset: int
+    exponent_bits: int
     start_constant: Any
     masks: tuple[tuple[MaskStream, int], ...]
     rerandomizer: Rerandomizer
 
+    @property
+    def subjects(self) -> int:
+        return len(self.slot_bases[0]) if self.slot_bases else 0
+
     def __repr__(self) -> str:
-        return f"SiloRoundJob(subjects={len(self.tables)}, pairs={len(self.masks)})"
+        return f"SiloRoundJob(subjects={self.subjects}, pairs={len(self.masks)})"
 
 
 def prepare_silo_round(
@@ -121,31 +179,46 @@ def prepare_silo_round(
     lifted: Sequence[Any],
     masks: Sequence[tuple[MaskStream, int]],
     rerandomizer: Rerandomizer,
-    dim: int,
+    slots: int,
 ) -> SiloRoundJob:
-    """Window tables for the lifted weights ``c_a`` and the offset-cancelling constant."""
+    """Per-slot bases of the lifted weights ``c_a`` and the offset-cancelling constant
+    (``slot_bits`` squarings per subject and slot)."""
+    encoding.check_slots(slots)
     n2 = public_key.n_squared
     offset = encoding.max_encoded_delta
     bits = max(1, (2 * offset).bit_length())
-    window = choose_window(
-        bits, dim, element_bytes=(int(n2).bit_length() + 7) // 8 + 32, bases=max(1, len(lifted))
-    )
-    tables = tuple(FixedBaseTable.build(c, n2, bits, window) for c in lifted)
+    slot_bases = [tuple(gmpy2.mpz(c) for c in lifted)]
+    shift = gmpy2.mpz(1) << encoding.slot_bits
+    for _ in range(1, slots):
+        slot_bases.append(tuple(gmpy2.powmod(c, shift, n2) for c in slot_bases[-1]))
     product = gmpy2.mpz(1)
     for c in lifted:
         product = product * c % n2
-    start = gmpy2.powmod(gmpy2.invert(product, n2), offset, n2) if lifted else gmpy2.mpz(1)
-    return SiloRoundJob(public_key, encoding, tables, offset, start, tuple(masks), rerandomizer)
+    spread = sum(1 << (encoding.slot_bits * k) for k in range(slots))
+    start = gmpy2.powmod(gmpy2.invert(product, n2), offset * spread, n2) if lifted else 1
+    return SiloRoundJob(
+        public_key,
+        encoding,
+        tuple(slot_bases),
+        slots,
+        offset,
+        bits,
+        gmpy2.mpz(start),
+        tuple(masks),
+        rerandomizer,
+    )
 
 
 def _silo_chunk(
     job: SiloRoundJob, deltas: np.ndarray, noise: np.ndarray, secrets: Sequence[int], start: int
 ) -> list[int]:
+    """Ciphertexts ``start .. start + len(secrets)`` from their ``slots * len(secrets)``
+    coordinates (``deltas``: subjects x coordinates, zero-padded to whole ciphertexts)."""
     pk, enc = job.public_key, job.encoding
     n, n2 = pk.n_mpz, pk.n_squared
-    m = int(noise.shape[0])
+    slots, slot_bits = job.slots, enc.slot_bits
+    m = len(secrets)
     offset = job.offset
-    exponents = [[e + offset for e in enc.encode_deltas(row)] for row in deltas]
     noise_enc = enc.encode_noise(noise)
     multiplier = enc.multiplier
     combined = [0] * m
@@ -155,23 +228,31 @@ def _silo_chunk(
             combined = [a + b for a, b in zip(combined, values, strict=True)]
         else:
             combined = [a - b for a, b in zip(combined, values, strict=True)]
-    wbits = job.tables[0].window_bits if job.tables else 1
-    dmask = (1 << wbits) - 1
-    rows_of = [t.rows for t in job.tables]
-    out: list[int] = []
+    acc = []
     for j in range(m):
-        t = (multiplier * noise_enc[j] + combined[j]) % n
-        acc = job.start_constant * (1 + t * n) % n2
-        acc = acc * job.rerandomizer.factor(secrets[j]) % n2
-        for a, rows in enumerate(rows_of):
-            u = exponents[a][j]
-            for row in rows:
-                d = u & dmask
-                if d:
-                    acc = acc * row[d] % n2
-                u >>= wbits
-        out.append(int(acc))
-    return out
+        packed_noise = 0
+        for k in range(slots - 1, -1, -1):
+            packed_noise = (packed_noise << slot_bits) + noise_enc[j * slots + k]
+        t = (multiplier * packed_noise + combined[j]) % n
+        c = job.start_constant * (1 + t * n) % n2
+        acc.append(c * job.rerandomizer.factor(secrets[j]) % n2)
+    element_bytes = (int(n2).bit_length() + 7) // 8 + 32
+    window = choose_window(job.exponent_bits, m, element_bytes=element_bytes)
+    dmask = (1 << window) - 1
+    for a, row in enumerate(deltas):
+        exponents = [e + offset for e in enc.encode_deltas(row)]
+        for k in range(slots):
+            table = FixedBaseTable.build(job.slot_bases[k][a], n2, job.exponent_bits, window)
+            rows = table.rows
+            for j, u in enumerate(exponents[k::slots]):
+                value = acc[j]
+                for entry in rows:
+                    d = u & dmask
+                    if d:
+                        value = value * entry[d] % n2
+                    u >>= window
+                acc[j] = value
+    return [int(c) for c in acc]
 
 
 def compute_silo_ciphertexts(
@@ -182,38 +263,49 @@ def compute_silo_ciphertexts(
     *,
     workers: int = 1,
 ) -> list[int]:
-    """The silo's masked, re-randomised ciphertext for every parameter.
+    """The silo's masked, re-randomised ciphertext for every ``slots`` parameters.
 
-    ``deltas`` is ``(subjects, dim)`` in the order of ``job.tables``; ``secrets`` holds one
-    re-randomiser input per parameter (drawn by the caller from its random source).
+    ``deltas`` is ``(subjects, dim)`` in the order of ``job.slot_bases``; ``secrets`` holds one
+    re-randomiser input per ciphertext (drawn by the caller from its random source).
     """
     dim = int(noise.shape[0])
-    if deltas.shape != (len(job.tables), dim) or len(secrets) != dim:
+    slots = job.slots
+    count = -(-dim // slots)
+    if deltas.shape != (job.subjects, dim) or len(secrets) != count:
         raise ValueError(
-            f"Expected deltas of shape {(len(job.tables), dim)} and {dim} secrets, "
+            f"Expected deltas of shape {(job.subjects, dim)} and {count} secrets, "
             f"got {deltas.shape} and {len(secrets)}."
         )
-    chunks = [(deltas[:, a:b], noise[a:b], list(secrets[a:b]), a) for a, b in _split(dim, workers)]
+    pad = count * slots - dim
+    if pad:
+        deltas = np.concatenate([deltas, np.zeros((deltas.shape[0], pad))], axis=1)
+        noise = np.concatenate([noise, np.zeros(pad)])
+    parts = _split(count, workers, per_worker=1)  # each chunk builds its own tables
+    chunks = [
+        (deltas[:, a * slots : b * slots], noise[a * slots : b * slots], list(secrets[a:b]), a)
+        for a, b in parts
+    ]
     out: list[int] = []
     for part in run_chunks(_silo_chunk, job, chunks, workers):
         out.extend(part)
     return out
 
 
-HALF_DECRYPTION_MARGIN_BITS = 32
-
-
-def half_decryption_suffices(private_key: PaillierPrivateKey, encoding: WeightingEncoding) -> bool:
-    """Whether every honest aggregate is so far below ``p`` that ``m mod p`` determines it
-    (with ``2^32`` to spare, so a forged ciphertext still decodes out of range w.h.p.)."""
-    bound = 2 * encoding.aggregate_bound << HALF_DECRYPTION_MARGIN_BITS
+def half_decryption_suffices(
+    private_key: PaillierPrivateKey, encoding: WeightingEncoding, slots: int = 1
+) -> bool:
+    """Whether every honest (packed) aggregate is so far below ``p`` that ``m mod p``
+    determines it (with ``2^32`` to spare, so a forged ciphertext still decodes out of range
+    w.h.p.)."""
+    bound = 2 * encoding.packed_bound(slots) << HALF_DECRYPTION_MARGIN_BITS
     return bound < min(private_key.p, private_key.q)
 
 
 def _server_chunk(
-    shared: tuple[PaillierPrivateKey, WeightingEncoding, bool], columns: Sequence[Sequence[int]]
+    shared: tuple[PaillierPrivateKey, WeightingEncoding, bool, int],
+    columns: Sequence[Sequence[int]],
 ) -> list[float]:
-    key, enc, half = shared
+    key, enc, half, slots = shared
     n2 = key.public_key.n_squared
     p = key.p
     values: list[float] = []
@@ -223,9 +315,10 @@ def _server_chunk(
             acc = acc * c % n2
         if half:
             m = key.decrypt_mod_p(acc)
-            values.append(enc.decode_signed(m - p if m > p // 2 else m))
+            packed = m - p if m > p // 2 else m
         else:
-            values.append(enc.decode(key.decrypt(acc)))
+            packed = FixedPointCodec.centered(key.decrypt(acc), key.public_key.n)
+        values.extend(enc.decode_signed(d) for d in enc.unpack(packed, slots))
     return values
 
 
@@ -234,17 +327,21 @@ def aggregate_and_decrypt(
     encoding: WeightingEncoding,
     contributions: Sequence[Sequence[int]],
     *,
+    slots: int = 1,
+    dim: int | None = None,
     workers: int = 1,
 ) -> np.ndarray:
-    """Multiplies the silos' ciphertext vectors (the masks cancel), decrypts and decodes.
+    """Multiplies the silos' ciphertext vectors (the masks cancel), decrypts, unpacks
+    ``slots`` coordinates from each and decodes the first ``dim`` (all if ``None``).
 
-    When the fixed-point bound allows (small ``N_max``), only ``m mod p`` is computed: half the
-    decryption cost.
+    When the packed bound allows (small ``N_max``, few slots), only ``m mod p`` is computed:
+    half the decryption cost.
     """
-    dim = len(contributions[0])
-    half = half_decryption_suffices(private_key, encoding)
-    chunks = [(tuple(vec[a:b] for vec in contributions),) for a, b in _split(dim, workers)]
+    count = len(contributions[0])
+    half = half_decryption_suffices(private_key, encoding, slots)
+    chunks = [(tuple(vec[a:b] for vec in contributions),) for a, b in _split(count, workers)]
     out: list[float] = []
-    for values in run_chunks(_server_chunk, (private_key, encoding, half), chunks, workers):
+    shared = (private_key, encoding, half, slots)
+    for values in run_chunks(_server_chunk, shared, chunks, workers):
         out.extend(values)
-    return np.asarray(out, dtype=np.float64)
+    return np.asarray(out[: len(out) if dim is None else dim], dtype=np.float64)
