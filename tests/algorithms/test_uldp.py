@@ -22,14 +22,18 @@ from torch.nn import functional as F
 from silodp.accounting.events import gaussian_steps, poisson_gaussian_steps
 from silodp.algorithms import AlgorithmConfig, SiloData, SiloUpdate, make_algorithm
 from silodp.algorithms.uldp import (
+    ProtocolRound,
     RoundWeights,
     UldpAvg,
+    UldpAvgW,
     UldpNaive,
     UldpSgd,
     check_weights,
     record_weights,
     uniform_weights,
 )
+from silodp.crypto.errors import InsecureKeyError, SiloDropoutError, SubjectBoundError
+from silodp.crypto.prg import ChaCha20Prg
 from silodp.data import FederatedDataset
 from silodp.federated.simulator import silo_tensors
 from silodp.models import MLP
@@ -154,7 +158,7 @@ def test_algorithms_set_up_their_weights_from_the_data() -> None:
         subject=[0, 2, 0, 2, 2],
         num_classes=3,
     )
-    avg_w = make_algorithm("uldp_avg_w", AlgorithmConfig(), train)
+    avg_w = make_algorithm("uldp_avg_w", AlgorithmConfig(weighting="clear"), train)
     np.testing.assert_allclose(avg_w.weights.numpy(), [[0.5, 0, 1 / 3], [0.5, 0, 2 / 3]])
     np.testing.assert_allclose(avg_w.weights.numpy(), record_weights(train.histogram()), rtol=1e-15)
     for name in ("uldp_avg", "uldp_sgd"):
@@ -245,7 +249,9 @@ def test_non_sampled_subjects_do_not_touch_the_message() -> None:
 @pytest.mark.parametrize("name", ULDP_WEIGHTED)
 def test_local_update_contract(name) -> None:
     train = _federation(dtype=np.float32)
-    cfg = AlgorithmConfig(noise_multiplier=1.1, clip=0.3, subject_rate=0.6, local_epochs=2)
+    cfg = AlgorithmConfig(
+        noise_multiplier=1.1, clip=0.3, subject_rate=0.6, local_epochs=2, weighting="clear"
+    )
     algo = make_algorithm(name, cfg, train)
     model = MLP(5, 3, hidden=8)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
@@ -338,7 +344,9 @@ def test_uldp_sgd_step_is_gradient_descent_on_the_subjects_loss() -> None:
 @pytest.mark.parametrize("name", ["uldp_avg", "uldp_avg_w"])
 def test_rounds_of_noiseless_uldp_avg_lower_the_training_loss(name) -> None:
     train = _federation(n=60, silos=3, subjects=5, seed=2)
-    cfg = AlgorithmConfig(noise_multiplier=0.0, clip=10.0, lr=0.1, local_epochs=2, batch_size=4)
+    cfg = AlgorithmConfig(
+        noise_multiplier=0.0, clip=10.0, lr=0.1, local_epochs=2, batch_size=4, weighting="clear"
+    )
     algo = make_algorithm(name, cfg, train)
     silos = [_float64(s) for s in silo_tensors(train)]
     x, y = torch.from_numpy(train.x).double(), torch.from_numpy(train.y)
@@ -565,3 +573,122 @@ def test_uldp_naive_aggregate_divides_by_the_number_of_silos() -> None:
     new = algo.aggregate(params, _updates([1.0, 2.0, 3.0, 6.0]))
     torch.testing.assert_close(new["w"], torch.full((2, 3), 1.0 + 0.5 * 12.0 / 4))
     torch.testing.assert_close(new["b"], torch.tensor([1.5, -1.5]))
+
+
+# --- uldp_avg_w through the private weighting protocol -------------------------------------
+
+TEST_KEY_BITS = 512  # insecure, for speed; production refuses < 2048 bits
+
+
+def _protocol(cfg: AlgorithmConfig, train: FederatedDataset, seed: int = 0) -> UldpAvgW:
+    algo = UldpAvgW.for_data(
+        cfg, train, insecure_test_key_bits=TEST_KEY_BITS, source=ChaCha20Prg(bytes([seed]) * 32)
+    )
+    assert isinstance(algo, UldpAvgW)
+    return algo
+
+
+def _train_rounds(algo, silos, params, rounds: int):
+    sampled = []
+    for r in range(1, rounds + 1):
+        instr = algo.configure_round(r, torch.Generator().manual_seed(r))
+        if isinstance(instr, RoundWeights):
+            sampled.append(frozenset(int(a) for a in torch.nonzero(instr.sampled).flatten()))
+        updates = [
+            algo.local_update(
+                _MODEL, params, s, torch.Generator().manual_seed(100 * r + s.silo), instr
+            )
+            for s in silos
+        ]
+        params = algo.aggregate(params, updates)
+    return params, sampled
+
+
+@pytest.mark.parametrize("q", [1.0, 0.5])
+def test_protocol_trained_model_equals_the_clear_weighted_model(q) -> None:
+    train = _federation(n=60, silos=3, subjects=7, seed=2)
+    cfg = AlgorithmConfig(
+        noise_multiplier=0.7,
+        clip=1.0,
+        lr=0.2,
+        local_epochs=2,
+        batch_size=4,
+        subject_rate=q,
+        n_max=60,
+    )
+    protocol = _protocol(cfg, train)
+    clear = UldpAvgW.for_data(replace(cfg, weighting="clear"), train)
+    silos = [_float64(s) for s in silo_tensors(train)]
+    start = _params(3)
+    got, _ = _train_rounds(protocol, silos, start, 3)
+    want, sampled = _train_rounds(clear, silos, start, 3)
+    moved = max(float((want[k] - start[k]).abs().max()) for k in start)
+    assert moved > 0.1  # the rounds did something
+    # fixed point: (subjects + silos) * 1e-10 / 2 per coordinate and round, / (q |U|)
+    for k in start:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-8)
+    if q < 1.0:  # sub-sampling really happened, with different subjects per round
+        assert all(0 < len(s) < 7 for s in sampled) and len(set(sampled)) > 1
+
+
+def test_protocol_round_hides_the_sample_and_zeroes_non_sampled_subjects() -> None:
+    train = _federation(n=40, silos=2, subjects=5, seed=4)
+    cfg = AlgorithmConfig(noise_multiplier=0.0, clip=1.0, subject_rate=0.5, n_max=40)
+    algo = _protocol(cfg, train, seed=1)
+    instr = algo.configure_round(1, torch.Generator().manual_seed(7))
+    assert isinstance(instr, ProtocolRound)
+    assert len(instr.message.ciphertexts) == 5  # one per public subject, sampled or not
+    sampled = torch.rand(5, generator=torch.Generator().manual_seed(7)) < 0.5
+    silos = [_float64(s) for s in silo_tensors(train)]
+    params = _params(1)
+    updates = [
+        algo.local_update(_MODEL, params, s, torch.Generator().manual_seed(s.silo), instr)
+        for s in silos
+    ]
+    new = algo.aggregate(params, updates)
+    # the same round with explicit clear weights zeroed for the non-sampled subjects
+    weights = record_weights(train.histogram()) * sampled.numpy()
+    clear = UldpAvgW(replace(cfg, weighting="clear"), weights=record_weights(train.histogram()))
+    round_weights = RoundWeights(torch.from_numpy(weights), sampled)
+    ref = clear.aggregate(
+        params,
+        [
+            clear.local_update(
+                _MODEL, params, s, torch.Generator().manual_seed(s.silo), round_weights
+            )
+            for s in silos
+        ],
+    )
+    for k in params:
+        torch.testing.assert_close(new[k], ref[k], rtol=0, atol=1e-8)
+    assert any(not torch.equal(new[k], params[k]) for k in params)
+
+
+def test_protocol_run_says_weights_are_private() -> None:
+    train = _federation(n=30, silos=2, subjects=4, seed=5)
+    protocol = _protocol(AlgorithmConfig(n_max=30), train)
+    clear = make_algorithm("uldp_avg_w", AlgorithmConfig(weighting="clear"), train)
+    assert protocol.weights_private is True and clear.weights_private is False
+    assert not any("weights not private" in n for n in protocol.run_notes())
+    assert any("private weighting protocol run in-process" in n for n in protocol.run_notes())
+    assert any("weights not private" in n for n in clear.run_notes())
+
+
+def test_protocol_set_up_refuses_small_keys_and_subjects_above_n_max() -> None:
+    train = _federation(n=30, silos=2, subjects=3, seed=6)
+    with pytest.raises(InsecureKeyError, match="1024"):
+        UldpAvgW.for_data(AlgorithmConfig(key_bits=1024, n_max=30), train)
+    largest = int(train.histogram().sum(axis=0).max())
+    with pytest.raises(SubjectBoundError, match=f"n_max={largest - 1}"):
+        _protocol(AlgorithmConfig(n_max=largest - 1), train)
+
+
+def test_protocol_round_aborts_when_a_silo_drops_out() -> None:
+    train = _federation(n=30, silos=3, subjects=4, seed=7)
+    algo = _protocol(AlgorithmConfig(noise_multiplier=1.0, n_max=30), train)
+    silos = [_float64(s) for s in silo_tensors(train)]
+    params = _params(2)
+    instr = algo.configure_round(1, torch.Generator())
+    updates = [algo.local_update(_MODEL, params, s, torch.Generator(), instr) for s in silos[:2]]
+    with pytest.raises(SiloDropoutError, match=r"\[2\]"):
+        algo.aggregate(params, updates)

@@ -154,13 +154,32 @@ def test_uldp_needs_every_silo_each_round(tmp_path: Path) -> None:
         run_experiment(parse_config(raw), tmp_path)
 
 
-def test_uldp_avg_w_outputs_say_weights_are_not_private(tmp_path: Path) -> None:
-    raw = _tiny()
+def test_uldp_avg_w_outputs_say_whether_weights_are_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from silodp.algorithms.uldp import UldpAvgW
+
+    set_up = UldpAvgW.for_data.__func__  # type: ignore[attr-defined]
+
+    def small_keys(cls, config, train):  # insecure 512-bit test keys keep the run fast
+        return set_up(cls, config, train, insecure_test_key_bits=512)
+
+    monkeypatch.setattr(UldpAvgW, "for_data", classmethod(small_keys))
+    raw = _tiny(n_max=60)
     raw["algorithms"] = ["uldp_avg", "uldp_avg_w"]
+    raw["training"]["rounds"] = 2
     summary = run_experiment(parse_config(raw), tmp_path)
     avg, avg_w = summary["runs"]
-    assert avg_w["weights_private"] is False
-    assert any("weights not private" in n for n in avg_w["notes"])
+    assert avg_w["weights_private"] is True  # the private weighting protocol ran
+    assert not any("weights not private" in n for n in avg_w["notes"])
+    assert any("private weighting protocol run in-process" in n for n in avg_w["notes"])
+    assert avg_w["status"] == "complete" and avg_w["epsilon"]["subject"] > 0
+    clear = _tiny(weighting="clear")
+    clear["algorithms"] = ["uldp_avg_w"]
+    clear["training"]["rounds"] = 1
+    (clear_w,) = run_experiment(parse_config(clear), tmp_path / "clear")["runs"]
+    assert clear_w["weights_private"] is False
+    assert any("weights not private" in n for n in clear_w["notes"])
     assert not any("weights not private" in n for n in avg["notes"])
     assert any("secure aggregation" in n for n in avg["notes"])
     rows = _metrics(tmp_path / "uldp_avg" / "metrics.jsonl")

@@ -15,7 +15,10 @@ differential privacy"): subject-level DP when a subject's records sit in several
   noise has std σC: one Gaussian (σ) per round, sub-sampled at rate q when the server samples
   subjects (it zeroes the weights of the others). The server divides the secure sum by the
   public expected number of subjects ``q·|U|`` and applies the global learning rate.
-* ``uldp_avg_w``: ``uldp_avg`` with ``w_{s,a} = n_{s,a}/n_a``.
+* ``uldp_avg_w``: ``uldp_avg`` with ``w_{s,a} = n_{s,a}/n_a``, by default computed and
+  applied through the private weighting protocol of ULDP-FL (Protocol 1; :mod:`silodp.crypto`):
+  the weights, the per-subject weighting and the secure sum happen under Paillier encryption,
+  multiplicative blinding and pairwise masks, all parties run in this process.
 
 The noise is split over silos, so these guarantees hold for the released model and, against
 the server, only if it sees nothing but the sum of the silos' messages (secure aggregation).
@@ -24,6 +27,7 @@ the server, only if it sees nothing but the sum of the silos' messages (secure a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -42,6 +46,9 @@ from silodp.algorithms.base import (
     uniform_batch,
 )
 from silodp.algorithms.dp_sgd import LocalItemDP
+from silodp.crypto.messages import EncryptedWeights, MaskedWeightedSum
+from silodp.crypto.protocol import ProtocolConfig, WeightingSession, with_identities
+from silodp.crypto.randomness import RandomSource
 from silodp.data import FederatedDataset
 from silodp.privacy.ghost import clipper_for
 from silodp.privacy.gradients import Params, clip_factors, tree_norm
@@ -49,6 +56,7 @@ from silodp.privacy.noise import gaussian_noise
 from silodp.privacy.per_subject import per_subject_deltas, subject_batches
 
 __all__ = [
+    "ProtocolRound",
     "RoundWeights",
     "UldpAvg",
     "UldpAvgW",
@@ -68,6 +76,16 @@ SECURE_AGGREGATION = (
 SIMULATED_AGGREGATION_NOTE = (
     "the in-process simulator does not implement secure aggregation: ε holds for the "
     "released model; against the server it assumes secure aggregation"
+)
+
+PROTOCOL_AGGREGATION_NOTE = (
+    "private weighting protocol run in-process: weights n_{s,a}/n_a, per-subject weighting "
+    "and the sum over silos were computed under Paillier encryption with blinded histograms "
+    "and pairwise masks; the server object decrypted only the sum over all silos. This holds "
+    "against an honest-but-curious server that colludes with no silo (key shares signed with "
+    "registered Ed25519 identity keys); the server learns which subjects were sampled; "
+    "ε assumes continuous Gaussian noise, which the protocol rounds to its fixed-point "
+    "precision"
 )
 
 WEIGHTS_IN_CLEAR_NOTE = (
@@ -208,7 +226,7 @@ class UldpAvg(Algorithm):
     #: one full-batch gradient step per subject instead of Q epochs of mini-batches
     single_step: ClassVar[bool] = False
     #: whether the weights were computed without revealing silos' histograms
-    weights_private: ClassVar[bool] = True
+    weights_private: bool = True
 
     def run_notes(self) -> list[str]:
         notes = [] if self.weights_private else [WEIGHTS_IN_CLEAR_NOTE]
@@ -341,12 +359,225 @@ class UldpSgd(UldpAvg):
     single_step = True
 
 
+#: noise coordinates are encoded up to this many standard deviations (exceeding it, with
+#: probability below 1e-300 per coordinate, aborts the round with ValueOutOfRangeError)
+NOISE_BOUND_STDS = 40.0
+#: fixed-point precision of the weighting protocol (decimal digits after the point)
+PROTOCOL_PRECISION = 1e-10
+
+
+@dataclass(frozen=True)
+class ProtocolRound:
+    """What the server sends every silo in a protocol round: the encrypted weights only (the
+    silos do not learn which subjects were sampled)."""
+
+    message: EncryptedWeights
+
+
 class UldpAvgW(UldpAvg):
-    """ULDP-AVG-w: weights ``n_{s,a}/n_a``, computed here in the clear from the histogram."""
+    """ULDP-AVG-w: weights ``n_{s,a}/n_a`` (Kato et al., ULDP-FL, Eq. (4)).
+
+    ``weighting="protocol"`` (default): :meth:`for_data` runs the set-up of the private
+    weighting protocol (Protocol 1) from each silo's own histogram - Paillier keys, X25519
+    pairwise keys, shared seed, blinded masked histograms and the server's inverses. Each round
+    the server sends ``Enc((r_a n_a)^-1)`` (``Enc(0)`` for subjects not sub-sampled), every silo
+    trains and clips *all* its subjects (it cannot tell which were sampled) and returns its
+    masked encrypted weighted sum plus encoded noise (:attr:`SiloUpdate.payload`), and the
+    server decrypts only the sum over all silos. Guarantee: as ``uldp_avg`` at the subject
+    level; the weighting reveals no histogram (see the README section on what each party
+    learns). ``weighting="clear"``: the weights are computed from the histograms in the clear.
+
+    Encoding: each clipped delta is clipped to ``C - sqrt(P) h / 2`` (``h`` the fixed-point
+    step, ``P`` the parameter count) so that its rounded encoding still has norm ``<= C``: the
+    sensitivity ``C`` of the accounting holds for what is actually summed.
+    """
 
     name = "uldp_avg_w"
-    weights_private = False
+
+    def __init__(
+        self,
+        config: AlgorithmConfig,
+        *,
+        weights: np.ndarray | None = None,
+        protocol: WeightingSession | None = None,
+        num_subjects: int | None = None,
+    ) -> None:
+        super().__init__(config, weights=weights)
+        if protocol is not None and num_subjects is None:
+            num_subjects = len(protocol.config.subject_ids)
+        self.protocol = protocol
+        self._num_subjects = num_subjects
+        self._dim: int | None = None
+        self.weights_private = protocol is not None
 
     @classmethod
     def make_weights(cls, train: FederatedDataset) -> np.ndarray:
         return record_weights(train.histogram())
+
+    @classmethod
+    def for_data(
+        cls,
+        config: AlgorithmConfig,
+        train: FederatedDataset,
+        *,
+        insecure_test_key_bits: int | None = None,
+        source: RandomSource | None = None,
+    ) -> Algorithm:
+        """Clear weights, or the protocol set up from each silo's histogram (``source``: the
+        parties' cryptographic randomness, the OS CSPRNG by default; small keys only through
+        ``insecure_test_key_bits``)."""
+        if config.weighting == "clear":
+            return cls(config, weights=cls.make_weights(train))
+        hist = train.histogram()
+        histograms = {
+            s: {a: int(c) for a, c in enumerate(hist[s]) if c} for s in range(train.num_silos)
+        }
+        std = config.noise_multiplier * config.clip / math.sqrt(train.num_silos)
+        protocol_config = ProtocolConfig(
+            silo_ids=tuple(range(train.num_silos)),
+            subject_ids=tuple(range(train.num_subjects)),
+            n_max=config.n_max,
+            delta_bound=config.clip,
+            noise_bound=NOISE_BOUND_STDS * std,
+            precision=PROTOCOL_PRECISION,
+            key_bits=config.key_bits,
+            insecure_test_key_bits=insecure_test_key_bits,
+        )
+        # identity keys registered "out of band": here, by the process that plays every party
+        protocol_config, identities = with_identities(protocol_config, source)
+        session = WeightingSession(
+            protocol_config, histograms, source=source, identities=identities
+        )
+        return cls(config, protocol=session, num_subjects=train.num_subjects)
+
+    @property
+    def num_subjects(self) -> int:
+        if self.protocol is not None and self._num_subjects is not None:
+            return self._num_subjects
+        return super().num_subjects
+
+    def run_notes(self) -> list[str]:
+        if self.protocol is None:
+            return [WEIGHTS_IN_CLEAR_NOTE, SIMULATED_AGGREGATION_NOTE]
+        return [PROTOCOL_AGGREGATION_NOTE]
+
+    def configure_round(self, round_index: int, generator: torch.Generator) -> Any:
+        """Server: Poisson-samples subjects at ``subject_rate`` (same draws as ``uldp_avg``);
+        with the protocol, encrypts ``(r_a n_a)^-1`` for the sampled and 0 for the others."""
+        if self.protocol is None:
+            return super().configure_round(round_index, generator)
+        q = self.config.subject_rate
+        n = self.num_subjects
+        if q >= 1.0:
+            sampled = torch.ones(n, dtype=torch.bool)
+        else:
+            sampled = torch.rand(n, generator=generator) < q
+        chosen = {int(a) for a in torch.nonzero(sampled).flatten()}
+        message = self.protocol.server.open_round(round_index, self._dim, sampled=chosen)
+        return ProtocolRound(message)
+
+    def local_update(
+        self,
+        model: nn.Module,
+        params: Params,
+        silo: SiloData,
+        generator: torch.Generator,
+        instructions: Any = None,
+    ) -> SiloUpdate:
+        cfg = self.config
+        protocol = isinstance(instructions, ProtocolRound)
+        if self.protocol is not None and not protocol:
+            raise ValueError(f"{self.name} needs this round's ProtocolRound from configure_round.")
+        if self.protocol is None and not isinstance(instructions, RoundWeights):
+            raise ValueError(f"{self.name} needs this round's RoundWeights from configure_round.")
+        names = list(params)
+        dim = sum(int(params[k].numel()) for k in names)
+        clip = cfg.clip
+        if protocol:
+            clip = cfg.clip - math.sqrt(dim) * PROTOCOL_PRECISION / 2
+        order = torch.unique(silo.subject)  # every subject here: sampling is hidden in protocol
+        clipped: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if order.numel():
+            batches = subject_batches(
+                silo.subject,
+                order,
+                epochs=cfg.local_epochs,
+                batch_size=cfg.batch_size,
+                generator=generator,
+            )
+            for rows, deltas in per_subject_deltas(
+                model, params, silo.x, silo.y, batches, lr=cfg.lr
+            ):
+                flat = torch.cat([deltas[k].reshape(deltas[k].shape[0], -1) for k in names], dim=1)
+                factors = torch.clamp(clip / (flat.norm(dim=1) + 1e-12), max=1.0)
+                clipped.append((order[rows], flat * factors[:, None]))
+        if self.protocol is not None:
+            num_silos = len(self.protocol.config.silo_ids)
+        else:
+            num_silos = int(instructions.weights.shape[0])
+        std = cfg.noise_multiplier * cfg.clip / math.sqrt(num_silos)
+        noise = {
+            k: gaussian_noise(v.shape, std=std, generator=generator, secure=cfg.secure_noise)
+            for k, v in params.items()
+        }
+        privacy = self.silo_privacy(sampling_rate=cfg.subject_rate)
+        if not protocol:
+            row = instructions.weights[silo.silo]
+            total = torch.zeros(dim, dtype=next(iter(params.values())).dtype)
+            for subjects, flat in clipped:
+                total += torch.tensordot(row[subjects].to(flat.dtype), flat, dims=1)
+            sampled = int((row[order] > 0).sum()) if order.numel() else 0
+            message = {k: v + noise[k] for k, v in _unflatten(total, params).items()}
+            return SiloUpdate(
+                silo.silo, message, silo.num_records, privacy, subjects_per_batch=[sampled]
+            )
+        assert self.protocol is not None
+        vectors = {
+            int(a): v.detach().cpu().numpy().astype(np.float64)
+            for subjects, flat in clipped
+            for a, v in zip(subjects.tolist(), flat, strict=True)
+        }
+        noise_vec = torch.cat([noise[k].reshape(-1) for k in names]).cpu().numpy()
+        reply = self.protocol.silos[silo.silo].weighted_sum(
+            instructions.message, vectors, noise_vec.astype(np.float64), dim=dim
+        )
+        return SiloUpdate(
+            silo.silo,
+            {},
+            silo.num_records,
+            privacy,
+            subjects_per_batch=[int(order.numel())],
+            payload=reply,
+        )
+
+    def aggregate(self, params: Params, updates: Sequence[SiloUpdate]) -> Params:
+        """As ``uldp_avg``; with the protocol the sum is decrypted from the silos' masked
+        encrypted messages (all silos must answer, else ``SiloDropoutError``)."""
+        if self.protocol is None:
+            return super().aggregate(params, updates)
+        server = self.protocol.server
+        for update in updates:
+            if not isinstance(update.payload, MaskedWeightedSum):
+                raise ValueError(
+                    f"{self.name}: silo {update.silo} sent no MaskedWeightedSum payload."
+                )
+            server.receive_weighted_sum(update.payload)
+        result = server.finish_round()
+        self._dim = int(result.aggregate.shape[0])
+        dtype = next(iter(params.values())).dtype
+        total = _unflatten(torch.from_numpy(result.aggregate).to(dtype), params)
+        scale = self.config.subject_rate * self.num_subjects
+        return {k: v + self.config.server_lr * total[k] / scale for k, v in params.items()}
+
+
+def _unflatten(vector: torch.Tensor, like: Params) -> Params:
+    """Splits a flat vector into tensors shaped like ``like`` (in its key order)."""
+    out: Params = {}
+    start = 0
+    for k, v in like.items():
+        size = int(v.numel())
+        out[k] = vector[start : start + size].reshape(v.shape)
+        start += size
+    if start != vector.numel():
+        raise ValueError(f"Expected {start} values, got {vector.numel()}.")
+    return out
