@@ -90,9 +90,14 @@ def run(
             )
             or "not private"
         )
-        acc = item["test_accuracy"]
+        acc = f"accuracy {item['test_accuracy']:.3f}"
+        if item.get("personalised_accuracy") is not None:
+            acc = (
+                f"personalised accuracy {item['personalised_accuracy']:.3f}, "
+                f"global {item['test_accuracy']:.3f}"
+            )
         typer.echo(
-            f"  {item['algorithm']:>15}: accuracy {acc:.3f}  ε({eps})"
+            f"  {item['algorithm']:>15}: {acc}  ε({eps})"
             + (f" at δ={item['delta']:g}" if item["delta"] else "")
         )
 
