@@ -46,11 +46,15 @@ RDP_ORDERS: np.ndarray = np.unique(
 )
 
 
-def rdp_curve(event: dp_event.DpEvent, orders: np.ndarray | None = None) -> np.ndarray:
-    """RDP ε(α) of ``event`` at ``orders`` (default ``RDP_ORDERS``), add/remove adjacency."""
-    if orders is None:
+def rdp_curve(
+    event: dp_event.DpEvent, orders: np.ndarray | None = None, *, replace_one: bool = False
+) -> np.ndarray:
+    """RDP ε(α) of ``event`` at ``orders`` (default ``RDP_ORDERS``), add/remove adjacency
+    (or replace-one with ``replace_one``)."""
+    if orders is None and not replace_one:
         return _default_curve(event).copy()
-    return _compute_curve(event, tuple(float(a) for a in orders))
+    chosen = RDP_ORDERS if orders is None else orders
+    return _compute_curve(event, tuple(float(a) for a in chosen), replace_one=replace_one)
 
 
 @lru_cache(maxsize=1024)
@@ -58,8 +62,14 @@ def _default_curve(event: dp_event.DpEvent) -> np.ndarray:
     return _compute_curve(event, tuple(float(a) for a in RDP_ORDERS))
 
 
-def _compute_curve(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
-    accountant = rdp_lib.RdpAccountant(orders=list(orders))
+def _compute_curve(
+    event: dp_event.DpEvent, orders: tuple[float, ...], *, replace_one: bool = False
+) -> np.ndarray:
+    """dp-accounting's RDP of ``event`` at ``orders`` (add/remove adjacency, or replace-one)."""
+    relation = (
+        rdp_lib.NeighborRel.REPLACE_ONE if replace_one else rdp_lib.NeighborRel.ADD_OR_REMOVE_ONE
+    )
+    accountant = rdp_lib.RdpAccountant(orders=list(orders), neighboring_relation=relation)
     # dp-accounting logs every fractional order its series cannot evaluate (it then uses
     # +inf there, which is safe); those messages are noise for silodp users.
     absl_logger = logging.getLogger("absl")

@@ -35,7 +35,6 @@ What is computed (see ``docs/accounting-fdp.md``):
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -43,7 +42,6 @@ from functools import lru_cache
 import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
-from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from scipy import optimize, stats
 
 from silodp._validation import (
@@ -53,7 +51,7 @@ from silodp._validation import (
     check_positive,
     check_probability,
 )
-from silodp.accounting.conversions import RDP_ORDERS, gdp_epsilon, rdp_epsilon
+from silodp.accounting.conversions import RDP_ORDERS, gdp_epsilon, rdp_curve, rdp_epsilon
 
 __all__ = [
     "BATCH_SAMPLING",
@@ -175,9 +173,7 @@ def clt_mu(
     if batch_sampling == "poisson":
         return c * math.sqrt(math.expm1(sigma**-2))
     inner = (
-        math.exp(sigma**-2) * stats.norm.cdf(1.5 / sigma)
-        + 3.0 * stats.norm.cdf(-0.5 / sigma)
-        - 2.0
+        math.exp(sigma**-2) * stats.norm.cdf(1.5 / sigma) + 3.0 * stats.norm.cdf(-0.5 / sigma) - 2.0
     )
     return math.sqrt(2.0) * c * math.sqrt(max(inner, 0.0))
 
@@ -462,21 +458,11 @@ def _step_rdp(noise_multiplier: float, q: float, batch_sampling: str) -> np.ndar
     """RDP of one step from dp-accounting (uniform batches only), or None."""
     if batch_sampling != "uniform":
         return None
-    accountant = rdp_lib.RdpAccountant(
-        orders=list(RDP_ORDERS), neighboring_relation=rdp_lib.NeighborRel.REPLACE_ONE
-    )
     # source size / sample size only matter through their ratio
     event = dp_event.SampledWithoutReplacementDpEvent(
         1_000_000, round(q * 1_000_000), dp_event.GaussianDpEvent(noise_multiplier)
     )
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
-    absl_logger.setLevel(logging.ERROR)
-    try:
-        accountant.compose(event)
-    finally:
-        absl_logger.setLevel(level)
-    return np.array(accountant._rdp, dtype=np.float64)  # noqa: SLF001
+    return rdp_curve(event, replace_one=True)
 
 
 # ----------------------------------------------------------------------------- the accountant
@@ -565,8 +551,9 @@ def _report(
     q_max: float,
 ) -> FdpReport:
     delta, m = plan.delta, plan.clients
-    mu_max = clt_mu(plan.noise_multiplier, q_max, plan.local_steps * r,
-                    batch_sampling=plan.batch_sampling)
+    mu_max = clt_mu(
+        plan.noise_multiplier, q_max, plan.local_steps * r, batch_sampling=plan.batch_sampling
+    )
     mu = {"client_max": mu_max, "weak": mu_max, "strong": math.sqrt(m - 1) * mu_max}
     every: dict[str, float] = {"pld": _epsilon(state_all, delta)}
     if step_rdp is not None:
