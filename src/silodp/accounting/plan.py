@@ -147,9 +147,7 @@ def calibrate_noise(
             f"{MAX_NOISE_MULTIPLIER:g}); raise epsilon or delta, or use fewer rounds/steps."
         ) from None
     # The tighter routes can only lower ε, so the answer lies at or below ``hi``.
-    return find_sigma(
-        lambda s: epsilon(s, full, CALIBRATION_DISCRETIZATION), target_epsilon, hi=hi
-    )
+    return find_sigma(lambda s: epsilon(s, full, CALIBRATION_DISCRETIZATION), target_epsilon, hi=hi)
 
 
 def find_sigma(

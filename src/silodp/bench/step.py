@@ -152,35 +152,6 @@ def _num_params(module: nn.Module, kinds: tuple[type, ...] | None = None) -> int
     return total
 
 
-def _subject_padding_bytes(model: nn.Module, data: StepData, subjects: torch.Tensor) -> float:
-    """Rough size of the per-subject padded activations/output grads of the norm path."""
-    _, counts = torch.unique(subjects, return_counts=True)
-    padded = counts.numel() * int(counts.max())
-    per_example = 0.0
-    hooks = []
-
-    def hook(mod: nn.Module, inp: tuple, out: torch.Tensor) -> None:
-        nonlocal per_example
-        a, o = inp[0], out
-        if isinstance(mod, nn.Conv2d):
-            kh, kw = mod.kernel_size
-            positions = o.shape[2] * o.shape[3]
-            per_example += positions * (mod.in_channels * kh * kw + mod.out_channels)
-        else:
-            per_example += (a[0].numel() + o[0].numel()) if a.dim() > 1 else o[0].numel()
-
-    for sub in model.modules():
-        if isinstance(sub, nn.Linear | nn.Conv2d | nn.Embedding):
-            hooks.append(sub.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            model(data.x[:1])
-    finally:
-        for h in hooks:
-            h.remove()
-    return 4.0 * 2 * padded * per_example
-
-
 def estimate_extra_bytes(model_name: str, batch: int, method: str) -> float:
     """Rough extra memory of a method (bytes): where per-example gradients are materialised,
     about twice ``B × params × 4`` (the gradients and a same-sized temporary)."""
@@ -194,9 +165,12 @@ def estimate_extra_bytes(model_name: str, batch: int, method: str) -> float:
     if method == "opacus_ghost":  # Linear layers ghost-clipped, the rest per-example
         return 2.0 * batch * (params - _num_params(model, (nn.Linear, nn.Embedding))) * 4
     if method.startswith("subject_norm"):
-        data = make_data(model_name, batch)
-        layout = data.uniform if method.endswith("uniform") else data.skewed
-        return _subject_padding_bytes(model, data, layout)
+        # per-example conv gradients (and a temporary), plus at most one chunk of per-subject
+        # linear-layer gradients (``ghost.PER_EXAMPLE_LIMIT`` elements)
+        from silodp.privacy.ghost import PER_EXAMPLE_LIMIT
+
+        conv = _num_params(model, (nn.Conv2d,))
+        return 2.0 * batch * conv * 4 + 4.0 * PER_EXAMPLE_LIMIT
     return 0.0
 
 
@@ -619,14 +593,16 @@ def worker_step(
     return {"peak_rss_mb": peak_rss_mb(), "vm_hwm_mb": vm_hwm_mb(), "method": method}
 
 
-#: silodp's DP training steps (the targets apply to these; ``vmap`` is a reference path and
-#: ``subject_norm_*`` is not yet the step of any algorithm).
+#: silodp's DP training steps (the targets apply to these; ``vmap`` is a reference path;
+#: ``subject_norm_*`` is ``uldp_sgd``'s step).
 SILODP_DP_METHODS = (
     "local_item_dp",
     "local_group_dp",
     "higradavg_uniform",
     "higradavg_skewed",
     "user_ldp",
+    "subject_norm_uniform",
+    "subject_norm_skewed",
 )
 OPACUS_METHODS = ("opacus_hooks", "opacus_ghost", "opacus_hooks_dplstm", "opacus_ghost_dplstm")
 #: Targets: every silodp DP step at most this many times plain SGD's time ...
