@@ -189,9 +189,10 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
 
     def subject_sq(inverse: torch.Tensor, num: int) -> torch.Tensor:
         width = int(torch.bincount(inverse, minlength=num).max()) if positions == 1 else 0
-        if positions == 1 and num * width * p * d <= batch * batch * (d + p):
+        if positions == 1 and num * p * d <= batch * batch and width * p * d <= batch * (d + p):
             # per-subject gradients Σ_{i∈a} g_i a_iᵀ from subjects' rows padded to the
-            # largest subject, a few subjects at a time
+            # largest subject, a few subjects at a time (when they are fewer elements than
+            # the Gram matrix and cost fewer flops)
             out = _padded_subject_grad_sq(a1, g1, inverse, num)
         elif positions == 1:
             # ||Σ_{i∈a} g_i a_iᵀ||² = Σ_{i,j∈a} (g_i·g_j)(a_i·a_j): a masked B×B Gram matrix
@@ -362,8 +363,9 @@ class GhostClipper:
         The norms come from per-example gradients summed per subject where those are small
         (conv layers), else from Gram matrices restricted to each subject's rows; the sum from
         one contraction with per-example weights ``v_{a(i)}``. Whole subjects are processed
-        in passes of about ``max_batch`` records (large batches of activations fall out of
-        cache). Needs every layer supported (no fallback).
+        in passes of about ``max_batch`` records: a pass's activations stay in cache, and the
+        per-subject Gram matrices grow with the square of a pass. Needs every layer supported
+        (no fallback).
         """
         if not self.fast:
             raise ValueError(
