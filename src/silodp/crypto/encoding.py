@@ -38,11 +38,23 @@ from silodp.crypto.errors import EncodingOverflowError, SubjectBoundError, Value
 
 __all__ = [
     "MAX_N_MAX",
+    "check_bound",
     "FixedPointCodec",
     "WeightingEncoding",
     "lcm_upto",
     "precision_digits",
 ]
+
+
+def check_bound(name: str, value: object) -> None:
+    """Refuses a public bound that is not a finite real number ``>= 0`` (bools included)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value >= 0)
+    ):
+        raise ValueError(f"Expected {name}={value!r} to be a finite number >= 0.")
+
 
 MAX_N_MAX = 1_000_000
 _MAX_DIGITS = 40
@@ -172,13 +184,7 @@ class WeightingEncoding:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"Expected {name}={v!r} to be a positive int.")
         for name in ("delta_bound", "noise_bound"):
-            v = getattr(self, name)
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, int | float)
-                or not (math.isfinite(v) and v >= 0)
-            ):
-                raise ValueError(f"Expected {name}={v!r} to be a finite number >= 0.")
+            check_bound(name, getattr(self, name))
         codec = FixedPointCodec(precision_digits(self.precision))
         multiplier = lcm_upto(self.n_max)
         if 4 * self.n_max * self.n_max >= n:

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import gmpy2
 import numpy as np
 
-from silodp.crypto.encoding import MAX_N_MAX, WeightingEncoding
+from silodp.crypto.encoding import MAX_N_MAX, WeightingEncoding, check_bound
 from silodp.crypto.errors import (
     InsecureKeyError,
     MalformedMessageError,
@@ -170,13 +170,7 @@ class ProtocolConfig:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N_MAX:
             raise ValueError(f"Expected n_max={n!r} to be an int in [1, {MAX_N_MAX}].")
         for name in ("delta_bound", "noise_bound"):
-            v = getattr(self, name)
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, int | float)
-                or not (math.isfinite(v) and v >= 0)
-            ):
-                raise ValueError(f"Expected {name}={v!r} to be a finite number >= 0.")
+            check_bound(name, getattr(self, name))
         check_key_bits(self.key_bits, insecure_test_key_bits=self.insecure_test_key_bits)
         if self.rerandomization not in ("fixed-base", "full"):
             raise ValueError(
