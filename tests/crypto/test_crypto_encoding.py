@@ -122,3 +122,35 @@ def test_lcm_makes_every_weight_an_integer() -> None:
     # the failure the check prevents: a count that does not divide L decodes to garbage
     bad = pow(31, -1, n) * enc.multiplier % n
     assert bad * 31 != enc.multiplier and bad > n // 2**100
+
+
+def test_noise_is_encoded_on_the_aggregate_grid_which_is_a_multiple_of_the_silo_count() -> None:
+    # D = S X + sum_s round(y_s): the weighted deltas enter with L S n_sa / n_a (a multiple of
+    # S) and the noise on the grid 1 / (L S 10^d), so the rounding is a post-processing
+    enc = _enc(n_max=12, num_silos=4)
+    assert enc.lcm == lcm_upto(12) and enc.multiplier == 4 * lcm_upto(12)
+    assert enc.noise_scale == enc.multiplier * 10**10
+    z = 0.123456789012345678
+    assert enc.encode_noise(np.array([z]))[0] == round(Fraction(z) * enc.noise_scale)
+    for n_a in range(1, 13):
+        for n_sa in range(n_a + 1):
+            assert (enc.multiplier * n_sa // n_a) % 4 == 0
+    assert enc.max_abs_error == 10 / 2e10 + 4 / (2 * enc.noise_scale)
+
+
+def test_rounded_noise_shares_are_a_function_of_the_summed_gaussian_only_for_multiples_of_s():
+    # g_u(x) = sum_s round(x / S + u_s), u_s = y_s - G / S: S m + sum_s round(y_s) equals
+    # g_u(S m + G) for every integer m, so a delta part that is a multiple of S makes the
+    # decrypted aggregate a post-processing of (S X + G); a shift by 1 does not commute
+    rng = np.random.default_rng(0)
+    silos = 5
+    misses = 0
+    for _ in range(300):
+        y = rng.normal(0.0, 1e3, silos)
+        g = sum(Fraction(v) for v in y)
+        u = [Fraction(v) - g / silos for v in y]
+        m = int(rng.integers(-(10**6), 10**6))
+        shares = sum(round(Fraction(v)) for v in y)
+        assert silos * m + shares == sum(round((silos * m + g) / silos + us) for us in u)
+        misses += 1 + shares != sum(round((1 + g) / silos + us) for us in u)
+    assert misses > 100

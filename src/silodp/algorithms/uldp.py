@@ -84,8 +84,8 @@ PROTOCOL_AGGREGATION_NOTE = (
     "and pairwise masks; the server object decrypted only the sum over all silos. This holds "
     "against an honest-but-curious server that colludes with no silo (key shares signed with "
     "registered Ed25519 identity keys); the server learns which subjects were sampled; "
-    "ε assumes continuous Gaussian noise, which the protocol rounds to its fixed-point "
-    "precision"
+    "deltas are clipped so that their fixed-point encodings stay within C, and the noise is "
+    "rounded on the aggregate's grid, a post-processing of the accounted Gaussian mechanism"
 )
 
 WEIGHTS_IN_CLEAR_NOTE = (

@@ -14,7 +14,7 @@ round of :class:`~silodp.crypto.protocol.WeightingSession` and reports wall time
   silo + aggregation).
 
 ``baseline_s`` is the same round done the straightforward way with python-paillier (``phe``):
-one full-size ``Enc(w_a)^(r_a n_{s,a} L e_{a,j} mod n)`` per subject and parameter, one fresh
+one full-size ``Enc(w_a)^(r_a n_{s,a} L S e_{a,j} mod n)`` per subject and parameter, one fresh
 encryption of the noise and mask per parameter, and phe's CRT decryption. The baseline runs
 only up to 10^3 parameters, and on at most ``baseline_sample`` of them; its per-parameter cost
 is constant, so the total is extrapolated linearly (``baseline_measured`` says how many
@@ -108,7 +108,7 @@ def _baseline(
     encoding: WeightingEncoding = server.encoding
     subjects = session.config.subject_ids
     blinds = session.silos[session.config.silo_ids[0]]._blinds
-    big_l = encoding.multiplier
+    multiplier = encoding.multiplier
 
     t0 = time.perf_counter()
     weights = {
@@ -125,10 +125,10 @@ def _baseline(
         sign = 1 if index == 0 else -1 if index == 1 else 0  # one pair of masks that cancel
         enc_noise = encoding.encode_noise(noise[s][:measured])
         own = [(a, encoding.encode_deltas(deltas[s][a][:measured])) for a in hist[s]]
-        scalars = {a: blinds[subjects.index(a)] * hist[s][a] * big_l % n for a, _ in own}
+        scalars = {a: blinds[subjects.index(a)] * hist[s][a] * multiplier % n for a, _ in own}
         out = []
         for j in range(measured):
-            acc = pk.raw_encrypt((big_l * enc_noise[j] + sign * masks[j]) % n)
+            acc = pk.raw_encrypt((enc_noise[j] + sign * masks[j]) % n)
             for a, enc in own:
                 term = weights[a]._raw_mul(scalars[a] * enc[j] % n)
                 acc = acc * term % n2

@@ -5,24 +5,42 @@ A real ``x`` (a Python/NumPy float64) becomes the signed integer ``round(x * 10^
 lower-precision float; negatives live in ``Z_n`` as ``n - |v|``.
 
 The weight ``n_{s,a} / n_a`` is applied exactly through ``L = lcm(1..N_max)``: the silo
-multiplies by ``r_a n_{s,a} L`` and the server's encrypted ``(r_a n_a)^{-1}``, so the plaintext
-gains the *integer* factor ``n_{s,a} L / n_a`` - an integer only because ``n_a`` divides ``L``,
-i.e. only if ``1 <= n_a <= N_max``. A subject with ``n_a > N_max`` would silently decode to
-garbage, so it is refused (:class:`~silodp.crypto.errors.SubjectBoundError`).
+multiplies by ``r_a n_{s,a} M`` (``M = L S``, :attr:`WeightingEncoding.multiplier`) and the
+server's encrypted ``(r_a n_a)^{-1}``, so the plaintext gains the *integer* factor
+``n_{s,a} M / n_a`` - an integer only because ``n_a`` divides ``L``, i.e. only if
+``1 <= n_a <= N_max``. A subject with ``n_a > N_max`` would silently decode to garbage, so it
+is refused (:class:`~silodp.crypto.errors.SubjectBoundError`).
 
-Decryption yields ``D = L * (sum_{s,a} (n_{s,a}/n_a) e_{s,a} + sum_s e_noise_s) mod n`` with
-``e`` the encoded values. Decoding lifts ``D`` to ``(-n/2, n/2]`` and divides by ``L 10^d``.
+Noise is encoded on the finest grid, ``round(z M 10^d)``: silo ``s`` adds
+``round(y_s)``, ``y_s = z_s M 10^d``. Decryption yields
+
+    D = S X + sum_s round(y_s) mod n,   X = sum_{s,a} (L n_{s,a}/n_a) e_{s,a}  (an integer),
+
+and decoding lifts ``D`` to ``(-n/2, n/2]`` and divides by ``M 10^d``.
+
+Why the factor ``S``: it makes the rounded noise an exact post-processing of the Gaussian
+mechanism, so ε needs no allowance for rounding. The ``y_s`` are i.i.d. ``N(0, a^2)``; with
+``G = sum_s y_s ~ N(0, S a^2)`` and ``u_s = y_s - G/S`` (independent of ``G``, and of the data),
+``sum_s round(y_s) = g_u(G)`` for ``g_u(x) = sum_s round(x/S + u_s)``. Since
+``g_u(x + S m) = g_u(x) + S m`` for every integer ``m``, ``D = g_u(S X + G)``: a function,
+with data-independent randomness ``u``, of ``S X + G``. Divided by ``M 10^d``, ``S X + G`` is
+the weighted sum of the rounded clipped deltas plus ``N(0, S a^2 / (M 10^d)^2)`` noise per
+coordinate, i.e. ``N(0, σ^2 C^2)`` when each silo's noise has std ``σ C / sqrt(S)``: exactly
+the Gaussian mechanism the accountant charges. Without the factor ``S``
+(``D = X + sum_s round(y_s)``), ``D`` is no such function.
+
 That is exact if the true ``|D| < n / 2``. With ``|delta| <= delta_bound`` and
 ``|noise| <= noise_bound`` per coordinate, ``A`` subjects (the per-subject weights sum to at
 most one over silos) and ``S`` silos,
 
-    |D| <= L * (A * E_delta + S * E_noise),   E_b = ceil(b * 10^d),
+    |D| <= M A E_delta + S E_noise,   E_delta = ceil(delta_bound 10^d),
+                                       E_noise = ceil(noise_bound M 10^d),
 
 and :class:`WeightingEncoding` refuses, at set-up, parameters where ``2 |D|_max >= n``
 (:class:`~silodp.crypto.errors.EncodingOverflowError`); encoding a value beyond its declared
 bound raises :class:`~silodp.crypto.errors.ValueOutOfRangeError`. The decoded value differs
 from the real weighted sum only by the rounding of each encoded value:
-``|error| <= (A + S) / (2 * 10^d)`` (plus the final float64 rounding).
+``|error| <= A / (2 10^d) + S / (2 M 10^d)`` (plus the final float64 rounding).
 """
 
 from __future__ import annotations
@@ -168,7 +186,9 @@ class WeightingEncoding:
     precision: float = 1e-10
     packing: bool = True
     codec: FixedPointCodec = field(init=False, repr=False)
-    multiplier: int = field(init=False, repr=False)  # L = lcm(1..n_max)
+    lcm: int = field(init=False, repr=False)  # L = lcm(1..n_max)
+    multiplier: int = field(init=False, repr=False)  # M = L * num_silos
+    noise_scale: int = field(init=False, repr=False)  # M * 10^d
     max_encoded_delta: int = field(init=False, repr=False)
     max_encoded_noise: int = field(init=False, repr=False)
     aggregate_bound: int = field(init=False, repr=False)
@@ -186,23 +206,27 @@ class WeightingEncoding:
         for name in ("delta_bound", "noise_bound"):
             check_bound(name, getattr(self, name))
         codec = FixedPointCodec(precision_digits(self.precision))
-        multiplier = lcm_upto(self.n_max)
+        big_l = lcm_upto(self.n_max)
+        multiplier = big_l * self.num_silos
+        noise_scale = multiplier * codec.scale
         if 4 * self.n_max * self.n_max >= n:
             raise EncodingOverflowError(f"n_max={self.n_max} is not far below the modulus.")
         e_delta = math.ceil(Fraction(self.delta_bound) * codec.scale)
-        e_noise = math.ceil(Fraction(self.noise_bound) * codec.scale)
-        bound = multiplier * (self.num_subjects * e_delta + self.num_silos * e_noise)
+        e_noise = math.ceil(Fraction(self.noise_bound) * noise_scale)
+        bound = multiplier * self.num_subjects * e_delta + self.num_silos * e_noise
         if 2 * bound >= n:
             raise EncodingOverflowError(
                 f"Fixed-point aggregate could wrap around the {n.bit_length()}-bit modulus: "
-                f"2 * L * (A * E_delta + S * E_noise) has {(2 * bound).bit_length()} bits with "
-                f"L = lcm(1..{self.n_max}) ({multiplier.bit_length()} bits), "
+                f"2 * (L * S * A * E_delta + S * E_noise) has {(2 * bound).bit_length()} bits "
+                f"with L = lcm(1..{self.n_max}) ({big_l.bit_length()} bits), "
                 f"A={self.num_subjects}, S={self.num_silos}, delta_bound={self.delta_bound}, "
                 f"noise_bound={self.noise_bound}, precision={self.precision}. Use a larger key, "
                 "a smaller n_max, coarser precision or tighter bounds."
             )
         object.__setattr__(self, "codec", codec)
+        object.__setattr__(self, "lcm", big_l)
         object.__setattr__(self, "multiplier", multiplier)
+        object.__setattr__(self, "noise_scale", noise_scale)
         object.__setattr__(self, "max_encoded_delta", e_delta)
         object.__setattr__(self, "max_encoded_noise", e_noise)
         object.__setattr__(self, "aggregate_bound", bound)
@@ -261,7 +285,7 @@ class WeightingEncoding:
     @property
     def max_abs_error(self) -> float:
         """Worst-case decoding error from rounding the inputs (before float64 rounding)."""
-        return (self.num_subjects + self.num_silos) / (2 * self.scale)
+        return self.num_subjects / (2 * self.scale) + self.num_silos / (2 * self.noise_scale)
 
     def check_subject_count(self, count: int, subject: object = None) -> int:
         """``count`` if it is an int in ``[0, n_max]``; a larger one is refused."""
@@ -277,23 +301,24 @@ class WeightingEncoding:
             )
         return int(count)
 
-    def _encode_bounded(self, values: object, bound: float, name: str) -> list[int]:
+    def _encode_bounded(self, values: object, bound: float, name: str, scale: int) -> list[int]:
         arr = _as_float64(values, name)
         if arr.size and float(np.abs(arr).max()) > bound:
             worst = float(arr.ravel()[int(np.abs(arr).argmax())])
             raise ValueOutOfRangeError(
                 f"{name} value {worst!r} exceeds the bound {bound} declared at set-up."
             )
-        scale = self.scale
         return [_round_scaled(v, scale) for v in arr.ravel().tolist()]
 
     def encode_deltas(self, values: object) -> list[int]:
-        """Exact signed encodings of clipped model-delta coordinates."""
-        return self._encode_bounded(values, self.delta_bound, "delta")
+        """Exact signed encodings ``round(x 10^d)`` of clipped model-delta coordinates (they
+        enter the aggregate multiplied by the integer weight ``n_{s,a} M / n_a``)."""
+        return self._encode_bounded(values, self.delta_bound, "delta", self.scale)
 
     def encode_noise(self, values: object) -> list[int]:
-        """Exact signed encodings of noise coordinates."""
-        return self._encode_bounded(values, self.noise_bound, "noise")
+        """Exact signed encodings ``round(z M 10^d)`` of noise coordinates: the aggregate's
+        own grid, which makes the rounding a post-processing (module docstring)."""
+        return self._encode_bounded(values, self.noise_bound, "noise", self.noise_scale)
 
     def decode(self, residue: int) -> float:
         """The real value of a decrypted aggregate ``L * sum`` (exactly rounded to float64)."""
@@ -306,7 +331,7 @@ class WeightingEncoding:
                 f"Decrypted aggregate of {abs(value).bit_length()} bits exceeds the "
                 f"{self.aggregate_bound.bit_length()}-bit bound: inputs were inconsistent."
             )
-        return value / (self.multiplier * self.scale)
+        return value / self.noise_scale
 
     def decode_many(self, residues: list[int]) -> np.ndarray:
         return np.array([self.decode(r) for r in residues], dtype=np.float64)

@@ -21,8 +21,10 @@ Round ``t``
   4. Server -> silos: ``EncryptedWeights``: ``Enc((r_a n_a)^-1)`` for sampled subjects,
      ``Enc(0)`` for the others (Poisson sub-sampling happens here, hidden from the silos).
   5. Each silo returns ``MaskedWeightedSum``: per parameter
-     ``prod_a Enc((r_a n_a)^-1)^(r_a n_{s,a} L Encode(Delta_{s,a}))`` times
-     ``Enc(L Encode(noise) ± PRG(k_sj, t, j))``, re-randomised (see
+     ``prod_a Enc((r_a n_a)^-1)^(r_a n_{s,a} L S Encode(Delta_{s,a}))`` times
+     ``Enc(Encode(noise) ± PRG(k_sj, t, j))`` (noise on the aggregate's grid ``L S 10^d``: the
+     factor ``S`` makes its rounding a post-processing, see :mod:`~silodp.crypto.encoding`),
+     re-randomised (see
      :mod:`~silodp.crypto.weighted_sum` for how this is computed fast).
   6. The server multiplies the silos' ciphertexts (the masks cancel only if *all* silos
      contributed - otherwise :class:`~silodp.crypto.errors.SiloDropoutError` and nothing is

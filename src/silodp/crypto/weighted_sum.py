@@ -1,17 +1,18 @@
 """The heavy arithmetic of a round: a silo's per-parameter ciphertexts and the server's
 decryption, sequential or over worker processes (chunks of parameters).
 
-Silo ``s``, parameter ``j``: with ``c_a = Enc(w'_a)^(r_a n_{s,a} L) * R_a`` lifted once per
-subject and round (one full exponentiation each),
+Silo ``s``, parameter ``j``: with ``c_a = Enc(w'_a)^(r_a n_{s,a} M) * R_a`` (``M = L S``)
+lifted once per subject and round (one full exponentiation each),
 
-    C_j = prod_a c_a^(e_{a,j}) * Enc(L e_noise_j + mask_j)
+    C_j = prod_a c_a^(e_{a,j}) * Enc(e_noise_j + mask_j)
 
 where ``e_{a,j}`` is the short signed fixed-point encoding of ``Delta_{s,a,j}`` (about
 ``log2(10^d * delta_bound)`` bits). Signs are handled by an offset: ``u = e + B >= 0`` with
 ``B = max |e|``, and the constant ``prod_a c_a^(-B)`` (one inversion and one short power per
 round) cancels it. Each ``c_a^u`` is read from a fixed-base window table, so a parameter costs
 about ``A * ceil(bits / w)`` modular products plus one re-randomisation, instead of ``A`` full
-3072-bit exponentiations. The plaintext noise and mask enter as ``1 + t n`` (one product).
+3072-bit exponentiations. The plaintext noise (encoded on the aggregate's grid ``M 10^d``) and
+mask enter as ``1 + t n`` (one product).
 
 Packing (see :mod:`~silodp.crypto.encoding`): with ``K`` slots, ciphertext ``J`` carries
 parameters ``J K .. J K + K - 1`` as digits in base ``B = 2^b``. Subject ``a``'s base for slot
@@ -220,7 +221,6 @@ def _silo_chunk(
     m = len(secrets)
     offset = job.offset
     noise_enc = enc.encode_noise(noise)
-    multiplier = enc.multiplier
     combined = [0] * m
     for stream, sign in job.masks:
         values = stream.values(start, start + m)
@@ -233,7 +233,7 @@ def _silo_chunk(
         packed_noise = 0
         for k in range(slots - 1, -1, -1):
             packed_noise = (packed_noise << slot_bits) + noise_enc[j * slots + k]
-        t = (multiplier * packed_noise + combined[j]) % n
+        t = (packed_noise + combined[j]) % n
         c = job.start_constant * (1 + t * n) % n2
         acc.append(c * job.rerandomizer.factor(secrets[j]) % n2)
     element_bytes = (int(n2).bit_length() + 7) // 8 + 32
