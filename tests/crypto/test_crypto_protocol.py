@@ -377,3 +377,18 @@ def test_unpack_recovers_balanced_digits_and_refuses_out_of_range() -> None:
         enc.unpack(enc.packed_bound(k) + 1, k)
     with pytest.raises(ValueError, match="slots"):
         enc.unpack(0, k + 1)
+
+
+def test_round_estimate_counts_pairs_and_scales_with_parameters() -> None:
+    from silodp.crypto.weighted_sum import modelled_round_products
+
+    hist, _, _ = _problem(21, 3, 10, 4, 20)
+    session = WeightingSession(_config(3, 10, 20), hist, source=ChaCha20Prg(bytes([9]) * 32))
+    est = session.estimate_round(1000)
+    assert est.pairs == sum(len(h) for h in hist.values())
+    assert est.slots == session.config.slots_for(session.server.encoding, 1000)
+    assert est.cpu_seconds > 0
+    enc, bits = session.server.encoding, session.server.encoding.modulus.bit_length()
+    small = modelled_round_products(enc, 1000, est.pairs, est.slots, key_bits=bits)
+    large = modelled_round_products(enc, 100_000, est.pairs, est.slots, key_bits=bits)
+    assert 50 < large / small < 100  # linear in parameters, tables amortised better

@@ -107,12 +107,15 @@ from silodp.crypto.weighted_sum import (
     aggregate_and_decrypt,
     choose_slots,
     compute_silo_ciphertexts,
+    modelled_round_products,
     prepare_silo_round,
+    product_seconds,
     resolve_workers,
 )
 
 __all__ = [
     "ProtocolConfig",
+    "RoundEstimate",
     "RoundResult",
     "Server",
     "ServerStage",
@@ -861,6 +864,16 @@ def _child_source(source: RandomSource) -> RandomSource:
     return ChaCha20Prg(source.token_bytes(32))
 
 
+@dataclass(frozen=True)
+class RoundEstimate:
+    """Modelled cost of one protocol round (see :meth:`WeightingSession.estimate_round`)."""
+
+    pairs: int  # (silo, subject) pairs with records
+    dim: int
+    slots: int  # coordinates per ciphertext
+    cpu_seconds: float
+
+
 class WeightingSession:
     """Runs the server and every silo in one process (tests, the simulator, benchmarks).
 
@@ -937,6 +950,18 @@ class WeightingSession:
 
     def _tick(self, name: str, start: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+    def estimate_round(self, dim: int) -> RoundEstimate:
+        """The modelled CPU cost of one ``dim``-parameter round on this machine: the cost
+        model of :func:`~silodp.crypto.weighted_sum.choose_slots` times a measured modular
+        product (an estimate, typically within a factor of two)."""
+        encoding = self.server.encoding
+        pairs = sum(len(silo.own_subjects) for silo in self.silos.values())
+        slots = self.config.slots_for(encoding, dim)
+        key_bits = encoding.modulus.bit_length()
+        products = modelled_round_products(encoding, dim, pairs, slots, key_bits=key_bits)
+        seconds = products * product_seconds(encoding.modulus**2)
+        return RoundEstimate(pairs=pairs, dim=dim, slots=slots, cpu_seconds=seconds)
 
     def run_round(
         self,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -48,7 +49,9 @@ __all__ = [
     "choose_slots",
     "compute_silo_ciphertexts",
     "half_decryption_suffices",
+    "modelled_round_products",
     "prepare_silo_round",
+    "product_seconds",
     "resolve_workers",
     "run_chunks",
 ]
@@ -126,6 +129,38 @@ DECRYPTION_PRODUCTS_PER_BIT = 0.34
 PER_CIPHERTEXT_PRODUCTS = 40
 
 
+def _ciphertext_products(encoding: WeightingEncoding, slots: int, key_bits: int) -> float:
+    """Modelled products of one ciphertext's decryption, re-randomisation, noise and mask."""
+    half = (2 * encoding.packed_bound(slots)).bit_length() + HALF_DECRYPTION_MARGIN_BITS
+    decrypt_bits = key_bits / 2 if half < key_bits // 2 - 1 else key_bits
+    return DECRYPTION_PRODUCTS_PER_BIT * decrypt_bits + PER_CIPHERTEXT_PRODUCTS
+
+
+def modelled_round_products(
+    encoding: WeightingEncoding, dim: int, pairs: int, slots: int, *, key_bits: int
+) -> float:
+    """Modular products (mod ``n^2``) of one round: ``pairs`` lifts (one full exponentiation
+    each), ``pairs * dim`` table exponentiations and one decryption per ciphertext."""
+    bits = max(1, (2 * encoding.max_encoded_delta).bit_length())
+    count = -(-dim // slots)
+    lifts = pairs * 1.2 * key_bits
+    return (
+        lifts
+        + pairs * dim * _products_per_value(bits, count)
+        + count * _ciphertext_products(encoding, slots, key_bits)
+    )
+
+
+def product_seconds(modulus_squared: int, repeats: int = 400) -> float:
+    """Measured seconds of one modular product mod ``modulus_squared`` on this machine."""
+    mod = gmpy2.mpz(modulus_squared)
+    a, b = (mod - 3) // 2, (mod - 5) // 3
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a = a * b % mod
+    return (time.perf_counter() - start) / repeats
+
+
 def choose_slots(encoding: WeightingEncoding, dim: int, pairs: int, *, key_bits: int) -> int:
     """Coordinates per ciphertext for a ``dim``-parameter round, from public values only (so
     every party computes the same): the ``K <= max_slots`` minimising the modelled work of
@@ -134,15 +169,9 @@ def choose_slots(encoding: WeightingEncoding, dim: int, pairs: int, *, key_bits:
     ``dim / K`` uses, so building tables costs more per coordinate."""
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
         raise ValueError(f"Expected dim={dim!r} to be a positive int.")
-    bits = max(1, (2 * encoding.max_encoded_delta).bit_length())
-    p_bits = key_bits // 2
     best, best_cost = 1, math.inf
     for slots in range(1, min(encoding.max_slots, dim) + 1):
-        count = -(-dim // slots)
-        half = (2 * encoding.packed_bound(slots)).bit_length() + HALF_DECRYPTION_MARGIN_BITS
-        decrypt_bits = key_bits / 2 if half < p_bits - 1 else key_bits
-        per_ciphertext = DECRYPTION_PRODUCTS_PER_BIT * decrypt_bits + PER_CIPHERTEXT_PRODUCTS
-        cost = pairs * dim * _products_per_value(bits, count) + count * per_ciphertext
+        cost = modelled_round_products(encoding, dim, pairs, slots, key_bits=key_bits)
         if cost < best_cost:
             best, best_cost = slots, cost
     return best
