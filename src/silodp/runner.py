@@ -721,6 +721,24 @@ def _table_title(config: ExperimentConfig, sweep: SweepConfig, data: FederatedDa
     )
 
 
+def _log_protocol_estimate(
+    run: PreparedRun, config: ExperimentConfig, data: FederatedData, log: Callable[[str], None]
+) -> None:
+    """Says, before training, what one round of the private weighting protocol will cost."""
+    session = getattr(run.algorithm, "protocol", None)
+    if session is None:
+        return
+    model = build_model(config.model.name, data.train.feature_shape, data.train.num_classes)
+    dim = sum(int(p.numel()) for p in model.parameters())
+    est = session.estimate_round(dim)
+    minutes = est.cpu_seconds / 60
+    log(
+        f"{run.name}: private weighting protocol, {est.pairs} (silo, subject) pairs x {dim} "
+        f"parameters, {est.slots} per ciphertext: about {minutes:.3g} CPU-minutes per round "
+        f"on this machine ({run.training.rounds} rounds; estimate)"
+    )
+
+
 def run_experiment(
     config: ExperimentConfig,
     out_dir: str | Path,
@@ -757,6 +775,7 @@ def run_experiment(
                 + f"span={run.span}, "
                 f"{run.train.dropped_records} record(s) dropped by these bounds"
             )
+        _log_protocol_estimate(run, config, data, log)
         runs.append(run)
     write_json(out / "data.json", describe(data.train))
     all_rows: dict[str, list[dict[str, Any]]] = {}

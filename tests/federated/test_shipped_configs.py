@@ -62,8 +62,14 @@ def test_shipped_config_runs_one_round(name: str, tmp_path: Path) -> None:
     raw["data"]["max_records"] = min(raw["data"].get("max_records", 1500), max(1500, floor))
     if raw["data"].get("num_subjects", 0) > 200:
         raw["data"]["num_subjects"] = 200
-    summary = run_experiment(parse_config(raw), tmp_path)
+    lines: list[str] = []
+    summary = run_experiment(parse_config(raw), tmp_path, log=lines.append)
     assert [r["algorithm"] for r in summary["runs"]] == raw["algorithms"]
+    protocol = "uldp_avg_w" in raw["algorithms"] and (
+        raw.get("algorithm", {}).get("uldp_avg_w", {}).get("weighting", "protocol") == "protocol"
+    )
+    estimates = [line for line in lines if "private weighting protocol" in line]
+    assert len(estimates) == int(protocol), lines
     for item in summary["runs"]:
         assert item["status"] == "complete"
         assert item["rounds_completed"] == 1
