@@ -4,6 +4,8 @@ With ``g = n + 1``, ``Enc(m; r) = (1 + m n) r^n mod n^2`` (the binomial shortcut
 ``(1 + n)^m = 1 + m n mod n^2`` saves one exponentiation). Homomorphisms:
 ``Enc(a) Enc(b) = Enc(a + b)``, ``Enc(a)^k = Enc(k a)`` (negative ``k`` through the inverse
 ciphertext), ``Enc(a) (1 + b n) = Enc(a + b)`` (adding a plaintext costs one product).
+Decryption's exponentiations by the secret ``p - 1`` and ``q - 1`` run in constant time
+(:mod:`~silodp.crypto.secretpow`).
 
 Key sizes: 3072-bit moduli by default (about 128-bit security), never below 2048 bits. Smaller
 keys exist only for fast tests and must be asked for by name (``insecure_test_key_bits``);
@@ -19,6 +21,7 @@ import gmpy2
 
 from silodp.crypto.errors import InsecureKeyError
 from silodp.crypto.randomness import RandomSource, SystemRandomSource, randbits, random_unit
+from silodp.crypto.secretpow import SecretPower
 
 __all__ = [
     "DEFAULT_KEY_BITS",
@@ -156,24 +159,25 @@ class PaillierPrivateKey:
         hp = gmpy2.invert((gmpy2.powmod(g, p - 1, p2) - 1) // p, p)
         hq = gmpy2.invert((gmpy2.powmod(g, q - 1, q2) - 1) // q, q)
         q_inv = gmpy2.invert(q, p)
-        object.__setattr__(self, "_crt", (p, q, p2, q2, hp, hq, q_inv))
+        pow_p, pow_q = SecretPower(int(p2), int(p - 1)), SecretPower(int(q2), int(q - 1))
+        object.__setattr__(self, "_crt", (p, q, hp, hq, q_inv, pow_p, pow_q))
 
     def __repr__(self) -> str:  # never print the factors
         return f"PaillierPrivateKey(bits={self.public_key.bits})"
 
     def decrypt(self, c: Any) -> int:
-        """The plaintext in ``[0, n)`` (CRT: two half-size exponentiations)."""
-        p, q, p2, q2, hp, hq, q_inv = self._crt
+        """The plaintext in ``[0, n)`` (CRT: two half-size, constant-time exponentiations)."""
+        p, q, hp, hq, q_inv, pow_p, pow_q = self._crt
         c = gmpy2.mpz(c)
-        mp = (gmpy2.powmod(c, p - 1, p2) - 1) // p * hp % p
-        mq = (gmpy2.powmod(c, q - 1, q2) - 1) // q * hq % q
+        mp = (pow_p(c) - 1) // p * hp % p
+        mq = (pow_q(c) - 1) // q * hq % q
         return int(mq + q * ((mp - mq) * q_inv % p))
 
     def decrypt_mod_p(self, c: Any) -> int:
         """The plaintext reduced mod the smaller prime ``p`` (one half-size exponentiation);
         enough when the plaintext is known to be far smaller than ``p``."""
-        p, _, p2, _, hp, _, _ = self._crt
-        return int((gmpy2.powmod(gmpy2.mpz(c), p - 1, p2) - 1) // p * hp % p)
+        p, _, hp, _, _, pow_p, _ = self._crt
+        return int((pow_p(c) - 1) // p * hp % p)
 
     def decrypt_signed(self, c: Any) -> int:
         """The plaintext lifted to ``(-n/2, n/2]``."""
