@@ -79,3 +79,13 @@ def test_paillier_decryption_uses_it_and_round_trips() -> None:
         assert sk.decrypt(c) == m
         assert sk.decrypt_mod_p(c) == m % sk.p
     assert pickle.loads(pickle.dumps(sk)).decrypt(pk.encrypt(99)) == 99
+
+
+def test_missing_libcrypto_falls_back_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    import silodp.crypto.secretpow as sp
+
+    monkeypatch.setattr(sp, "_load", lambda: None)
+    power = SecretPower(1000003, 65537)
+    with pytest.warns(RuntimeWarning, match="constant time"):
+        assert power(12345) == gmpy2.powmod(12345, 65537, 1000003)
+    assert power.backend == "gmpy2"

@@ -6,8 +6,8 @@ private key. gmpy2's ``powmod`` runs in time that depends on the exponent's bits
 kind of host, took about twice as long as OpenSSL's fixed-window, constant-time routine (5.2 ms
 against 2.7-2.9 ms for a 1536-bit exponent modulo a 3072-bit ``p^2``). libcrypto is the library
 Python's own ``ssl`` and ``hashlib`` modules are linked against, so it is present wherever
-Python is; if it cannot be loaded, :class:`SecretPower` falls back to gmpy2 (``backend``
-says which is in use).
+Python is; if it cannot be loaded, :class:`SecretPower` falls back to gmpy2 with a
+``RuntimeWarning`` (``backend`` says which is in use).
 
 The OpenSSL objects belong to one process: after a ``fork`` (worker processes) they are
 rebuilt on first use, and pickling keeps only the modulus and exponent.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import warnings
 from typing import Any
 
 import gmpy2
@@ -151,6 +152,13 @@ class SecretPower:
         pid = os.getpid()
         if self._pid != pid:
             lib = _load()
+            if lib is None:
+                warnings.warn(
+                    "libcrypto could not be loaded: secret exponentiations fall back to gmpy2, "
+                    "which does not run in constant time.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             self._native = None if lib is None else _Native(lib, self._modulus, self._exponent)
             self._pid = pid
         return self._native
