@@ -104,14 +104,14 @@ class _Native:
             raise ArithmeticError("OpenSSL result does not fit the modulus size.")
         return int.from_bytes(self.buffer.raw, "big")
 
-    def __del__(self) -> None:
+    def __del__(self) -> None:  # also after a failed __init__: free what was allocated
         lib = self.lib
-        for bn in (self.base, self.out, self.exp, self.mod):
-            if bn:
-                lib.BN_clear_free(bn)
-        if self.mont:
+        for name in ("base", "out", "exp", "mod"):
+            if getattr(self, name, None):
+                lib.BN_clear_free(getattr(self, name))
+        if getattr(self, "mont", None):
             lib.BN_MONT_CTX_free(self.mont)
-        if self.ctx:
+        if getattr(self, "ctx", None):
             lib.BN_CTX_free(self.ctx)
 
 
