@@ -48,3 +48,20 @@ def test_register_adds_the_protocol_command() -> None:
     result = CliRunner().invoke(app, ["protocol", "--help"])
     assert result.exit_code == 0, result.output
     assert "--quick" in result.output and "--json" in result.output
+
+
+def test_protocol_rows_report_progress_per_grid_point(monkeypatch) -> None:
+    import silodp.bench.protocol as bench
+
+    calls = []
+
+    def fake(params, users, *, records, n_max, baseline_sample):
+        calls.append((params, users, records, n_max, baseline_sample))
+        return {"params": params, "users": users}
+
+    monkeypatch.setattr(bench, "run_point", fake)
+    lines: list[str] = []
+    rows = bench.protocol_rows(True, progress=lines.append)
+    assert len(rows) == len(lines) == len(bench.QUICK_GRID) == len(calls)
+    assert lines[0].startswith(f"[1/{len(bench.QUICK_GRID)}] params=16 users=10 n_max=2000")
+    assert [c[:4] for c in calls] == [tuple(g) for g in bench.QUICK_GRID]

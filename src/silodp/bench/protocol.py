@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -222,14 +222,26 @@ FULL_GRID = (
 )
 
 
-def protocol_rows(quick: bool) -> list[dict[str, Any]]:
+def protocol_rows(
+    quick: bool, progress: Callable[[str], None] | None = None
+) -> list[dict[str, Any]]:
     """One row per grid point (``quick``: 16 and 10^3 parameters, 10 subjects, ~2 minutes).
 
     The paper's setting (10,000 records, ``N_max = 2000``: one coordinate per ciphertext)
-    and a federation with at most 64 records per subject (``N_max = 64``: packed)."""
+    and a federation with at most 64 records per subject (``N_max = 64``: packed).
+    ``progress`` is told about each point as it finishes."""
     grid = QUICK_GRID if quick else FULL_GRID
     sample = 16 if quick else 32
-    return [run_point(p, u, records=r, n_max=m, baseline_sample=sample) for p, u, r, m in grid]
+    rows = []
+    for i, (p, u, r, m) in enumerate(grid, 1):
+        start = time.perf_counter()
+        rows.append(run_point(p, u, records=r, n_max=m, baseline_sample=sample))
+        if progress is not None:
+            progress(
+                f"[{i}/{len(grid)}] params={p} users={u} n_max={m}: "
+                f"{time.perf_counter() - start:.1f} s"
+            )
+    return rows
 
 
 def _cell(value: Any) -> str:
@@ -269,4 +281,5 @@ def register(bench_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="One JSON object per grid point."),
     ) -> None:
         """Private weighting protocol: time per phase and speed-up over python-paillier."""
-        typer.echo(format_rows(protocol_rows(quick), COLUMNS, as_json=as_json))
+        rows = protocol_rows(quick, progress=lambda line: typer.echo(line, err=True))
+        typer.echo(format_rows(rows, COLUMNS, as_json=as_json))
