@@ -735,7 +735,7 @@ def _log_protocol_estimate(
     log(
         f"{run.name}: private weighting protocol, {est.pairs} (silo, subject) pairs x {dim} "
         f"parameters, {est.slots} per ciphertext: about {minutes:.3g} CPU-minutes per round "
-        f"on this machine ({run.training.rounds} rounds; estimate)"
+        f"of cryptography on this machine ({run.training.rounds} rounds; estimate)"
     )
 
 

@@ -952,9 +952,9 @@ class WeightingSession:
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
 
     def estimate_round(self, dim: int) -> RoundEstimate:
-        """The modelled CPU cost of one ``dim``-parameter round on this machine: the cost
-        model of :func:`~silodp.crypto.weighted_sum.choose_slots` times a measured modular
-        product (an estimate, typically within a factor of two)."""
+        """The modelled CPU cost of one ``dim``-parameter round's cryptography on this
+        machine (training not included): the cost model of
+        :func:`~silodp.crypto.weighted_sum.choose_slots` times a measured modular product."""
         encoding = self.server.encoding
         pairs = sum(len(silo.own_subjects) for silo in self.silos.values())
         slots = self.config.slots_for(encoding, dim)
