@@ -338,6 +338,38 @@ def _check_output(out_dir: Path, names: tuple[str, ...], overwrite: bool) -> Non
             )
 
 
+def _run_recorded(
+    train: Callable[[list[Callable[[RoundResult], None]]], Any],
+    final_params: Callable[[], Any],
+    results: list[Any],
+    run_dir: Path,
+    summary: Callable[[str], dict[str, Any]],
+    bar: Callable[[RoundResult], None] | None,
+) -> list[dict[str, Any]]:
+    """Runs ``train`` with callbacks that append each round to ``results`` and rewrite
+    ``metrics.jsonl``; ``summary.json`` says "running", or "interrupted" if training raises;
+    the final parameters go to ``model.pt`` (written whole, then renamed). Returns the rows."""
+    rows: list[dict[str, Any]] = []
+
+    def record(result: RoundResult) -> None:
+        results.append(result)
+        rows.append(result.to_json())
+        write_jsonl(run_dir / "metrics.jsonl", rows)
+
+    callbacks: list[Callable[[RoundResult], None]] = [record]
+    if bar is not None:
+        callbacks.append(bar)
+    write_json(run_dir / "summary.json", summary("running"))
+    try:
+        train(callbacks)
+    except BaseException:
+        write_json(run_dir / "summary.json", summary("interrupted"))
+        raise
+    torch.save(final_params(), run_dir / "model.tmp")
+    (run_dir / "model.tmp").replace(run_dir / "model.pt")
+    return rows
+
+
 def _train(
     config: ExperimentConfig,
     data: FederatedData,
@@ -369,24 +401,14 @@ def _train(
         eval_every=run.training.eval_every,
     )
     results: list[RoundResult] = []
-    rows: list[dict[str, Any]] = []
-
-    def record(result: RoundResult) -> None:
-        results.append(result)
-        rows.append(result.to_json())
-        write_jsonl(run_dir / "metrics.jsonl", rows)
-
-    callbacks: list[Callable[[RoundResult], None]] = [record]
-    if progress is not None:
-        callbacks.append(progress(run.name, run.training.rounds))
-    write_json(run_dir / "summary.json", _summary(run, results, "running", started))
-    try:
-        simulator.run(run.training.rounds, callbacks)
-    except BaseException:
-        write_json(run_dir / "summary.json", _summary(run, results, "interrupted", started))
-        raise
-    torch.save(simulator.params, run_dir / "model.tmp")
-    (run_dir / "model.tmp").replace(run_dir / "model.pt")
+    rows = _run_recorded(
+        lambda callbacks: simulator.run(run.training.rounds, callbacks),
+        lambda: simulator.params,
+        results,
+        run_dir,
+        lambda status: _summary(run, results, status, started),
+        progress(run.name, run.training.rounds) if progress is not None else None,
+    )
     title = f"{config.name}: {run.name}"
     plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
     plotting.plot_epsilon(rows, run_dir / "epsilon.png", title, run.privacy.delta)
@@ -613,35 +635,20 @@ def _train_prifedsync(
         eval_every=run.training.eval_every,
     )
     results: list[PersonalisedRoundResult] = []
-    rows: list[dict[str, Any]] = []
-
-    def record(result: RoundResult) -> None:
-        assert isinstance(result, PersonalisedRoundResult)
-        results.append(result)
-        rows.append(result.to_json())
-        write_jsonl(run_dir / "metrics.jsonl", rows)
 
     def reached(result: PersonalisedRoundResult) -> bool:
         if sweep is None or not sweep.stop_at_target:
             return False
         return _target_round([result], sweep) is not None
 
-    callbacks: list[Callable[[RoundResult], None]] = [record]
-    if progress is not None:
-        callbacks.append(progress(run.name, run.training.rounds))
-    write_json(
-        run_dir / "summary.json", _prifedsync_summary(run, results, "running", started, sweep)
+    rows = _run_recorded(
+        lambda callbacks: simulator.run(run.training.rounds, callbacks, stop=reached),
+        lambda: simulator.params,
+        results,
+        run_dir,
+        lambda status: _prifedsync_summary(run, results, status, started, sweep),
+        progress(run.name, run.training.rounds) if progress is not None else None,
     )
-    try:
-        simulator.run(run.training.rounds, callbacks, stop=reached)
-    except BaseException:
-        write_json(
-            run_dir / "summary.json",
-            _prifedsync_summary(run, results, "interrupted", started, sweep),
-        )
-        raise
-    torch.save(simulator.params, run_dir / "model.tmp")
-    (run_dir / "model.tmp").replace(run_dir / "model.pt")
     title = f"{config.name}: {run.name}"
     plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
     plotting.plot_epsilon(rows, run_dir / "epsilon.png", title, run.privacy.delta)
