@@ -40,6 +40,8 @@ from silodp.accounting.pld import DEFAULT_DISCRETIZATION, event_pld, is_supporte
 __all__ = ["Estimate", "FederatedAccountant", "ROUTES", "SiloPrivacy", "UNITS"]
 
 UNITS = ("record", "silo", "subject")
+#: Who looks at the outputs: the released model (outsiders), the server, the silos.
+ADVERSARIES = ("released", "server", "silos")
 ROUTES = ("pld", "rdp", "rdp-group", "dp-group")
 
 
@@ -61,6 +63,10 @@ class SiloPrivacy:
         silo's output), ``aggregate`` when they describe the securely aggregated sum of all
         silos of the round (noise split over silos; counted once per round, and valid against
         the server only under secure aggregation).
+      views: adversary -> unit -> event, for adversaries whose view differs from ``events``
+        (e.g. ``server`` or ``silos`` when they drew or saw a sub-sample and so get no
+        amplification: :class:`~silodp.accounting.events.KnownSampleDpEvent`). ``events`` is
+        the view of the released model (outsiders); an adversary not named here sees that.
     """
 
     events: Mapping[str, dp_event.DpEvent]
@@ -68,10 +74,22 @@ class SiloPrivacy:
     group_size: int | None = None
     group_scope: str = "silo"
     scope: str = "silo"
+    views: Mapping[str, Mapping[str, dp_event.DpEvent]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for unit in self.events:
             check_choice("unit", unit, UNITS)
+        for adversary, view in self.views.items():
+            check_choice("adversary", adversary, ADVERSARIES)
+            if set(view) != set(self.events):
+                raise ValueError(
+                    f"Expected the {adversary!r} view to cover units {sorted(self.events)}, "
+                    f"got {sorted(view)}."
+                )
+
+    def view(self, adversary: str) -> Mapping[str, dp_event.DpEvent]:
+        """The events as ``adversary`` sees them."""
+        return self.views.get(adversary, self.events)
         if (self.record_event is None) != (self.group_size is None):
             raise ValueError("Expected record_event and group_size to be given together.")
         check_choice("group_scope", self.group_scope, ("silo", "federation"))

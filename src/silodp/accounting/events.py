@@ -6,12 +6,34 @@ sensitivity ``Δ`` and noise ``N(0, σ²C²)`` has noise multiplier ``σC/Δ``.
 
 from __future__ import annotations
 
+import attr
 from dp_accounting import dp_event
 from scipy import stats
 
 from silodp._validation import check_int, check_non_negative, check_probability
 
-__all__ = ["gaussian_steps", "poisson_gaussian_steps", "subject_mixture_steps"]
+__all__ = [
+    "KnownSampleDpEvent",
+    "gaussian_steps",
+    "known_sample_gaussian_steps",
+    "poisson_gaussian_steps",
+    "subject_mixture_steps",
+]
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class KnownSampleDpEvent(dp_event.DpEvent):
+    """``event`` applied with probability ``sampling_probability``, to an adversary that
+    *knows* whether it was applied (it drew or saw the sample).
+
+    Sub-sampling then gives no amplification: the adversary's view is the pair
+    ``(q·P + (1-q)·⊥, q·P' + (1-q)·⊥)`` with ``⊥`` an outcome it can tell apart, whose privacy
+    loss distribution is the mixture ``q·PLD(P, P') + (1-q)·δ_0``. Over R rounds of a Gaussian
+    with noise multiplier σ this is ``δ(ε) = Σ_n Bin(n; R, q)·δ_Gauss(ε; √n/σ)`` (SPEC §2).
+    """
+
+    sampling_probability: float
+    event: dp_event.DpEvent
 
 
 def gaussian_steps(noise_multiplier: float, steps: int) -> dp_event.DpEvent:
@@ -64,4 +86,16 @@ def subject_mixture_steps(
             tuple(j for j, _ in points),
             tuple(p / total for _, p in points),
         )
+    return dp_event.SelfComposedDpEvent(inner, steps)
+
+
+def known_sample_gaussian_steps(
+    sampling_probability: float, noise_multiplier: float, steps: int
+) -> dp_event.DpEvent:
+    """``steps`` Gaussian mechanisms, each run with probability q on a sample the adversary
+    knows (:class:`KnownSampleDpEvent`): no amplification by sub-sampling."""
+    check_probability("sampling_probability", sampling_probability, allow_zero=True)
+    check_non_negative("noise_multiplier", noise_multiplier)
+    check_int("steps", steps, 1)
+    inner = KnownSampleDpEvent(sampling_probability, dp_event.GaussianDpEvent(noise_multiplier))
     return dp_event.SelfComposedDpEvent(inner, steps)

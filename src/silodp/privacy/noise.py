@@ -14,8 +14,9 @@ import numpy as np
 import torch
 
 from silodp._validation import check_non_negative
+from silodp.privacy.randomness import Coins
 
-__all__ = ["add_gaussian_noise", "gaussian_noise", "noise_like"]
+__all__ = ["add_gaussian_noise", "gaussian_mechanism", "gaussian_noise", "noise_like"]
 
 
 def _secure_standard_normal(numel: int) -> np.ndarray:
@@ -88,4 +89,31 @@ def noise_like(
     for name, t in tensors.items():
         out[name] = flat[start : start + t.numel()].view(t.shape)
         start += t.numel()
+    return out
+
+
+def gaussian_mechanism(
+    values: dict[str, torch.Tensor],
+    *,
+    noise_multiplier: float,
+    sensitivity: float,
+    coins: Coins,
+    shares: int = 1,
+) -> dict[str, torch.Tensor]:
+    """Releases ``values`` plus Gaussian noise: the Gaussian mechanism with L2 sensitivity
+    ``sensitivity`` and noise multiplier ``noise_multiplier`` (std ``σΔ``).
+
+    ``shares > 1``: one of ``shares`` parties (silos) whose released values are summed (secure
+    aggregation); each adds std ``σΔ/√shares`` and the *sum* is the Gaussian mechanism on the
+    sum of the parties' values. Every party must pass the same public (σ, Δ, shares).
+
+    PLACEHOLDER: continuous float noise; replaced by the exact sampler.
+    """
+    std = noise_multiplier * sensitivity / math.sqrt(shares)
+    out: dict[str, torch.Tensor] = {}
+    for name, t in values.items():
+        u1 = coins.uniform(t.numel()).clamp_min(2.0**-53)
+        u2 = coins.uniform(t.numel())
+        z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
+        out[name] = t + (z * std).to(t.dtype).view(t.shape)
     return out
