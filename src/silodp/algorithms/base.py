@@ -50,6 +50,9 @@ class AlgorithmConfig:
       secure_noise: draw noise from the OS CSPRNG rather than the seeded generator.
       local_epochs: Q, epochs of per-subject (ULDP-AVG) or per-silo (ULDP-NAIVE) training.
       subject_rate: ULDP subject-level Poisson sub-sampling rate q (1: every subject).
+      subject_sampler: who draws the ULDP subject sample: ``silos`` (from a secret the silos
+        share and the server never sees; amplification holds against the server, not against
+        the silos) or ``server`` (the server draws it: no amplification against the server).
       grad_method: per-example clipping path: ``auto`` (activation/gradient contractions where
         every layer supports them, else ``vmap``), or ``vmap`` (materialised per-example
         gradients; exact reference).
@@ -78,6 +81,7 @@ class AlgorithmConfig:
     secure_noise: bool = False
     local_epochs: int = 1
     subject_rate: float = 1.0
+    subject_sampler: str = "silos"
     grad_method: str = "auto"
     weighting: str = "protocol"
     key_bits: int = 3072
@@ -101,6 +105,7 @@ class AlgorithmConfig:
         check_int("local_steps", self.local_steps, 1)
         check_int("local_epochs", self.local_epochs, 1)
         check_probability("subject_rate", self.subject_rate)
+        check_choice("subject_sampler", self.subject_sampler, ("silos", "server"))
         check_choice("grad_method", self.grad_method, ("auto", "vmap"))
         check_int("batch_size", self.batch_size, 1)
         check_positive("lr", self.lr)
