@@ -11,6 +11,7 @@ from silodp.algorithms.prifedsync import PriFedSync
 from silodp.algorithms.uldp import UldpAvg, UldpAvgW, UldpGroup, UldpNaive, UldpSgd
 from silodp.algorithms.user_ldp import UserLDP
 from silodp.data import FederatedDataset
+from silodp.privacy.randomness import Coins
 
 __all__ = [
     "ALGORITHMS",
@@ -40,9 +41,14 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
 
 
 def make_algorithm(
-    name: str, config: AlgorithmConfig, train: FederatedDataset | None = None
+    name: str,
+    config: AlgorithmConfig,
+    train: FederatedDataset | None = None,
+    *,
+    coins: Coins | None = None,
 ) -> Algorithm:
-    """The algorithm registered as ``name`` with ``config`` (set up for ``train`` if given)."""
+    """The algorithm registered as ``name`` with ``config`` (set up for ``train`` if given,
+    with ``coins`` as the set-up's randomness)."""
     check_choice("algorithm", name, ALGORITHMS)
     cls = ALGORITHMS[name]
-    return cls(config) if train is None else cls.for_data(config, train)
+    return cls(config) if train is None else cls.for_data(config, train, coins=coins)

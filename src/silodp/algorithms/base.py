@@ -28,6 +28,7 @@ from silodp._validation import (
 from silodp.accounting import SiloPrivacy
 from silodp.data import FederatedDataset
 from silodp.privacy.gradients import Params, batch_gradient
+from silodp.privacy.randomness import Coins
 
 __all__ = ["Algorithm", "AlgorithmConfig", "SiloData", "SiloUpdate", "average_params"]
 
@@ -194,8 +195,12 @@ class Algorithm(ABC):
         """The events one round runs in a silo whose batches are drawn at ``sampling_rate``."""
 
     @classmethod
-    def for_data(cls, config: AlgorithmConfig, train: FederatedDataset) -> Algorithm:
-        """The algorithm set up for a federation (server-side public facts, e.g. weights)."""
+    def for_data(
+        cls, config: AlgorithmConfig, train: FederatedDataset, *, coins: Coins | None = None
+    ) -> Algorithm:
+        """The algorithm set up for a federation (server-side public facts, e.g. weights).
+
+        ``coins``: the set-up's randomness (e.g. a secret the silos share); default secure."""
         return cls(config)
 
     def configure_round(self, round_index: int, generator: torch.Generator) -> Any:

@@ -53,6 +53,7 @@ from silodp.data import FederatedDataset
 from silodp.privacy.ghost import clipper_for
 from silodp.privacy.gradients import Params, clip_factors, tree_norm
 from silodp.privacy.noise import gaussian_noise
+from silodp.privacy.randomness import Coins
 from silodp.privacy.per_subject import per_subject_deltas, subject_batches
 
 __all__ = [
@@ -155,7 +156,9 @@ class UldpNaive(Algorithm):
         return [SIMULATED_AGGREGATION_NOTE]
 
     @classmethod
-    def for_data(cls, config: AlgorithmConfig, train: FederatedDataset) -> Algorithm:
+    def for_data(
+        cls, config: AlgorithmConfig, train: FederatedDataset, *, coins: Coins | None = None
+    ) -> Algorithm:
         return cls(config, num_silos=train.num_silos)
 
     def sampling_rate(self, *, num_records: int, num_subjects: int) -> float:
@@ -241,7 +244,9 @@ class UldpAvg(Algorithm):
         return uniform_weights(train.num_silos, train.num_subjects)
 
     @classmethod
-    def for_data(cls, config: AlgorithmConfig, train: FederatedDataset) -> Algorithm:
+    def for_data(
+        cls, config: AlgorithmConfig, train: FederatedDataset, *, coins: Coins | None = None
+    ) -> Algorithm:
         return cls(config, weights=cls.make_weights(train))
 
     @property
@@ -422,6 +427,7 @@ class UldpAvgW(UldpAvg):
         *,
         insecure_test_key_bits: int | None = None,
         source: RandomSource | None = None,
+        coins: Coins | None = None,
     ) -> Algorithm:
         """Clear weights, or the protocol set up from each silo's histogram (``source``: the
         parties' cryptographic randomness, the OS CSPRNG by default; small keys only through
