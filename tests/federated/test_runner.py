@@ -161,8 +161,8 @@ def test_uldp_avg_w_outputs_say_whether_weights_are_private(
 
     set_up = UldpAvgW.for_data.__func__  # type: ignore[attr-defined]
 
-    def small_keys(cls, config, train):  # insecure 512-bit test keys keep the run fast
-        return set_up(cls, config, train, insecure_test_key_bits=512)
+    def small_keys(cls, config, train, **kwargs):  # insecure 512-bit test keys keep the run fast
+        return set_up(cls, config, train, insecure_test_key_bits=512, **kwargs)
 
     monkeypatch.setattr(UldpAvgW, "for_data", classmethod(small_keys))
     raw = _tiny(n_max=60)
