@@ -1,6 +1,13 @@
 """Privacy accounting on dp-accounting: per-unit composition, group conversion, calibration."""
 
-from silodp.accounting.accountant import UNITS, Estimate, FederatedAccountant, SiloPrivacy
+from silodp.accounting.accountant import (
+    ADVERSARIES,
+    TARGETS,
+    UNITS,
+    Estimate,
+    FederatedAccountant,
+    SiloPrivacy,
+)
 from silodp.accounting.fdp import (
     FdpReport,
     PriFedSyncPlan,
@@ -9,6 +16,8 @@ from silodp.accounting.fdp import (
 )
 
 __all__ = [
+    "ADVERSARIES",
+    "TARGETS",
     "Estimate",
     "FdpReport",
     "FederatedAccountant",

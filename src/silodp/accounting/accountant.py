@@ -25,6 +25,7 @@ Routes, each a valid upper bound; the smallest is reported with its name:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,11 +38,13 @@ from silodp._validation import check_choice, check_in_range, check_int
 from silodp.accounting import conversions
 from silodp.accounting.pld import DEFAULT_DISCRETIZATION, event_pld, is_supported
 
-__all__ = ["Estimate", "FederatedAccountant", "ROUTES", "SiloPrivacy", "UNITS"]
+__all__ = ["ADVERSARIES", "TARGETS", "Estimate", "FederatedAccountant", "ROUTES", "SiloPrivacy", "UNITS"]
 
 UNITS = ("record", "silo", "subject")
 #: Who looks at the outputs: the released model (outsiders), the server, the silos.
 ADVERSARIES = ("released", "server", "silos")
+#: What a reported/calibrated ε may be taken against: one adversary, or the strongest of them.
+TARGETS = ("strongest", *ADVERSARIES)
 ROUTES = ("pld", "rdp", "rdp-group", "dp-group")
 
 
@@ -86,14 +89,14 @@ class SiloPrivacy:
                     f"Expected the {adversary!r} view to cover units {sorted(self.events)}, "
                     f"got {sorted(view)}."
                 )
-
-    def view(self, adversary: str) -> Mapping[str, dp_event.DpEvent]:
-        """The events as ``adversary`` sees them."""
-        return self.views.get(adversary, self.events)
         if (self.record_event is None) != (self.group_size is None):
             raise ValueError("Expected record_event and group_size to be given together.")
         check_choice("group_scope", self.group_scope, ("silo", "federation"))
         check_choice("scope", self.scope, ("silo", "aggregate"))
+
+    def view(self, adversary: str) -> Mapping[str, dp_event.DpEvent]:
+        """The events as ``adversary`` sees them."""
+        return self.views.get(adversary, self.events)
 
 
 @dataclass(frozen=True)
@@ -186,7 +189,8 @@ class FederatedAccountant:
         self.max_mixture_group = check_int("max_mixture_group", max_mixture_group, 1)
         self.rounds = 0
         self._rank_cache: dict[dp_event.DpEvent, float] = {}
-        self._state = {
+        self._views: dict[str, dict[str, _UnitState]] = {}
+        self._views["released"] = {
             unit: _UnitState(
                 pld=(
                     pld_lib.identity(value_discretization_interval=discretization)
@@ -227,45 +231,72 @@ class FederatedAccountant:
         ``participants`` (default ``len(silos)``) is how many silos ran in each round; planning
         passes every silo that may take part with the number that does.
         """
+        self._compose(silos, count=count, participants=participants)
+        self.rounds += count
+
+    def compose_release(self, silos: Sequence[SiloPrivacy]) -> None:
+        """Adds a release outside the training rounds (e.g. DP feature statistics computed
+        before round 1), composed like one round but not counted as one."""
+        self._compose(silos, count=1, participants=None)
+
+    def _compose(
+        self, silos: Sequence[SiloPrivacy], *, count: int, participants: int | None
+    ) -> None:
         check_int("count", count, 1)
         taking_part = (
             len(silos) if participants is None else check_int("participants", participants, 1)
         )
-        for unit in self.units:
-            reporting = [s for s in silos if unit in s.events]
-            if not reporting:
-                continue
-            events = [s.events[unit] for s in reporting]
-            # Mixture events are ranked through their record-level event (same order, cheaper).
-            proxies = [
-                s.record_event if s.record_event is not None and not _rdp_supported(e) else e
-                for s, e in zip(reporting, events, strict=True)
-            ]
-            scopes = {s.scope for s in reporting}
-            if len(scopes) > 1:
-                raise ValueError(f"Expected one event scope per round, got {sorted(scopes)}.")
-            state = self._state[unit]
-            state.touched = True
-            if scopes == {"aggregate"} or unit != "subject":
-                m = 1  # one aggregate mechanism per round; records/silos compose in parallel
-            else:
-                m = min(self.span, taking_part, len(events))
-            worst = self._worst(events, proxies)
-            times = m * count
-            self._compose_pld(state, worst, times)
-            if state.rdp is not None:
-                state.rdp = (
-                    state.rdp + times * conversions.rdp_curve(worst)
-                    if _rdp_supported(worst)
-                    else None
-                )
-            mu_sq = _mu_squared(worst)
-            state.mu_sq = (
-                None if mu_sq is None or state.mu_sq is None else state.mu_sq + times * mu_sq
+        # An adversary whose view first differs now starts from the history it shared with
+        # the released model so far.
+        for adversary in sorted({a for s in silos for a in s.views}):
+            if adversary not in self._views:
+                self._views[adversary] = {
+                    unit: dataclasses.replace(state, routes_failed=set(state.routes_failed))
+                    for unit, state in self._views["released"].items()
+                }
+        for adversary, states in self._views.items():
+            for unit in self.units:
+                self._compose_unit(states[unit], unit, adversary, silos, count, taking_part)
+
+    def _compose_unit(
+        self,
+        state: _UnitState,
+        unit: str,
+        adversary: str,
+        silos: Sequence[SiloPrivacy],
+        count: int,
+        taking_part: int,
+    ) -> None:
+        reporting = [s for s in silos if unit in s.events]
+        if not reporting:
+            return
+        events = [s.view(adversary)[unit] for s in reporting]
+        # Mixture events are ranked through their record-level event (same order, cheaper).
+        proxies = [
+            s.record_event if s.record_event is not None and not _rdp_supported(e) else e
+            for s, e in zip(reporting, events, strict=True)
+        ]
+        scopes = {s.scope for s in reporting}
+        if len(scopes) > 1:
+            raise ValueError(f"Expected one event scope per round, got {sorted(scopes)}.")
+        state.touched = True
+        if scopes == {"aggregate"} or unit != "subject":
+            m = 1  # one aggregate mechanism per round; records/silos compose in parallel
+        else:
+            m = min(self.span, taking_part, len(events))
+        worst = self._worst(events, proxies)
+        times = m * count
+        self._compose_pld(state, worst, times)
+        if state.rdp is not None:
+            state.rdp = (
+                state.rdp + times * conversions.rdp_curve(worst)
+                if _rdp_supported(worst)
+                else None
             )
-            if unit == "subject" and self.routes & {"rdp-group", "dp-group"}:
-                self._compose_group(state, silos, m, count)
-        self.rounds += count
+        mu_sq = _mu_squared(worst)
+        state.mu_sq = None if mu_sq is None or state.mu_sq is None else state.mu_sq + times * mu_sq
+        if unit == "subject" and self.routes & {"rdp-group", "dp-group"}:
+            self._compose_group(state, silos, m, count)
 
     def _compose_pld(self, state: _UnitState, event: dp_event.DpEvent, times: int) -> None:
         if state.pld is None:
@@ -305,10 +336,40 @@ class FederatedAccountant:
             )
 
     # --- reporting --------------------------------------------------------------------
-    def estimates(self) -> dict[str, Estimate]:
-        """ε at ``delta`` for every accounted unit (``inf`` where no route is valid)."""
+    @property
+    def split_adversaries(self) -> tuple[str, ...]:
+        """Adversaries whose view has differed from the released model's so far."""
+        return tuple(a for a in self._views if a != "released")
+
+    def _states(self, adversary: str) -> dict[str, _UnitState]:
+        check_choice("adversary", adversary, ADVERSARIES)
+        return self._views.get(adversary, self._views["released"])
+
+    def estimates_by_adversary(self) -> dict[str, dict[str, Estimate]]:
+        """ε per unit against each adversary (``released``, ``server``, ``silos``)."""
+        released = self.estimates()
+        return {
+            a: (self.estimates(a) if a in self._views and a != "released" else released)
+            for a in ADVERSARIES
+        }
+
+    def estimates_against(self, target: str) -> dict[str, Estimate]:
+        """ε per unit against ``target``: one adversary, or ``strongest`` (per unit, the
+        largest ε of any adversary: the number that holds against all of them)."""
+        check_choice("adversary", target, TARGETS)
+        if target != "strongest":
+            return self.estimates(target)
+        by = self.estimates_by_adversary()
+        return {
+            unit: max((by[a][unit] for a in ADVERSARIES), key=lambda e: e.epsilon)
+            for unit in by["released"]
+        }
+
+    def estimates(self, adversary: str = "released") -> dict[str, Estimate]:
+        """ε at ``delta`` for every accounted unit (``inf`` where no route is valid), against
+        ``adversary`` (default: the released model, i.e. outsiders)."""
         out: dict[str, Estimate] = {}
-        for unit, state in self._state.items():
+        for unit, state in self._states(adversary).items():
             if not state.touched:
                 out[unit] = Estimate(0.0, "none", {})
                 continue
@@ -344,13 +405,13 @@ class FederatedAccountant:
                 out[unit] = Estimate(math.inf, "none", routes)
         return out
 
-    def epsilons(self) -> dict[str, float]:
-        return {unit: est.epsilon for unit, est in self.estimates().items()}
+    def epsilons(self, adversary: str = "released") -> dict[str, float]:
+        return {unit: est.epsilon for unit, est in self.estimates(adversary).items()}
 
-    def mu(self) -> dict[str, float]:
+    def mu(self, adversary: str = "released") -> dict[str, float]:
         """μ of Gaussian DP for units whose events are unsampled Gaussians (exact)."""
         return {
             unit: math.sqrt(state.mu_sq)
-            for unit, state in self._state.items()
+            for unit, state in self._states(adversary).items()
             if state.touched and state.mu_sq is not None
         }

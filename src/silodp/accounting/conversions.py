@@ -65,7 +65,15 @@ def _default_curve(event: dp_event.DpEvent) -> np.ndarray:
 def _compute_curve(
     event: dp_event.DpEvent, orders: tuple[float, ...], *, replace_one: bool = False
 ) -> np.ndarray:
-    """dp-accounting's RDP of ``event`` at ``orders`` (add/remove adjacency, or replace-one)."""
+    """dp-accounting's RDP of ``event`` at ``orders`` (add/remove adjacency, or replace-one).
+
+    A :class:`~silodp.accounting.events.KnownSampleDpEvent` (which dp-accounting does not know)
+    is the mixture ``(qP + (1-q)⊥, qP' + (1-q)⊥)`` with ``⊥`` distinguishable, whose Rényi
+    divergence is exactly ``log(q·e^{(α-1)ρ(α)} + 1 - q)/(α-1)`` for the inner curve ρ.
+    """
+    known = _known_sample_curve(event, orders, replace_one=replace_one)
+    if known is not None:
+        return known
     relation = (
         rdp_lib.NeighborRel.REPLACE_ONE if replace_one else rdp_lib.NeighborRel.ADD_OR_REMOVE_ONE
     )
@@ -80,6 +88,39 @@ def _compute_curve(
     finally:
         absl_logger.setLevel(level)
     return np.array(accountant._rdp, dtype=np.float64)  # noqa: SLF001 - checked by tests
+
+
+def _known_sample_curve(
+    event: dp_event.DpEvent, orders: tuple[float, ...], *, replace_one: bool
+) -> np.ndarray | None:
+    """RDP of events built on :class:`KnownSampleDpEvent`, or None if there is none."""
+    from silodp.accounting.events import KnownSampleDpEvent
+
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        inner = _known_sample_curve(event.event, orders, replace_one=replace_one)
+        return None if inner is None else event.count * inner
+    if isinstance(event, dp_event.ComposedDpEvent):
+        parts = [_known_sample_curve(e, orders, replace_one=replace_one) for e in event.events]
+        if all(p is None for p in parts):
+            return None
+        return np.sum(
+            [
+                p if p is not None else _compute_curve(e, orders, replace_one=replace_one)
+                for p, e in zip(parts, event.events, strict=True)
+            ],
+            axis=0,
+        )
+    if not isinstance(event, KnownSampleDpEvent):
+        return None
+    q = event.sampling_probability
+    inner = _compute_curve(event.event, orders, replace_one=replace_one)
+    alphas = np.asarray(orders, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        # log(q e^{(α-1)ρ} + 1 - q) computed stably: logaddexp(log q + (α-1)ρ, log(1-q))
+        log_q = math.log(q) if q > 0 else -math.inf
+        log_rest = math.log1p(-q) if q < 1 else -math.inf
+        value = np.logaddexp(log_q + (alphas - 1.0) * inner, log_rest) / (alphas - 1.0)
+    return np.where(np.isnan(value), np.inf, value)
 
 
 def rdp_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> float:

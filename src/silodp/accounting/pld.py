@@ -12,6 +12,8 @@ from functools import lru_cache
 from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
+from silodp.accounting.events import KnownSampleDpEvent
+
 __all__ = ["DEFAULT_DISCRETIZATION", "event_pld", "is_supported"]
 
 DEFAULT_DISCRETIZATION = 1e-3
@@ -20,6 +22,8 @@ PLD = pld_lib
 
 def is_supported(event: dp_event.DpEvent) -> bool:
     """Whether :func:`event_pld` can build a PLD for ``event``."""
+    if isinstance(event, KnownSampleDpEvent):
+        return is_supported(event.event)
     if isinstance(event, dp_event.SelfComposedDpEvent):
         return is_supported(event.event)
     if isinstance(event, dp_event.ComposedDpEvent):
@@ -37,8 +41,8 @@ def event_pld(
 ) -> pld_lib.PrivacyLossDistribution:
     """The (pessimistic, add/remove) PLD of ``event``.
 
-    Supported: Gaussian, Poisson-sampled Gaussian, mixture of Gaussians, and their
-    (self-)compositions. Raises ``ValueError`` for anything else.
+    Supported: Gaussian, Poisson-sampled Gaussian, mixture of Gaussians, a known-sample
+    event around any of these, and their (self-)compositions. Raises ``ValueError`` for anything else.
     """
     if isinstance(event, dp_event.SelfComposedDpEvent):
         if event.count == 0:
@@ -51,6 +55,15 @@ def event_pld(
         return result
     if isinstance(event, dp_event.NoOpDpEvent):
         return pld_lib.identity(value_discretization_interval=discretization)
+    if isinstance(event, KnownSampleDpEvent):
+        # the adversary knows whether the mechanism ran: q·PLD + (1-q)·(loss 0)
+        inner = event_pld(event.event, discretization)
+        if event.sampling_probability >= 1.0:
+            return inner
+        identity = pld_lib.identity(value_discretization_interval=discretization)
+        if event.sampling_probability == 0.0:
+            return identity
+        return inner.compute_mixture(identity, event.sampling_probability)
     if isinstance(event, dp_event.GaussianDpEvent):
         return pld_lib.from_gaussian_mechanism(
             standard_deviation=event.noise_multiplier,
