@@ -77,7 +77,7 @@ def test_accountant_reports_each_adversary() -> None:
     assert by["released"]["subject"].epsilon == pytest.approx(5.15, abs=0.02)
     assert by["silos"]["subject"].epsilon == by["released"]["subject"].epsilon
     assert by["server"]["subject"].epsilon == pytest.approx(16.07, abs=0.03)
-    strongest = acc.estimates_against("strongest")["subject"]
+    strongest = acc.estimates("strongest")["subject"]
     assert strongest.epsilon == by["server"]["subject"].epsilon
     assert acc.split_adversaries == ("server",)
 
@@ -91,10 +91,11 @@ def test_an_adversary_that_learns_the_sample_later_keeps_the_shared_history() ->
     reference.compose_round([_uldp_round(0.1, 1.0, knows=())], count=10)
     amplified = reference.estimates()["subject"].epsilon
     mixed = acc.estimates("silos")["subject"].epsilon
-    assert acc.estimates()["subject"].epsilon == pytest.approx(amplified)
+    assert acc.estimates("released")["subject"].epsilon == pytest.approx(amplified)
+    assert acc.estimates()["subject"].epsilon == mixed  # default: the strongest adversary
     assert mixed > amplified * 1.5  # ten unamplified rounds cost far more
     with pytest.raises(ValueError, match="adversary='everyone'"):
-        acc.estimates_against("everyone")
+        acc.estimates("everyone")
 
 
 def test_views_must_cover_the_same_units() -> None:

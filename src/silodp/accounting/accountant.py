@@ -165,6 +165,9 @@ class FederatedAccountant:
       discretization: PLD value discretisation (coarser is faster and still an upper bound).
       max_mixture_group: largest group size for which the exact mixture PLD is built.
       routes: the routes to compute (default: all of ``ROUTES``); fewer is faster.
+      target: whom :meth:`estimates` and :meth:`mu` report against by default: an adversary
+        of ``ADVERSARIES`` or ``strongest`` (per unit the largest ε of any of them: the
+        number that holds against all).
     """
 
     def __init__(
@@ -176,7 +179,9 @@ class FederatedAccountant:
         discretization: float = DEFAULT_DISCRETIZATION,
         max_mixture_group: int = 64,
         routes: Sequence[str] = ROUTES,
+        target: str = "strongest",
     ) -> None:
+        self.target = check_choice("target", target, TARGETS)
         for route in routes:
             check_choice("route", route, ROUTES)
         self.routes = frozenset(routes)
@@ -347,29 +352,30 @@ class FederatedAccountant:
 
     def estimates_by_adversary(self) -> dict[str, dict[str, Estimate]]:
         """ε per unit against each adversary (``released``, ``server``, ``silos``)."""
-        released = self.estimates()
+        released = self._estimates(self._views["released"])
         return {
-            a: (self.estimates(a) if a in self._views and a != "released" else released)
+            a: (self._estimates(self._views[a]) if a in self.split_adversaries else released)
             for a in ADVERSARIES
         }
 
-    def estimates_against(self, target: str) -> dict[str, Estimate]:
-        """ε per unit against ``target``: one adversary, or ``strongest`` (per unit, the
-        largest ε of any adversary: the number that holds against all of them)."""
-        check_choice("adversary", target, TARGETS)
+    def estimates(self, adversary: str | None = None) -> dict[str, Estimate]:
+        """ε at ``delta`` per accounted unit (``inf`` where no route is valid) against
+        ``adversary`` (default: the accountant's ``target``); ``strongest`` gives, per unit,
+        the largest ε of any adversary."""
+        target = check_choice("adversary", adversary or self.target, TARGETS)
         if target != "strongest":
-            return self.estimates(target)
+            return self._estimates(self._states(target))
+        if not self.split_adversaries:
+            return self._estimates(self._views["released"])
         by = self.estimates_by_adversary()
         return {
             unit: max((by[a][unit] for a in ADVERSARIES), key=lambda e: e.epsilon)
             for unit in by["released"]
         }
 
-    def estimates(self, adversary: str = "released") -> dict[str, Estimate]:
-        """ε at ``delta`` for every accounted unit (``inf`` where no route is valid), against
-        ``adversary`` (default: the released model, i.e. outsiders)."""
+    def _estimates(self, states: Mapping[str, _UnitState]) -> dict[str, Estimate]:
         out: dict[str, Estimate] = {}
-        for unit, state in self._states(adversary).items():
+        for unit, state in states.items():
             if not state.touched:
                 out[unit] = Estimate(0.0, "none", {})
                 continue
@@ -405,13 +411,23 @@ class FederatedAccountant:
                 out[unit] = Estimate(math.inf, "none", routes)
         return out
 
-    def epsilons(self, adversary: str = "released") -> dict[str, float]:
+    def epsilons(self, adversary: str | None = None) -> dict[str, float]:
         return {unit: est.epsilon for unit, est in self.estimates(adversary).items()}
 
-    def mu(self, adversary: str = "released") -> dict[str, float]:
-        """μ of Gaussian DP for units whose events are unsampled Gaussians (exact)."""
+    def mu(self, adversary: str | None = None) -> dict[str, float]:
+        """μ of Gaussian DP for units whose events are unsampled Gaussians (exact), against
+        ``adversary`` (default: the ``target``; ``strongest``: only where every adversary's
+        view is exactly Gaussian, the largest μ)."""
+        target = check_choice("adversary", adversary or self.target, TARGETS)
+        if target == "strongest":
+            views = [self._states(a) for a in ADVERSARIES]
+            return {
+                unit: max(math.sqrt(v[unit].mu_sq) for v in views)  # type: ignore[arg-type]
+                for unit in self.units
+                if all(v[unit].touched and v[unit].mu_sq is not None for v in views)
+            }
         return {
             unit: math.sqrt(state.mu_sq)
-            for unit, state in self._states(adversary).items()
+            for unit, state in self._states(target).items()
             if state.touched and state.mu_sq is not None
         }
