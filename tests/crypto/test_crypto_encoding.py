@@ -154,3 +154,36 @@ def test_rounded_noise_shares_are_a_function_of_the_summed_gaussian_only_for_mul
         assert silos * m + shares == sum(round((silos * m + g) / silos + us) for us in u)
         misses += 1 + shares != sum(round((1 + g) / silos + us) for us in u)
     assert misses > 100
+
+
+@pytest.mark.parametrize(("sigma", "clip", "silos"), [(1.0, 1.0, 3), (0.7, 0.3, 5), (2.5, 1e-3, 2)])
+def test_silo_noise_scale_covers_the_accounted_std_on_the_grid(sigma, clip, silos) -> None:
+    # S silos each add round(N(0, a^2)) on the grid 1/(M 10^d): the decoded continuous sum has
+    # std sqrt(S) a / (M 10^d), which must be at least σ C and is no more than 2^-64 above it
+    enc = _enc(num_silos=silos, noise_bound=100.0)
+    a = enc.silo_noise_scale(noise_multiplier=sigma, sensitivity=clip)
+    assert isinstance(a, Fraction) and a.denominator <= 2**64
+    target = Fraction(sigma) * Fraction(clip) * enc.noise_scale
+    assert silos * a * a >= target * target
+    below = a - Fraction(1, 2**64)
+    assert silos * below * below < target * target
+    assert enc.silo_noise_scale(noise_multiplier=0.0, sensitivity=clip) == 0
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        enc.silo_noise_scale(noise_multiplier=-1.0, sensitivity=clip)
+
+
+def test_encoded_noise_is_checked_against_its_bound_and_type() -> None:
+    enc = _enc(noise_bound=5.0)
+    top = enc.max_encoded_noise
+    assert top == math.ceil(5 * enc.noise_scale)
+    big = np.array([top, -top, 0, 7], dtype=object)  # Python ints beyond int64
+    assert enc.check_encoded_noise(big) == [top, -top, 0, 7]
+    assert enc.check_encoded_noise(np.array([3, -4], dtype=np.int64)) == [3, -4]
+    with pytest.raises(ValueOutOfRangeError, match="encoded noise"):
+        enc.check_encoded_noise(np.array([top + 1], dtype=object))
+    with pytest.raises(ValueError, match="integers"):
+        enc.check_encoded_noise(np.array([0.5, 1.0]))
+    with pytest.raises(ValueError, match="integer"):
+        enc.check_encoded_noise(np.array([1, 0.5], dtype=object))
+    with pytest.raises(ValueError, match="1-d"):
+        enc.check_encoded_noise(np.zeros((2, 2), dtype=np.int64))

@@ -3,6 +3,8 @@ sub-sampling and dropout."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import gmpy2
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from silodp.crypto.errors import (
     SiloDropoutError,
     StageError,
     SubjectBoundError,
+    ValueOutOfRangeError,
 )
 from silodp.crypto.paillier import generate_keypair
 from silodp.crypto.prg import ChaCha20Prg
@@ -392,3 +395,87 @@ def test_round_estimate_counts_pairs_and_scales_with_parameters() -> None:
     small = modelled_round_products(enc, 1000, est.pairs, est.slots, key_bits=bits)
     large = modelled_round_products(enc, 100_000, est.pairs, est.slots, key_bits=bits)
     assert 50 < large / small < 100  # linear in parameters, tables amortised better
+
+
+def test_silos_sample_subjects_from_the_shared_seed_and_the_server_never_sees_it() -> None:
+    hist, deltas, noise = _problem(31, 3, 12, 3, 30, zero_frac=0.0)
+    session = WeightingSession(_config(3, 12, 30), hist, source=ChaCha20Prg(bytes([6]) * 32))
+    server, silos = session.server, session.silos
+    key = server._keys.private_key
+    samples = []
+    for round_index in range(3):
+        # every silo derives the same sample, a fresh one each round
+        per_silo = {silo.subject_sample(round_index, 0.5) for silo in silos.values()}
+        assert len(per_silo) == 1
+        (sample,) = per_silo
+        assert 0 < len(sample) < 12
+        samples.append(sample)
+        # the server's message is the same whatever the sample: a weight for every subject
+        weights = server.open_round(round_index, 3)
+        assert [key.decrypt(c) for c in weights.ciphertexts] == server._inverses
+        assert all(inv != 0 for inv in server._inverses)
+        wanted = {s: {a: v for a, v in deltas[s].items() if a in sample} for s in silos}
+        for s, silo in silos.items():
+            server.receive_weighted_sum(
+                silo.weighted_sum(weights, wanted[s], noise[s], sampling_rate=0.5)
+            )
+        result = server.finish_round()
+        assert result.sampled == frozenset(range(12))  # all the server knows
+        # the decrypted sum is the weighted sum over the sampled subjects only
+        ref = plaintext_weighted_sum(deltas, hist, noise=noise, sampled=sample)
+        np.testing.assert_allclose(result.aggregate, ref, rtol=0, atol=_tolerance(12, 3, ref))
+        full = plaintext_weighted_sum(deltas, hist, noise=noise)
+        assert np.abs(result.aggregate - full).max() > 1e-3
+    assert len(set(samples)) > 1
+
+
+def test_the_silos_sample_depends_on_the_session_seed() -> None:
+    hist, _, _ = _problem(32, 2, 40, 1, 20)
+    a = WeightingSession(_config(2, 40, 20), hist, source=ChaCha20Prg(bytes([1]) * 32))
+    b = WeightingSession(_config(2, 40, 20), hist, source=ChaCha20Prg(bytes([2]) * 32))
+    assert a.silos[0].sample_key == a.silos[1].sample_key
+    assert a.silos[0].sample_key != b.silos[0].sample_key
+    assert a.silos[0].subject_sample(0, 0.5) != b.silos[0].subject_sample(0, 0.5)
+    with pytest.raises(StageError, match="sample key"):
+        Silo(0, _config(2, 40, 20), hist[0]).subject_sample(0, 0.5)
+
+
+def test_silo_sampled_round_checks_its_deltas_and_run_round_drives_it() -> None:
+    hist, deltas, noise = _problem(33, 2, 10, 2, 20, zero_frac=0.0)
+    session = WeightingSession(_config(2, 10, 20), hist, source=ChaCha20Prg(bytes([8]) * 32))
+    with pytest.raises(ValueError, match="either"):
+        session.run_round(deltas, sampled={1}, silo_sampling_rate=0.5)
+    # extra deltas of unsampled subjects held here are accepted and left out
+    result = session.run_round(deltas, noise=noise, silo_sampling_rate=0.5)
+    sample = session.silos[1].subject_sample(result.round_index, 0.5)
+    ref = plaintext_weighted_sum(deltas, hist, noise=noise, sampled=sample)
+    np.testing.assert_allclose(result.aggregate, ref, rtol=0, atol=_tolerance(10, 2, ref))
+    # a sampled subject held here without a delta is refused
+    sample = session.silos[0].subject_sample(1, 0.5)
+    held = [a for a in hist[0] if a in sample]
+    assert held
+    weights = session.server.open_round(1, 2)
+    short = {a: deltas[0][a] for a in held[1:]}
+    with pytest.raises(ValueError, match="missing"):
+        session.silos[0].weighted_sum(weights, short, sampling_rate=0.5)
+
+
+def test_encoded_noise_enters_the_aggregate_exactly() -> None:
+    hist, deltas, _ = _problem(34, 3, 5, 4, 20)
+    session = WeightingSession(_config(3, 5, 20), hist, source=ChaCha20Prg(bytes([10]) * 32))
+    enc = session.server.encoding
+    rng = np.random.default_rng(0)
+    ints = {s: [int(v) * 10**9 + 3 for v in rng.integers(-(10**9), 10**9, 4)] for s in range(3)}
+    result = session.run_round(deltas, encoded_noise=ints)
+    clean = plaintext_weighted_sum(deltas, hist)
+    summed = [sum(ints[s][j] for s in range(3)) for j in range(4)]
+    expected = clean + np.array([float(Fraction(v, enc.noise_scale)) for v in summed])
+    np.testing.assert_allclose(result.aggregate, expected, rtol=0, atol=_tolerance(5, 3, expected))
+    weights = session.server.open_round(1, 4)
+    too_big = [enc.max_encoded_noise + 1, 0, 0, 0]
+    with pytest.raises(ValueOutOfRangeError, match="encoded noise"):
+        session.silos[0].weighted_sum(weights, deltas[0], encoded_noise=too_big)
+    with pytest.raises(ValueError, match="either"):
+        session.silos[0].weighted_sum(weights, deltas[0], np.zeros(4), encoded_noise=[0] * 4)
+    with pytest.raises(ValueError, match="encoded noise values"):
+        session.silos[0].weighted_sum(weights, deltas[0], encoded_noise=[0] * 3)

@@ -4,6 +4,7 @@ Modules: :mod:`~silodp.crypto.paillier` (Paillier on gmpy2), :mod:`~silodp.crypt
 (X25519 + HKDF + sealed seed), :mod:`~silodp.crypto.prg` (ChaCha20 generators),
 :mod:`~silodp.crypto.encoding` (fixed point with ``L = lcm(1..N_max)``),
 :mod:`~silodp.crypto.identity` (Ed25519-signed key shares),
+:mod:`~silodp.crypto.sampling` (Poisson subject samples from a key the silos share),
 :mod:`~silodp.crypto.protocol` (the parties, messages and the in-process driver).
 """
 
@@ -39,6 +40,7 @@ from silodp.crypto.protocol import (
     run_weighting_round,
     with_identities,
 )
+from silodp.crypto.sampling import SharedSampleKey
 
 __all__ = [
     "EncodingOverflowError",
@@ -57,6 +59,7 @@ __all__ = [
     "SenderError",
     "Server",
     "SetupDropoutError",
+    "SharedSampleKey",
     "Silo",
     "SiloDropoutError",
     "StageError",

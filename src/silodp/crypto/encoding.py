@@ -11,8 +11,12 @@ server's encrypted ``(r_a n_a)^{-1}``, so the plaintext gains the *integer* fact
 ``1 <= n_a <= N_max``. A subject with ``n_a > N_max`` would silently decode to garbage, so it
 is refused (:class:`~silodp.crypto.errors.SubjectBoundError`).
 
-Noise is encoded on the finest grid, ``round(z M 10^d)``: silo ``s`` adds
-``round(y_s)``, ``y_s = z_s M 10^d``. Decryption yields
+Noise lives on the finest grid, ``1 / (M 10^d)``: silo ``s`` adds the integer ``round(y_s)``
+with ``y_s ~ N(0, a^2)``, ``a`` the rational :meth:`WeightingEncoding.silo_noise_scale`
+(``a >= σ Δ M 10^d / sqrt(S)``). The silo draws ``round(y_s)`` *exactly*, as a sample of the
+rounded continuous Gaussian (:func:`silodp.privacy.noise.rounded_gaussian`), and hands the
+integers over already encoded (:meth:`WeightingEncoding.check_encoded_noise`); no float noise
+is ever rounded. Decryption yields
 
     D = S X + sum_s round(y_s) mod n,   X = sum_{s,a} (L n_{s,a}/n_a) e_{s,a}  (an integer),
 
@@ -25,8 +29,9 @@ mechanism, so ε needs no allowance for rounding. The ``y_s`` are i.i.d. ``N(0, 
 ``g_u(x + S m) = g_u(x) + S m`` for every integer ``m``, ``D = g_u(S X + G)``: a function,
 with data-independent randomness ``u``, of ``S X + G``. Divided by ``M 10^d``, ``S X + G`` is
 the weighted sum of the rounded clipped deltas plus ``N(0, S a^2 / (M 10^d)^2)`` noise per
-coordinate, i.e. ``N(0, σ^2 C^2)`` when each silo's noise has std ``σ C / sqrt(S)``: exactly
-the Gaussian mechanism the accountant charges. Without the factor ``S``
+coordinate, of std at least ``σ Δ``: the Gaussian mechanism the accountant charges (a larger
+std is that mechanism plus independent noise, again a post-processing). Each silo only has
+to sample ``round(y_s)`` exactly (its law is all that enters ``D``); without the factor ``S``
 (``D = X + sum_s round(y_s)``), ``D`` is no such function.
 
 That is exact if the true ``|D| < n / 2``. With ``|delta| <= delta_bound`` and
@@ -316,9 +321,47 @@ class WeightingEncoding:
         return self._encode_bounded(values, self.delta_bound, "delta", self.scale)
 
     def encode_noise(self, values: object) -> list[int]:
-        """Exact signed encodings ``round(z M 10^d)`` of noise coordinates: the aggregate's
-        own grid, which makes the rounding a post-processing (module docstring)."""
+        """Exact signed encodings ``round(z M 10^d)`` of real noise coordinates on the
+        aggregate's grid. Rounding a float does not give an exact rounded Gaussian: a DP
+        release draws its noise on the grid instead (:meth:`check_encoded_noise`)."""
         return self._encode_bounded(values, self.noise_bound, "noise", self.noise_scale)
+
+    def silo_noise_scale(self, *, noise_multiplier: float, sensitivity: float) -> Fraction:
+        """The std ``a`` of one silo's noise on the grid ``1 / (M 10^d)``: the smallest
+        multiple of ``2^-64`` with ``sqrt(S) a >= σ Δ M 10^d``, so the decoded sum of the ``S``
+        silos' continuous noise has std at least ``σ Δ`` (module docstring)."""
+        for name, value in (("noise_multiplier", noise_multiplier), ("sensitivity", sensitivity)):
+            check_bound(name, value)
+        total = Fraction(noise_multiplier) * Fraction(sensitivity) * self.noise_scale
+        shift = 64
+        # a^2 >= total^2 / S, on the 2^-64 grid: a 2^64 = ceil(sqrt(total^2 4^64 / S))
+        square = total * total * (1 << (2 * shift)) / self.num_silos
+        root = math.isqrt(math.ceil(square))
+        if root * root < square:
+            root += 1
+        return Fraction(root, 1 << shift)
+
+    def check_encoded_noise(self, values: object) -> list[int]:
+        """Noise already on the aggregate's grid (integers ``round(y)``, e.g. exact rounded
+        Gaussian samples) as Python ints; refuses non-integers and values beyond the declared
+        ``noise_bound`` (:class:`~silodp.crypto.errors.ValueOutOfRangeError`)."""
+        arr = np.asarray(values)
+        if arr.ndim != 1 or not (arr.dtype.kind in "iu" or arr.dtype == object):
+            raise ValueError(
+                f"Expected encoded noise as a 1-d array of integers, got {arr.dtype} {arr.shape}."
+            )
+        out: list[int] = []
+        for v in arr.tolist():
+            if isinstance(v, bool) or not isinstance(v, int | np.integer):
+                raise ValueError(f"Expected integer encoded noise, got {v!r}.")
+            v = int(v)
+            if abs(v) > self.max_encoded_noise:
+                raise ValueOutOfRangeError(
+                    f"encoded noise of {abs(v).bit_length()} bits exceeds the bound "
+                    f"{self.noise_bound} declared at set-up."
+                )
+            out.append(v)
+        return out
 
     def decode(self, residue: int) -> float:
         """The real value of a decrypted aggregate ``L * sum`` (exactly rounded to float64)."""

@@ -18,27 +18,34 @@ Set-up (once)
      (``MaskedHistogram``). The server sums to ``r_a n_a`` (masks cancel) and inverts mod ``n``.
 
 Round ``t``
-  4. Server -> silos: ``EncryptedWeights``: ``Enc((r_a n_a)^-1)`` for sampled subjects,
-     ``Enc(0)`` for the others (Poisson sub-sampling happens here, hidden from the silos).
+  4. Server -> silos: ``EncryptedWeights``: ``Enc((r_a n_a)^-1)`` for every public subject when
+     the silos sample (below), else ``Enc(0)`` for the subjects the server left out of its
+     sample (hidden from the silos by semantic security).
   5. Each silo returns ``MaskedWeightedSum``: per parameter
      ``prod_a Enc((r_a n_a)^-1)^(r_a n_{s,a} L S Encode(Delta_{s,a}))`` times
-     ``Enc(Encode(noise) ± PRG(k_sj, t, j))`` (noise on the aggregate's grid ``L S 10^d``: the
-     factor ``S`` makes its rounding a post-processing, see :mod:`~silodp.crypto.encoding`),
-     re-randomised (see
+     ``Enc(noise ± PRG(k_sj, t, j))`` (noise drawn as integers on the aggregate's grid
+     ``L S 10^d``: the factor ``S`` makes it a post-processing of the continuous Gaussian
+     mechanism, see :mod:`~silodp.crypto.encoding`), re-randomised (see
      :mod:`~silodp.crypto.weighted_sum` for how this is computed fast).
   6. The server multiplies the silos' ciphertexts (the masks cancel only if *all* silos
      contributed - otherwise :class:`~silodp.crypto.errors.SiloDropoutError` and nothing is
      decrypted), decrypts and decodes ``sum_{s,a} (n_{s,a}/n_a) Delta_{s,a} + sum_s noise_s``.
 
+Subject sub-sampling, two ways. *By the silos* (``sampling_rate`` in :meth:`Silo.weighted_sum`):
+every silo derives round ``t``'s Poisson sample from a key derived from the shared seed
+(HKDF, label ``silodp/uldp-avg-w/subject-sample``; :mod:`~silodp.crypto.sampling`) and leaves
+the subjects outside it out of its product (weight 0); the server encrypts every weight and
+learns nothing about the sample, the silos all know it. *By the server* (``sampled`` or
+``sampling_rate`` in :meth:`Server.open_round`): the server knows the sample, the silos do not.
+
 What each party sees: the server sees ``r_a n_a`` (uniform on ``Z_n^*`` when ``r_a`` is),
 masked values and ciphertexts; it decrypts only the aggregate. Silos see Paillier ciphertexts
 only. The honest-but-curious model of the paper applies (no party deviates). Without registered
 identity keys a server that swaps DH public keys could read the seed and unmask histograms;
-with them (:func:`with_identities`, used by ``uldp_avg_w``) a swapped key is refused. The
-server knows which subjects were sampled, as in the paper. ``N_max`` is a public bound every
-party must respect: a silo refuses its own count above it, and :class:`WeightingSession` (which
-sees the whole federation, as a simulator does) refuses ``n_a > N_max`` before set-up; the
-protocol itself cannot detect an excess total.
+with them (:func:`with_identities`, used by ``uldp_avg_w``) a swapped key is refused. ``N_max``
+is a public bound every party must respect: a silo refuses its own count above it, and
+:class:`WeightingSession` (which sees the whole federation, as a simulator does) refuses
+``n_a > N_max`` before set-up; the protocol itself cannot detect an excess total.
 """
 
 from __future__ import annotations
@@ -103,6 +110,7 @@ from silodp.crypto.paillier import (
 from silodp.crypto.prg import ChaCha20Prg, MaskStream, derive_key
 from silodp.crypto.randomness import RandomSource, SystemRandomSource, bernoulli, random_unit
 from silodp.crypto.rerandomize import RerandomizationMode, Rerandomizer, make_rerandomizer
+from silodp.crypto.sampling import SharedSampleKey
 from silodp.crypto.weighted_sum import (
     aggregate_and_decrypt,
     choose_slots,
@@ -277,6 +285,10 @@ def _pair_masks(
 
 @dataclass(frozen=True)
 class RoundResult:
+    """The decrypted aggregate of a round; ``sampled``: the subjects the server gave a
+    non-zero encrypted weight (every subject when the silos sample: the server does not
+    know their sample)."""
+
     round_index: int
     aggregate: np.ndarray = field(repr=False)
     sampled: frozenset[SubjectId]
@@ -610,6 +622,7 @@ class Silo:
         self._dh: DHKeyPair | None = None
         self._pairs: dict[SiloId, PairwiseKeys] = {}
         self._seed: bytes | None = None
+        self._sample_key: SharedSampleKey | None = None
         self._blinds: list[int] = []
         self._rerandomizer: Rerandomizer | None = None
         self._last_round = -1
@@ -626,6 +639,28 @@ class Silo:
     def _keys_ready(self) -> tuple[PaillierPublicKey, WeightingEncoding]:
         assert self._pk is not None and self._encoding is not None
         return self._pk, self._encoding
+
+    @property
+    def encoding(self) -> WeightingEncoding:
+        """The fixed-point encoding of this session (after the server's hello)."""
+        if self._encoding is None:
+            raise StageError(f"Silo {self.silo_id}: no encoding before the server's hello.")
+        return self._encoding
+
+    @property
+    def sample_key(self) -> SharedSampleKey:
+        """The subject-sampling key every silo derives from the shared seed (the server
+        never sees the seed, hence neither this key nor the samples)."""
+        if self._sample_key is None:
+            raise StageError(f"Silo {self.silo_id}: no sample key before the shared seed.")
+        return self._sample_key
+
+    def subject_sample(self, round_index: int, rate: float) -> frozenset[SubjectId]:
+        """Round ``round_index``'s Poisson sample of the public subjects at ``rate``: the
+        same in every silo of the session."""
+        subjects = self.config.subject_ids
+        chosen = self.sample_key.sample(round_index, len(subjects), rate)
+        return frozenset(a for a, keep in zip(subjects, chosen.tolist(), strict=True) if keep)
 
     def _check_session(self, session: bytes) -> None:
         if session != self._session:
@@ -725,6 +760,8 @@ class Silo:
         self._seed = seed
         prg = ChaCha20Prg(derive_key(seed, b"silodp/uldp-avg-w/blinds", salt=self._session))
         self._blinds = [random_unit(prg, pk.n) for _ in self.config.subject_ids]
+        label = b"silodp/uldp-avg-w/subject-sample"
+        self._sample_key = SharedSampleKey(derive_key(seed, label, salt=self._session))
         self._stage = SiloStage.HAS_SEED
 
     def masked_histogram(self) -> MaskedHistogram:
@@ -747,12 +784,19 @@ class Silo:
         noise: np.ndarray | None = None,
         *,
         dim: int | None = None,
+        encoded_noise: Sequence[int] | np.ndarray | None = None,
+        sampling_rate: float | None = None,
     ) -> MaskedWeightedSum:
         """The silo's masked encrypted ``sum_a w_{s,a} Delta_{s,a} + noise`` for a round.
 
-        ``deltas`` must hold one clipped vector of length ``msg.dim`` for every subject with a
-        record here (the silo cannot tell which subjects the server sampled). When the server
-        left ``msg.dim`` at 0, the length is ``dim``, else that of ``noise`` or the deltas.
+        ``deltas`` holds one clipped vector of length ``msg.dim`` for every subject with a
+        record here (the silo cannot tell which subjects the server sampled). With
+        ``sampling_rate``, the silos sample: the silo derives the round's sample
+        (:meth:`subject_sample`), leaves the other subjects out (weight 0) and needs deltas
+        only for its sampled subjects. Noise: ``encoded_noise``, integers already on the
+        aggregate's grid (a DP release draws them there exactly, see
+        :mod:`~silodp.crypto.encoding`), or real ``noise`` rounded onto it. When the server
+        left ``msg.dim`` at 0, the length is ``dim``, else that of the noise or the deltas.
         """
         if not isinstance(msg, EncryptedWeights):
             raise MalformedMessageError(f"Expected EncryptedWeights, got {type(msg).__name__}.")
@@ -763,6 +807,8 @@ class Silo:
                 f"Silo {self.silo_id}: round {msg.round_index} is not after round "
                 f"{self._last_round} (a repeated round would reuse its masks)."
             )
+        if noise is not None and encoded_noise is not None:
+            raise ValueError("Pass either noise or encoded_noise, not both.")
         pk, encoding = self._keys_ready()
         subjects = self.config.subject_ids
         if len(msg.ciphertexts) != len(subjects):
@@ -776,17 +822,30 @@ class Silo:
                 weights.append(pk.check_ciphertext(c))
             except ValueError as err:
                 raise MalformedMessageError(f"Silo {self.silo_id}: weight {i}: {err}") from err
-        dim = self._round_dim(msg.dim, dim, deltas, noise)
+        given = noise if encoded_noise is None else np.asarray(encoded_noise)
+        dim = self._round_dim(msg.dim, dim, deltas, given)
         own = self.own_subjects
-        if set(deltas) != set(own):
-            raise ValueError(
-                f"Silo {self.silo_id}: deltas for {len(deltas)} subjects, expected exactly the "
-                f"{len(own)} subjects with records here (missing "
-                f"{sorted(map(repr, set(own) - set(deltas)))[:5]}, extra "
-                f"{sorted(map(repr, set(deltas) - set(own)))[:5]})."
-            )
-        matrix = np.zeros((len(own), dim), dtype=np.float64)
-        for row, a in enumerate(own):
+        if sampling_rate is None:
+            included = own
+            if set(deltas) != set(own):
+                raise ValueError(
+                    f"Silo {self.silo_id}: deltas for {len(deltas)} subjects, expected exactly "
+                    f"the {len(own)} subjects with records here (missing "
+                    f"{sorted(map(repr, set(own) - set(deltas)))[:5]}, extra "
+                    f"{sorted(map(repr, set(deltas) - set(own)))[:5]})."
+                )
+        else:
+            sample = self.subject_sample(msg.round_index, sampling_rate)
+            included = tuple(a for a in own if a in sample)
+            missing, extra = set(included) - set(deltas), set(deltas) - set(own)
+            if missing or extra:
+                raise ValueError(
+                    f"Silo {self.silo_id}: expected deltas for the {len(included)} sampled "
+                    f"subjects with records here (missing {sorted(map(repr, missing))[:5]}, "
+                    f"not held here {sorted(map(repr, extra))[:5]})."
+                )
+        matrix = np.zeros((len(included), dim), dtype=np.float64)
+        for row, a in enumerate(included):
             vec = np.asarray(deltas[a])
             if vec.shape != (dim,):
                 raise ValueError(
@@ -796,21 +855,33 @@ class Silo:
             if vec.dtype.kind != "f" or vec.dtype.itemsize > 8:
                 raise ValueError(f"Silo {self.silo_id}: expected float deltas, got {vec.dtype}.")
             matrix[row] = vec  # widening to float64 is exact
-        noise_vec = np.zeros(dim) if noise is None else np.asarray(noise)
-        if noise_vec.shape != (dim,) or noise_vec.dtype.kind != "f" or noise_vec.dtype.itemsize > 8:
-            raise ValueError(
-                f"Silo {self.silo_id}: expected float noise of shape ({dim},), got "
-                f"{noise_vec.shape} {noise_vec.dtype}."
-            )
-        noise_vec = noise_vec.astype(np.float64)
+        if encoded_noise is not None:
+            if np.asarray(encoded_noise).shape != (dim,):
+                raise ValueError(
+                    f"Silo {self.silo_id}: expected {dim} encoded noise values, got "
+                    f"{np.asarray(encoded_noise).shape}."
+                )
+            noise_ints = encoding.check_encoded_noise(encoded_noise)
+        else:
+            noise_vec = np.zeros(dim) if noise is None else np.asarray(noise)
+            if (
+                noise_vec.shape != (dim,)
+                or noise_vec.dtype.kind != "f"
+                or noise_vec.dtype.itemsize > 8
+            ):
+                raise ValueError(
+                    f"Silo {self.silo_id}: expected float noise of shape ({dim},), got "
+                    f"{noise_vec.shape} {noise_vec.dtype}."
+                )
+            noise_ints = encoding.encode_noise(noise_vec.astype(np.float64))
         self._last_round = msg.round_index
         n, n2 = pk.n_mpz, pk.n_squared
         rerand = self._rerandomizer
         assert rerand is not None
         index = {a: i for i, a in enumerate(subjects)}
         lifted = []
-        lift_secrets = rerand.draw(self._rng, len(own))
-        for a, secret in zip(own, lift_secrets, strict=True):
+        lift_secrets = rerand.draw(self._rng, len(included))
+        for a, secret in zip(included, lift_secrets, strict=True):
             i = index[a]
             exponent = self._blinds[i] * self._counts[i] * encoding.multiplier % n
             c = gmpy2.powmod(weights[i], exponent, n2)
@@ -822,8 +893,8 @@ class Silo:
         job = prepare_silo_round(pk, encoding, lifted, masks, rerand, slots)
         count = -(-dim // slots)
         secrets = rerand.draw(self._rng, count)
-        workers = resolve_workers(self.config.workers, count * len(own) // 4 + count)
-        ciphertexts = compute_silo_ciphertexts(job, matrix, noise_vec, secrets, workers=workers)
+        workers = resolve_workers(self.config.workers, count * len(included) // 4 + count)
+        ciphertexts = compute_silo_ciphertexts(job, matrix, noise_ints, secrets, workers=workers)
         return MaskedWeightedSum(
             self._session, self.silo_id, msg.round_index, dim, tuple(ciphertexts)
         )
@@ -968,13 +1039,22 @@ class WeightingSession:
         deltas: Mapping[SiloId, Mapping[SubjectId, np.ndarray]],
         *,
         noise: Mapping[SiloId, np.ndarray] | None = None,
+        encoded_noise: Mapping[SiloId, Sequence[int] | np.ndarray] | None = None,
         sampled: Collection[SubjectId] | None = None,
         sampling_rate: float | None = None,
+        silo_sampling_rate: float | None = None,
         dim: int | None = None,
     ) -> RoundResult:
-        """One round; ``deltas[s][a]`` for every subject with records in silo ``s``."""
+        """One round; ``deltas[s][a]`` for every subject with records in silo ``s``.
+
+        Sub-sampling by the server: ``sampled`` or ``sampling_rate``; by the silos (the server
+        encrypts every weight and never learns the sample): ``silo_sampling_rate``, with deltas
+        needed only for each silo's sampled subjects. Noise: real ``noise`` or
+        ``encoded_noise`` already on the aggregate's grid, per silo."""
         if sorted(deltas) != list(self.config.silo_ids):
             raise ValueError(f"Deltas for silos {sorted(deltas)}, expected {self.config.silo_ids}.")
+        if silo_sampling_rate is not None and (sampled is not None or sampling_rate is not None):
+            raise ValueError("Sample either at the server or at the silos, not both.")
         if dim is None:
             dims = {np.asarray(v).shape[-1] for d in deltas.values() for v in d.values()}
             if len(dims) != 1:
@@ -989,7 +1069,13 @@ class WeightingSession:
         self._tick("server_weights", t0)
         t0 = time.perf_counter()
         replies = [
-            silo.weighted_sum(weights, deltas[s], None if noise is None else noise.get(s))
+            silo.weighted_sum(
+                weights,
+                deltas[s],
+                None if noise is None else noise.get(s),
+                encoded_noise=None if encoded_noise is None else encoded_noise.get(s),
+                sampling_rate=silo_sampling_rate,
+            )
             for s, silo in self.silos.items()
         ]
         self._tick("silo_weighting", t0)

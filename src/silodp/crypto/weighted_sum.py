@@ -11,8 +11,8 @@ where ``e_{a,j}`` is the short signed fixed-point encoding of ``Delta_{s,a,j}`` 
 ``B = max |e|``, and the constant ``prod_a c_a^(-B)`` (one inversion and one short power per
 round) cancels it. Each ``c_a^u`` is read from a fixed-base window table, so a parameter costs
 about ``A * ceil(bits / w)`` modular products plus one re-randomisation, instead of ``A`` full
-3072-bit exponentiations. The plaintext noise (encoded on the aggregate's grid ``M 10^d``) and
-mask enter as ``1 + t n`` (one product).
+3072-bit exponentiations. The plaintext noise (integers on the aggregate's grid ``M 10^d``,
+drawn there by the silo) and mask enter as ``1 + t n`` (one product).
 
 Packing (see :mod:`~silodp.crypto.encoding`): with ``K`` slots, ciphertext ``J`` carries
 parameters ``J K .. J K + K - 1`` as digits in base ``B = 2^b``. Subject ``a``'s base for slot
@@ -241,16 +241,20 @@ def prepare_silo_round(
 
 
 def _silo_chunk(
-    job: SiloRoundJob, deltas: np.ndarray, noise: np.ndarray, secrets: Sequence[int], start: int
+    job: SiloRoundJob,
+    deltas: np.ndarray,
+    noise_enc: Sequence[int],
+    secrets: Sequence[int],
+    start: int,
 ) -> list[int]:
     """Ciphertexts ``start .. start + len(secrets)`` from their ``slots * len(secrets)``
-    coordinates (``deltas``: subjects x coordinates, zero-padded to whole ciphertexts)."""
+    coordinates (``deltas``: subjects x coordinates, ``noise_enc``: encoded noise, both
+    zero-padded to whole ciphertexts)."""
     pk, enc = job.public_key, job.encoding
     n, n2 = pk.n_mpz, pk.n_squared
     slots, slot_bits = job.slots, enc.slot_bits
     m = len(secrets)
     offset = job.offset
-    noise_enc = enc.encode_noise(noise)
     combined = [0] * m
     for stream, sign in job.masks:
         values = stream.values(start, start + m)
@@ -288,17 +292,19 @@ def _silo_chunk(
 def compute_silo_ciphertexts(
     job: SiloRoundJob,
     deltas: np.ndarray,
-    noise: np.ndarray,
+    noise: Sequence[int],
     secrets: Sequence[int],
     *,
     workers: int = 1,
 ) -> list[int]:
     """The silo's masked, re-randomised ciphertext for every ``slots`` parameters.
 
-    ``deltas`` is ``(subjects, dim)`` in the order of ``job.slot_bases``; ``secrets`` holds one
-    re-randomiser input per ciphertext (drawn by the caller from its random source).
+    ``deltas`` is ``(subjects, dim)`` in the order of ``job.slot_bases``; ``noise`` holds the
+    ``dim`` noise values already encoded on the aggregate's grid (signed ints, checked against
+    their bound by the caller); ``secrets`` one re-randomiser input per ciphertext (drawn by
+    the caller from its random source).
     """
-    dim = int(noise.shape[0])
+    dim = len(noise)
     slots = job.slots
     count = -(-dim // slots)
     if deltas.shape != (job.subjects, dim) or len(secrets) != count:
@@ -307,9 +313,9 @@ def compute_silo_ciphertexts(
             f"got {deltas.shape} and {len(secrets)}."
         )
     pad = count * slots - dim
+    noise = [int(v) for v in noise] + [0] * pad
     if pad:
         deltas = np.concatenate([deltas, np.zeros((deltas.shape[0], pad))], axis=1)
-        noise = np.concatenate([noise, np.zeros(pad)])
     parts = _split(count, workers, per_worker=1)  # each chunk builds its own tables
     chunks = [
         (deltas[:, a * slots : b * slots], noise[a * slots : b * slots], list(secrets[a:b]), a)
