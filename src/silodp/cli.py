@@ -17,7 +17,6 @@ from silodp.accounting.plan import CalibrationError, PrivacyPlan, account_plan, 
 from silodp.algorithms import ALGORITHMS, AlgorithmConfig, make_algorithm
 from silodp.bench.cli import bench_app
 from silodp.config import ConfigError, default_config_path, load_config
-from silodp.federated import RoundResult
 
 app = typer.Typer(
     add_completion=False,
@@ -38,18 +37,34 @@ def _fail(message: str) -> None:
 def _progress(name: str, rounds: int) -> Any:
     bar = tqdm(total=rounds, desc=f"{name:>15}", unit="round", file=sys.stderr, leave=True)
 
-    def update(result: RoundResult) -> None:
+    def update(row: dict[str, Any]) -> None:
         postfix = {}
-        if result.test_accuracy is not None:
-            postfix["acc"] = f"{result.test_accuracy:.3f}"
-        for unit, value in result.epsilon.items():
-            postfix[f"ε_{unit}"] = f"{value:.3g}"
+        if row.get("test_accuracy") is not None:
+            postfix["acc"] = f"{row['test_accuracy']:.3f}"
+        for unit, value in row.get("epsilon", {}).items():
+            postfix[f"ε_{unit}"] = _fmt(value)
+        postfix.update({f"ε_{unit}[{who}]": _fmt(value) for who, unit, value in _differing(row)})
         bar.set_postfix(postfix)
         bar.update(1)
-        if result.round == rounds:
+        if row["round"] == rounds:
             bar.close()
 
     return update
+
+
+def _fmt(value: float | None) -> str:
+    return "inf" if value is None else format(value, ".3g")
+
+
+def _differing(record: dict[str, Any]) -> list[tuple[str, str, float | None]]:
+    """(adversary, unit, ε) wherever an adversary's ε differs from the headline ε."""
+    headline = record.get("epsilon", {})
+    out = []
+    for who, values in record.get("epsilon_by_adversary", {}).items():
+        for unit, value in values.items():
+            if value != headline.get(unit):
+                out.append((who, unit, value))
+    return out
 
 
 @app.command()
@@ -96,10 +111,15 @@ def run(
                 f"personalised accuracy {item['personalised_accuracy']:.3f}, "
                 f"global {item['test_accuracy']:.3f}"
             )
+        against = f" against {item['adversary']}" if item.get("adversary") else ""
         typer.echo(
-            f"  {item['algorithm']:>15}: {acc}  ε({eps})"
+            f"  {item['algorithm']:>15}: {acc}  ε({eps}){against}"
             + (f" at δ={item['delta']:g}" if item["delta"] else "")
         )
+        for who, unit, value in _differing(item):
+            typer.echo(f"  {'':>15}  against the {who}: ε({unit}={_fmt(value)})")
+        if item.get("noise", {}).get("mode") == "seeded":
+            typer.echo(f"  {'':>15}  seeded: not for production")
 
 
 @app.command()

@@ -26,9 +26,11 @@ from silodp._validation import (
     check_int,
     check_positive,
 )
+from silodp.accounting.accountant import TARGETS
 from silodp.algorithms import ALGORITHMS
 from silodp.data.build import DataConfig
 from silodp.models import MODELS
+from silodp.privacy.randomness import MODES
 
 __all__ = [
     "ConfigError",
@@ -120,7 +122,15 @@ class PrivacyConfig:
       subject_rate: ULDP subject-level Poisson sub-sampling rate q (1: every subject).
       sampling: HiGradAvgDP batch selection (``record`` or ``subject``).
       subject_records: records per sampled subject for subject-level sampling.
-      secure_noise: draw noise from the OS CSPRNG.
+      noise: where every privacy-relevant coin and the noise come from: ``secure`` (default;
+        the OS CSPRNG: nothing can be recomputed from the config) or ``seeded`` (reproducible
+        from ``training.seed``; for tests and experiments only, never for production: anyone
+        who knows the config can recompute the samples and subtract the noise).
+      adversary: whom the calibrated (and headline) ε holds against: ``strongest`` (default;
+        every party of the threat model), ``released`` (outsiders who see only the model),
+        ``server`` or ``silos``. ε against each is reported either way.
+      subject_sampler: who draws the ULDP subject sample when ``subject_rate < 1``: ``silos``
+        (default; from a secret the server never sees) or ``server``.
       weighting: ``uldp_avg_w`` weights: ``protocol`` (private weighting protocol) or
         ``clear``.
       key_bits: Paillier modulus bits of the weighting protocol (at least 2048).
@@ -136,12 +146,17 @@ class PrivacyConfig:
     subject_rate: float = 1.0
     sampling: str = "record"
     subject_records: int = 8
-    secure_noise: bool = False
+    noise: str = "secure"
+    adversary: str = "strongest"
+    subject_sampler: str = "silos"
     weighting: str = "protocol"
     key_bits: int = 3072
     n_max: int = 2000
 
     def __post_init__(self) -> None:
+        check_choice("privacy.noise", self.noise, MODES)
+        check_choice("privacy.adversary", self.adversary, TARGETS)
+        check_choice("privacy.subject_sampler", self.subject_sampler, ("silos", "server"))
         check_choice("privacy.weighting", self.weighting, ("protocol", "clear"))
         check_int("privacy.key_bits", self.key_bits, 2048)
         check_int("privacy.n_max", self.n_max, 1)
@@ -333,11 +348,21 @@ class ExperimentConfig:
         return training, privacy
 
 
+#: keys that were replaced, with what to write instead
+RENAMED = {
+    "secure_noise": 'noise = "secure" (the default) or noise = "seeded" (reproducible, '
+    "not for production)",
+}
+
+
 def _build(cls: type, table: Any, section: str) -> Any:
     if not isinstance(table, Mapping):
         raise ConfigError(f"Expected [{section}] to be a table, got {type(table).__name__}.")
     names = {f.name for f in fields(cls)}
     unknown = set(table) - names
+    for old, new in RENAMED.items():
+        if old in unknown:
+            raise ConfigError(f"[{section}] {old} is no longer a key; use {new}.")
     if unknown:
         raise ConfigError(
             f"Unknown key(s) {sorted(unknown)} in [{section}]; expected some of {sorted(names)}."

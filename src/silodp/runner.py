@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import shlex
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ import tomli_w
 import torch
 
 from silodp import plotting, reports
-from silodp.accounting import FederatedAccountant
+from silodp.accounting import ADVERSARIES, FederatedAccountant, SiloPrivacy
 from silodp.accounting.fdp import (
     FdpReport,
     PriFedSyncPlan,
@@ -32,7 +33,6 @@ from silodp.accounting.fdp import (
 from silodp.accounting.plan import PrivacyPlan, calibrate_noise
 from silodp.algorithms import ALGORITHMS, Algorithm, AlgorithmConfig, make_algorithm
 from silodp.algorithms.prifedsync import PriFedSync
-from silodp.algorithms.uldp import SECURE_AGGREGATION
 from silodp.config import (
     ExperimentConfig,
     PrivacyConfig,
@@ -49,6 +49,7 @@ from silodp.federated import RoundResult, Simulator
 from silodp.federated.personalised import PersonalisedRoundResult, PersonalisedSimulator
 from silodp.io import write_json, write_jsonl, write_text
 from silodp.models import build_model
+from silodp.privacy.randomness import Coins
 
 __all__ = [
     "OutputExistsError",
@@ -61,7 +62,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ProgressFactory = Callable[[str, int], Callable[[RoundResult], None]]
+#: ``progress(name, rounds)`` returns a callback that receives each round's released record
+#: (the row written to ``metrics.jsonl``) as soon as it is written.
+ProgressFactory = Callable[[str, int], Callable[[dict[str, Any]], None]]
 
 
 class OutputExistsError(FileExistsError):
@@ -84,6 +87,7 @@ class PreparedRun:
     plan: PrivacyPlan | None
     noise_multiplier: float | None
     calibration: dict[str, Any]
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def silos_per_round(self) -> int:
@@ -120,6 +124,11 @@ class PreparedRun:
             args += ["--group-size", str(self.group_size)]
         if self.name == "higradavg_dp":
             args += ["--sampling", self.privacy.sampling]
+        if self.name.startswith("uldp_") and self.privacy.subject_rate < 1.0:
+            args += ["--subject-sampler", self.privacy.subject_sampler]
+            if self.name == "uldp_avg_w" and self.privacy.weighting == "protocol":
+                args += ["--weighting", "protocol"]
+        args += ["--adversary", self.privacy.adversary]
         return shlex.join(args)
 
 
@@ -186,7 +195,7 @@ def _algorithm_config(
         local_epochs=training.local_epochs,
         grad_method=training.grad_method,
         subject_rate=privacy.subject_rate,
-        secure_noise=privacy.secure_noise,
+        subject_sampler=privacy.subject_sampler,
         weighting=privacy.weighting,
         key_bits=privacy.key_bits,
         n_max=privacy.n_max,
@@ -200,8 +209,24 @@ def _algorithm_config(
     )
 
 
-def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> PreparedRun:
-    """Resolves bounds, the privacy plan and σ for algorithm ``name``; trains nothing."""
+#: silo-local outputs: data-dependent, not covered by any ε; must not leave the silos
+PRIVATE_DIR = "silo_private"
+
+#: the stream of the run's set-up randomness (e.g. the secret the silos share)
+SETUP_STREAM = 3
+
+
+def prepare_run(
+    name: str,
+    config: ExperimentConfig,
+    data: FederatedData,
+    *,
+    releases: tuple[SiloPrivacy, ...] = (),
+) -> PreparedRun:
+    """Resolves bounds, the privacy plan and σ for algorithm ``name``; trains nothing.
+
+    ``releases``: per-silo events of releases made before training (DP feature statistics),
+    composed with the run's rounds in calibration and reporting."""
     training, privacy = config.for_algorithm(name)
     cls = ALGORITHMS[name]
     uses_group = cls.uses_group_bound and not (
@@ -217,14 +242,24 @@ def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> Pre
         )
     algo_config = _algorithm_config(training, privacy, group_size=group_size or 1)
     probe = make_algorithm(name, algo_config)
-    if probe.threat_model == SECURE_AGGREGATION and silos_per_round != train.num_silos:
+    private = probe.calibration_unit is not None
+    if private and privacy.noise_multiplier == 0:
         raise ValueError(
-            f"{name} splits its noise over all {train.num_silos} silos; expected "
-            f"training.silos_per_round={silos_per_round} to be {train.num_silos}."
+            f"Expected privacy.noise_multiplier > 0 for {name} (σ = 0 adds no noise, so no "
+            "ε holds); for a non-private baseline run fedavg, or leave noise_multiplier unset "
+            "to calibrate σ from privacy.epsilon."
         )
+    one_round = probe.silo_privacy(sampling_rate=1.0) if private else None
+    if one_round is not None and one_round.scope == "aggregate":
+        if silos_per_round != train.num_silos:
+            raise ValueError(
+                f"{name} splits its noise over all {train.num_silos} silos; expected "
+                f"training.silos_per_round={silos_per_round} to be {train.num_silos}."
+            )
     plan: PrivacyPlan | None = None
     sigma: float | None = None
     calibration: dict[str, Any] = {"method": "not private"}
+    notes = _delta_notes(name, probe.units, privacy.delta, train) if private else []
     if probe.calibration_unit is not None:
         sizes = train.silo_sizes()
         subjects = (train.histogram() > 0).sum(axis=1)
@@ -238,6 +273,8 @@ def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> Pre
             silos_per_round=silos_per_round,
             span=span,
             delta=privacy.delta,
+            adversary=privacy.adversary,
+            releases=releases,
         )
         if privacy.noise_multiplier is not None:
             sigma = privacy.noise_multiplier
@@ -250,12 +287,14 @@ def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> Pre
                 "method": "calibrated",
                 "target_epsilon": privacy.epsilon,
                 "unit": probe.calibration_unit,
+                "adversary": privacy.adversary,
                 "seconds": round(time.perf_counter() - started, 2),
             }
         algo_config = dataclasses.replace(algo_config, noise_multiplier=sigma)
+    setup_coins = Coins.for_mode(privacy.noise, training.seed, SETUP_STREAM)
     return PreparedRun(
         name=name,
-        algorithm=make_algorithm(name, algo_config, train),
+        algorithm=make_algorithm(name, algo_config, train, coins=setup_coins),
         training=training,
         privacy=privacy,
         train=train,
@@ -266,7 +305,31 @@ def prepare_run(name: str, config: ExperimentConfig, data: FederatedData) -> Pre
         plan=plan,
         noise_multiplier=sigma,
         calibration=calibration,
+        notes=notes,
     )
+
+
+def _delta_notes(
+    name: str, units: Sequence[str], delta: float, train: FederatedDataset
+) -> list[str]:
+    """Warns (and returns a note) when δ is not small against the number of units: an
+    (ε, δ) guarantee with δ ≥ 1/n allows releasing one unit's data outright."""
+    counts = {
+        "record": len(train),
+        "subject": int((train.histogram().sum(axis=0) > 0).sum()),
+        "silo": train.num_silos,
+    }
+    notes = []
+    for unit in units:
+        n = counts[unit]
+        if delta * n >= 1.0:
+            note = (
+                f"delta={delta:g} is not below 1/n = 1/{n} {unit}s: at this δ the guarantee "
+                f"allows revealing one {unit}'s data outright; use δ well below 1/{n}"
+            )
+            logger.warning("%s: %s.", name, note)
+            notes.append(note)
+    return notes
 
 
 def _resolved_config(config: ExperimentConfig, run: PreparedRun) -> dict[str, Any]:
@@ -286,8 +349,16 @@ def _resolved_config(config: ExperimentConfig, run: PreparedRun) -> dict[str, An
     return to_toml_dict(resolved)
 
 
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def _summary(
-    run: PreparedRun, results: list[RoundResult], status: str, started: float
+    run: PreparedRun,
+    results: list[RoundResult],
+    status: str,
+    started: float,
+    by_adversary: Sequence[dict[str, dict[str, float | None]]] = (),
 ) -> dict[str, Any]:
     last = results[-1] if results else None
     final_acc = next(
@@ -304,17 +375,19 @@ def _summary(
         "test_loss": final_loss,
         "epsilon": last.to_json()["epsilon"] if last else {},
         "epsilon_route": last.epsilon_route if last else {},
+        "adversary": run.privacy.adversary if run.plan else None,
+        "epsilon_by_adversary": by_adversary[-1] if by_adversary else {},
         "mu": last.mu if last else {},
         "delta": run.privacy.delta if run.plan else None,
         "units": list(algorithm.units),
         "noise_multiplier": run.noise_multiplier,
+        "noise": noise_record(run.privacy.noise),
         "clip": run.privacy.clip if run.plan else None,
         "calibration": run.calibration,
         "group_size": run.group_size,
         "group_size_source": run.group_size_source,
         "span": run.span,
         "span_source": run.span_source,
-        "dropped_records": run.train.dropped_records,
         "sampling_rate": (
             {"min": min(run.plan.sampling_rates), "max": max(run.plan.sampling_rates)}
             if run.plan
@@ -322,10 +395,68 @@ def _summary(
         ),
         "threat_model": algorithm.threat_model,
         "weights_private": getattr(algorithm, "weights_private", None),
-        "notes": algorithm.run_notes(),
+        "notes": algorithm.run_notes() + run.notes + noise_notes(run.privacy.noise),
+        "outputs": OUTPUTS,
         "account_command": run.account_command(),
         "wall_time_s": round(time.perf_counter() - started, 3),
     }
+
+
+#: What each output is, and what the guarantee covers (every summary lists it).
+OUTPUTS: dict[str, Any] = {
+    "covered_by_epsilon": ["model.pt"],
+    "public_plan": [
+        "config.toml",
+        "summary.json and metrics.jsonl: epsilon, epsilon_by_adversary, mu, sigma, bounds "
+        "(functions of the public plan and of the public bounds)",
+        "epsilon.png",
+    ],
+    "evaluation": (
+        "test_accuracy/test_loss (metrics.jsonl, summary.json, accuracy_loss.png, "
+        "comparison.png) are computed on the held-out test split, which no ε covers: "
+        "release them only if that split is public or its holders agree"
+    ),
+    "silo_private": [
+        f"{PRIVATE_DIR}/: un-noised, data-dependent diagnostics (records dropped by the "
+        "bounds, subjects and largest group per batch, the data description); no ε covers "
+        "them and they must not leave the silos"
+    ],
+}
+
+
+def noise_record(mode: str) -> dict[str, Any]:
+    """Where a run's coins and noise came from, for its summary."""
+    if mode == "secure":
+        return {
+            "mode": "secure",
+            "source": "operating system CSPRNG for every sample and noise draw; exact "
+            "(discrete, rounded) Gaussian noise",
+        }
+    return {
+        "mode": "seeded",
+        "source": "PCG64 seeded from training.seed: reproducible, not for production",
+    }
+
+
+def noise_notes(mode: str) -> list[str]:
+    if mode == "seeded":
+        return [
+            "seeded: not for production - every sample and all noise can be recomputed "
+            "from the config's seed, so no ε holds against anyone who knows it"
+        ]
+    return []
+
+
+def _write_private(run_dir: Path, run: PreparedRun) -> None:
+    write_json(
+        run_dir / PRIVATE_DIR / "summary.json",
+        {
+            "note": "silo-private: data-dependent, not covered by any ε; keep inside the silos",
+            "dropped_records": run.train.dropped_records,
+            "group_size": run.group_size,
+            "group_size_source": run.group_size_source,
+        },
+    )
 
 
 def _check_output(out_dir: Path, names: tuple[str, ...], overwrite: bool) -> None:
@@ -338,27 +469,53 @@ def _check_output(out_dir: Path, names: tuple[str, ...], overwrite: bool) -> Non
             )
 
 
+#: per-round diagnostics that depend on the data and are not noised
+DIAGNOSTIC_KEYS = ("largest_group_per_batch", "subjects_per_batch")
+
+Row = dict[str, Any]
+
+
+def split_row(result: RoundResult, extra: Row | None = None) -> tuple[Row, Row]:
+    """A round's (released, silo-private) records: the private one keeps the un-noised,
+    data-dependent diagnostics that no ε covers."""
+    public = result.to_json()
+    private = {"round": public["round"]}
+    for key in DIAGNOSTIC_KEYS:
+        if key in public:
+            private[key] = public.pop(key)
+    public.update(extra or {})
+    return public, private
+
+
 def _run_recorded(
     train: Callable[[list[Callable[[RoundResult], None]]], Any],
     final_params: Callable[[], Any],
     results: list[Any],
     run_dir: Path,
     summary: Callable[[str], dict[str, Any]],
-    bar: Callable[[RoundResult], None] | None,
-) -> list[dict[str, Any]]:
+    bar: Callable[[Row], None] | None,
+    extra: Callable[[RoundResult], Row] | None = None,
+) -> tuple[list[Row], list[Row]]:
     """Runs ``train`` with callbacks that append each round to ``results`` and rewrite
-    ``metrics.jsonl``; ``summary.json`` says "running", or "interrupted" if training raises;
-    the final parameters go to ``model.pt`` (written whole, then renamed). Returns the rows."""
-    rows: list[dict[str, Any]] = []
+    ``metrics.jsonl`` (released) and ``silo_private/diagnostics.jsonl`` (not covered by ε);
+    ``summary.json`` says "running", or "interrupted" if training raises; the final
+    parameters go to ``model.pt`` (written whole, then renamed). ``extra`` adds fields to a
+    round's released record. Returns the released and the silo-private rows."""
+    rows: list[Row] = []
+    private_rows: list[Row] = []
 
     def record(result: RoundResult) -> None:
         results.append(result)
-        rows.append(result.to_json())
+        public, private = split_row(result, extra(result) if extra is not None else None)
+        rows.append(public)
+        private_rows.append(private)
         write_jsonl(run_dir / "metrics.jsonl", rows)
+        if any(len(private) > 1 for private in private_rows):
+            write_jsonl(run_dir / PRIVATE_DIR / "diagnostics.jsonl", private_rows)
+        if bar is not None:
+            bar(public)
 
     callbacks: list[Callable[[RoundResult], None]] = [record]
-    if bar is not None:
-        callbacks.append(bar)
     write_json(run_dir / "summary.json", summary("running"))
     try:
         train(callbacks)
@@ -367,7 +524,7 @@ def _run_recorded(
         raise
     torch.save(final_params(), run_dir / "model.tmp")
     (run_dir / "model.tmp").replace(run_dir / "model.pt")
-    return rows
+    return rows, private_rows
 
 
 def _train(
@@ -386,10 +543,17 @@ def _train(
         seed=run.training.seed,
     )
     accountant = (
-        FederatedAccountant(units=run.algorithm.units, span=run.span, delta=run.privacy.delta)
+        FederatedAccountant(
+            units=run.algorithm.units,
+            span=run.span,
+            delta=run.privacy.delta,
+            target=run.privacy.adversary,
+        )
         if run.plan is not None
         else None
     )
+    if accountant is not None and run.plan is not None and run.plan.releases:
+        accountant.compose_release(run.plan.releases)
     simulator = Simulator(
         algorithm=run.algorithm,
         model=model,
@@ -399,21 +563,39 @@ def _train(
         silos_per_round=run.silos_per_round,
         seed=run.training.seed,
         eval_every=run.training.eval_every,
+        noise=run.privacy.noise,
     )
     results: list[RoundResult] = []
-    rows = _run_recorded(
+    by_adversary: list[dict[str, dict[str, float | None]]] = []
+
+    def adversaries(result: RoundResult) -> Row:
+        if accountant is None:
+            return {}
+        by = {
+            adversary: {unit: _finite(est.epsilon) for unit, est in estimates.items()}
+            for adversary, estimates in accountant.estimates_by_adversary().items()
+        }
+        by_adversary.append(by)
+        return {"adversary": run.privacy.adversary, "epsilon_by_adversary": by}
+
+    rows, private_rows = _run_recorded(
         lambda callbacks: simulator.run(run.training.rounds, callbacks),
         lambda: simulator.params,
         results,
         run_dir,
-        lambda status: _summary(run, results, status, started),
+        lambda status: _summary(run, results, status, started, by_adversary),
         progress(run.name, run.training.rounds) if progress is not None else None,
+        extra=adversaries,
     )
     title = f"{config.name}: {run.name}"
     plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
     plotting.plot_epsilon(rows, run_dir / "epsilon.png", title, run.privacy.delta)
-    plotting.plot_batch_histograms(rows, run_dir / "batch_histograms.png", title)
-    summary = _summary(run, results, "complete", started)
+    if any(r.get("largest_group_per_batch") or r.get("subjects_per_batch") for r in private_rows):
+        plotting.plot_batch_histograms(
+            private_rows, run_dir / PRIVATE_DIR / "batch_histograms.png", title
+        )
+    _write_private(run_dir, run)
+    summary = _summary(run, results, "complete", started, by_adversary)
     write_json(run_dir / "summary.json", summary)
     return rows, summary
 
@@ -596,7 +778,19 @@ def _prifedsync_summary(
         "optimizer": run.training.optimizer,
         "threat_model": run.algorithm.threat_model,
         "notes": run.algorithm.run_notes()
-        + ([] if private else ["noise_multiplier = 0: not private, no privacy reported"]),
+        + ([] if private else ["noise_multiplier = 0: not private, no privacy reported"])
+        + [
+            "ε is for replace-one adjacency (a record replaced), unlike the add/remove "
+            "adjacency of the other algorithms: it is not directly comparable with their ε"
+        ]
+        + noise_notes(run.privacy.noise),
+        "adjacency": "replace-one",
+        "adversary": run.privacy.adversary if private else None,
+        "epsilon_by_adversary": (
+            {a: last.to_json()["epsilon"] for a in ADVERSARIES} if last and private else {}
+        ),
+        "noise": noise_record(run.privacy.noise),
+        "outputs": OUTPUTS,
         "account_command": run.account_command(),
         "wall_time_s": round(time.perf_counter() - started, 3),
     }
@@ -633,6 +827,7 @@ def _train_prifedsync(
         reports=run.reports,
         seed=run.training.seed,
         eval_every=run.training.eval_every,
+        noise=run.privacy.noise,
     )
     results: list[PersonalisedRoundResult] = []
 
@@ -641,13 +836,25 @@ def _train_prifedsync(
             return False
         return _target_round([result], sweep) is not None
 
-    rows = _run_recorded(
+    def adversaries(result: RoundResult) -> Row:
+        if run.reports is None:
+            return {}
+        # client sampling is accounted as known to everyone (the server draws it): the same ε
+        # holds against every adversary
+        eps = {unit: _finite(value) for unit, value in result.epsilon.items()}
+        return {
+            "adversary": run.privacy.adversary,
+            "epsilon_by_adversary": {adversary: eps for adversary in ADVERSARIES},
+        }
+
+    rows, _ = _run_recorded(
         lambda callbacks: simulator.run(run.training.rounds, callbacks, stop=reached),
         lambda: simulator.params,
         results,
         run_dir,
         lambda status: _prifedsync_summary(run, results, status, started, sweep),
         progress(run.name, run.training.rounds) if progress is not None else None,
+        extra=adversaries,
     )
     title = f"{config.name}: {run.name}"
     plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
@@ -682,7 +889,7 @@ def _run_sweep(
         f"prifedsync sweep: {len(runs)} runs, target {sweep.target_metric} accuracy "
         f"{sweep.target_accuracy:g}, at most {config.training.rounds} rounds each"
     )
-    write_json(out / "data.json", describe(data.train))
+    write_json(out / PRIVATE_DIR / "data.json", describe(data.train))
     all_rows: dict[str, list[dict[str, Any]]] = {}
     summaries, table = [], []
     key = f"{sweep.target_metric}_accuracy"
@@ -784,7 +991,7 @@ def run_experiment(
             )
         _log_protocol_estimate(run, config, data, log)
         runs.append(run)
-    write_json(out / "data.json", describe(data.train))
+    write_json(out / PRIVATE_DIR / "data.json", describe(data.train))
     all_rows: dict[str, list[dict[str, Any]]] = {}
     summaries = []
     for prepared in runs:

@@ -91,9 +91,9 @@ def test_interrupted_run_keeps_privacy_spent(tmp_path: Path) -> None:
     calls = []
 
     def stop_after_two(name: str, rounds: int):
-        def cb(result) -> None:
-            calls.append(result.round)
-            if result.round == 2:
+        def cb(row) -> None:
+            calls.append(row["round"])
+            if row["round"] == 2:
                 raise KeyboardInterrupt
         return cb
 

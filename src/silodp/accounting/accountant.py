@@ -38,7 +38,15 @@ from silodp._validation import check_choice, check_in_range, check_int
 from silodp.accounting import conversions
 from silodp.accounting.pld import DEFAULT_DISCRETIZATION, event_pld, is_supported
 
-__all__ = ["ADVERSARIES", "TARGETS", "Estimate", "FederatedAccountant", "ROUTES", "SiloPrivacy", "UNITS"]
+__all__ = [
+    "ADVERSARIES",
+    "ROUTES",
+    "TARGETS",
+    "UNITS",
+    "Estimate",
+    "FederatedAccountant",
+    "SiloPrivacy",
+]
 
 UNITS = ("record", "silo", "subject")
 #: Who looks at the outputs: the released model (outsiders), the server, the silos.
@@ -294,9 +302,7 @@ class FederatedAccountant:
         self._compose_pld(state, worst, times)
         if state.rdp is not None:
             state.rdp = (
-                state.rdp + times * conversions.rdp_curve(worst)
-                if _rdp_supported(worst)
-                else None
+                state.rdp + times * conversions.rdp_curve(worst) if _rdp_supported(worst) else None
             )
         mu_sq = _mu_squared(worst)
         state.mu_sq = None if mu_sq is None or state.mu_sq is None else state.mu_sq + times * mu_sq

@@ -14,8 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from silodp._validation import check_in_range, check_int, check_positive, check_probability
-from silodp.accounting.accountant import Estimate, FederatedAccountant
+from silodp._validation import (
+    check_choice,
+    check_in_range,
+    check_int,
+    check_positive,
+    check_probability,
+)
+from silodp.accounting.accountant import TARGETS, Estimate, FederatedAccountant, SiloPrivacy
 from silodp.algorithms import Algorithm, make_algorithm
 from silodp.algorithms.base import AlgorithmConfig
 
@@ -39,6 +45,10 @@ class PrivacyPlan:
       silos_per_round: silos taking part in each round.
       span: bound on the silos one subject's records occupy.
       delta: δ at which ε is reported.
+      adversary: whom the plan's ε holds against: ``strongest`` (default: every adversary of
+        the threat model), ``released`` (outsiders who see the model), ``server`` or ``silos``.
+      releases: per-silo events of releases before round 1 (e.g. DP feature statistics),
+        composed with the rounds.
     """
 
     sampling_rates: tuple[float, ...]
@@ -46,6 +56,8 @@ class PrivacyPlan:
     silos_per_round: int
     span: int
     delta: float
+    adversary: str = "strongest"
+    releases: tuple[SiloPrivacy, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.sampling_rates:
@@ -56,6 +68,7 @@ class PrivacyPlan:
         check_int("silos_per_round", self.silos_per_round, 1, len(self.sampling_rates))
         check_int("span", self.span, 1)
         check_in_range("delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_choice("adversary", self.adversary, TARGETS)
 
 
 def _accountant(
@@ -68,6 +81,7 @@ def _accountant(
         units=units or algorithm.units,
         span=plan.span,
         delta=plan.delta,
+        target=plan.adversary,
         **kwargs,
     )
 
@@ -88,6 +102,8 @@ def account_plan(
     """ε per unit after each round (``per_round``) or only after the last one."""
     factory = accountant_factory or _accountant
     accountant = factory(algorithm, plan, **accountant_kwargs)
+    if plan.releases:
+        accountant.compose_release(plan.releases)
     silos = _silo_events(algorithm, plan)
     if not silos:
         return [{}] * (plan.rounds if per_round else 1)

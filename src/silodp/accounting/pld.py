@@ -42,7 +42,8 @@ def event_pld(
     """The (pessimistic, add/remove) PLD of ``event``.
 
     Supported: Gaussian, Poisson-sampled Gaussian, mixture of Gaussians, a known-sample
-    event around any of these, and their (self-)compositions. Raises ``ValueError`` for anything else.
+    event around any of these, and their (self-)compositions. Raises ``ValueError`` for
+    anything else.
     """
     if isinstance(event, dp_event.SelfComposedDpEvent):
         if event.count == 0:
