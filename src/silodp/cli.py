@@ -13,7 +13,13 @@ from typing import Annotated, Any
 import typer
 from tqdm import tqdm
 
-from silodp.accounting.plan import CalibrationError, PrivacyPlan, account_plan, calibrate_noise
+from silodp.accounting.plan import (
+    CalibrationError,
+    PrivacyPlan,
+    account_plan,
+    account_plan_by_adversary,
+    calibrate_noise,
+)
 from silodp.algorithms import ALGORITHMS, AlgorithmConfig, make_algorithm
 from silodp.bench.cli import bench_app
 from silodp.config import ConfigError, default_config_path, load_config
@@ -50,6 +56,14 @@ def _progress(name: str, rounds: int) -> Any:
             bar.close()
 
     return update
+
+
+#: how each adversary is named in printed output
+WHO = {
+    "released": "the released model (outsiders)",
+    "server": "the server",
+    "silos": "the silos",
+}
 
 
 def _fmt(value: float | None) -> str:
@@ -117,7 +131,7 @@ def run(
             + (f" at δ={item['delta']:g}" if item["delta"] else "")
         )
         for who, unit, value in _differing(item):
-            typer.echo(f"  {'':>15}  against the {who}: ε({unit}={_fmt(value)})")
+            typer.echo(f"  {'':>15}  against {WHO[who]}: ε({unit}={_fmt(value)})")
         if item.get("noise", {}).get("mode") == "seeded":
             typer.echo(f"  {'':>15}  seeded: not for production")
 
@@ -174,6 +188,26 @@ def account(
         int, typer.Option(help="Bound k on one subject's records in one silo.")
     ] = 1,
     sampling: Annotated[str, typer.Option(help="higradavg_dp: record or subject.")] = "record",
+    subject_sampler: Annotated[
+        str,
+        typer.Option(
+            help="ULDP with --sample-rate < 1 (the subject rate): who draws the subject sample, "
+            "silos (hidden from the server) or server."
+        ),
+    ] = "silos",
+    weighting: Annotated[
+        str,
+        typer.Option(
+            help="uldp_avg_w: protocol (the silos do not learn a server-drawn sample) or clear."
+        ),
+    ] = "protocol",
+    adversary: Annotated[
+        str,
+        typer.Option(
+            help="Whom the headline ε (and --target-epsilon) holds against: strongest, "
+            "released, server or silos."
+        ),
+    ] = "strongest",
     unit: Annotated[
         str | None,
         typer.Option(help="Unit of --target-epsilon (default: the algorithm's calibration unit)."),
@@ -222,6 +256,8 @@ def account(
             noise_multiplier=noise_multiplier or 0.0,
             group_size=group_size,
             sampling=sampling,
+            subject_sampler=subject_sampler,
+            weighting=weighting,
         )
         probe = make_algorithm(algorithm, config)
         plan = PrivacyPlan(
@@ -230,6 +266,7 @@ def account(
             silos_per_round=silos_per_round or silos,
             span=span or silos,
             delta=delta,
+            adversary=adversary,
         )
         if probe.calibration_unit is None:
             _fail(f"Algorithm {algorithm!r} is not differentially private; it has no ε.")
@@ -242,17 +279,30 @@ def account(
         assert noise_multiplier is not None
         algo = make_algorithm(algorithm, replace(config, noise_multiplier=noise_multiplier))
         curve = account_plan(algo, plan, per_round=True)
+        by_adversary = account_plan_by_adversary(algo, plan)
     except (ValueError, CalibrationError) as err:
         _fail(str(err))
-    final = curve[-1]
-    main_unit = unit or probe.calibration_unit
+    # the headline comes from the same composition as the per-adversary values
+    final = (
+        {
+            u: max((by[u] for by in by_adversary.values()), key=lambda e: e.epsilon)
+            for u in curve[-1]
+        }
+        if adversary == "strongest"
+        else by_adversary[adversary]
+    )
     result: dict[str, Any] = {
         "algorithm": algorithm,
         "epsilon": {u: _finite(e.epsilon) for u, e in final.items()},
+        "adversary": adversary,
+        "epsilon_by_adversary": {
+            who: {u: _finite(e.epsilon) for u, e in estimates.items()}
+            for who, estimates in by_adversary.items()
+        },
         "noise_multiplier": noise_multiplier,
         "noise_multiplier_source": method,
         "delta": delta,
-        "method": final[main_unit].route if main_unit in final else None,
+        "method": {u: e.route for u, e in final.items()},
         "routes": {u: {k: _finite(v) for k, v in e.routes.items()} for u, e in final.items()},
         "epsilon_route": {u: e.route for u, e in final.items()},
         "plan": {
@@ -264,6 +314,8 @@ def account(
             "span": plan.span,
             "group_size": group_size,
             "sampling": sampling,
+            "subject_sampler": subject_sampler,
+            "weighting": weighting,
         },
         "threat_model": probe.threat_model,
     }
@@ -275,12 +327,16 @@ def account(
     if as_json:
         typer.echo(json.dumps(result))
         return
-    typer.echo(f"{algorithm}: σ = {noise_multiplier:.6g} ({method}), δ = {delta:g}")
+    typer.echo(
+        f"{algorithm}: σ = {noise_multiplier:.6g} ({method}), δ = {delta:g}, ε against {adversary}"
+    )
     for u, e in final.items():
         typer.echo(
             f"  {u:>8}: ε = {e.epsilon:.4f}  via {e.route}  "
             f"(routes: {', '.join(f'{k}={v:.4g}' for k, v in e.routes.items())})"
         )
+    for who, u, value in _differing(result):
+        typer.echo(f"  {u:>8}: ε = {_fmt(value)} against {WHO[who]}")
     for u, m in (mu or {}).items():
         typer.echo(f"  {u:>8}: μ = {m:.4f} (Gaussian DP)")
     typer.echo(f"  threat model: {probe.threat_model}")

@@ -25,7 +25,14 @@ from silodp.accounting.accountant import TARGETS, Estimate, FederatedAccountant,
 from silodp.algorithms import Algorithm, make_algorithm
 from silodp.algorithms.base import AlgorithmConfig
 
-__all__ = ["CalibrationError", "PrivacyPlan", "account_plan", "calibrate_noise", "find_sigma"]
+__all__ = [
+    "CalibrationError",
+    "PrivacyPlan",
+    "account_plan",
+    "account_plan_by_adversary",
+    "calibrate_noise",
+    "find_sigma",
+]
 
 CALIBRATION_DISCRETIZATION = 5e-3
 MAX_NOISE_MULTIPLIER = 1e4
@@ -115,6 +122,19 @@ def account_plan(
         accountant.compose_round(silos, participants=plan.silos_per_round)
         out.append(accountant.estimates())
     return out
+
+
+def account_plan_by_adversary(
+    algorithm: Algorithm, plan: PrivacyPlan, **accountant_kwargs: Any
+) -> dict[str, dict[str, Estimate]]:
+    """ε per unit after the last round against each adversary (released, server, silos)."""
+    accountant = _accountant(algorithm, plan, **accountant_kwargs)
+    if plan.releases:
+        accountant.compose_release(plan.releases)
+    silos = _silo_events(algorithm, plan)
+    if silos:
+        accountant.compose_round(silos, count=plan.rounds, participants=plan.silos_per_round)
+    return accountant.estimates_by_adversary()
 
 
 def calibrate_noise(
