@@ -53,23 +53,46 @@ def plot_training(metrics: Metrics, path: Path, title: str) -> Path:
 
 
 def plot_epsilon(metrics: Metrics, path: Path, title: str, delta: float) -> Path:
-    """ε per privacy unit against round."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    """ε per privacy unit against round: the headline ε (solid, against the run's
+    ``adversary``) and, dashed, the ε against each adversary whose ε differs from it."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
     units = sorted({u for m in metrics for u in m.get("epsilon", {})})
+    adjacency = next((m["adjacency"] for m in metrics if "adjacency" in m), None)
+    against = next((m["adversary"] for m in metrics if m.get("adversary")), None)
     for unit in units:
-        rows = [
-            (m["round"], m["epsilon"][unit]) for m in metrics if m["epsilon"].get(unit) is not None
-        ]
-        ax.plot([r for r, _ in rows], [v for _, v in rows], marker="o", markersize=3, label=unit)
+        label = unit + (f" ({adjacency})" if adjacency else "")
+        label += f", against {against}" if against else ""
+        _curve(ax, metrics, lambda m, u=unit: m["epsilon"].get(u), label=label)
+        for who in ("released", "server", "silos"):
+
+            def value(m: Mapping[str, Any], u: str = unit, w: str = who) -> Any:
+                return m.get("epsilon_by_adversary", {}).get(w, {}).get(u)
+
+            if any(value(m) != m["epsilon"].get(unit) for m in metrics if value(m) is not None):
+                _curve(ax, metrics, value, label=f"{unit}, against {who}", linestyle="--")
     ax.set_xlabel("round")
     ax.set_ylabel(f"ε at δ={delta:g}")
     if units:
-        ax.legend(title="unit")
+        ax.legend(title="unit", fontsize=8)
+        if adjacency == "replace-one":
+            ax.text(
+                0.01,
+                0.99,
+                "replace-one adjacency: not comparable with add/remove ε",
+                transform=ax.transAxes,
+                va="top",
+                fontsize=8,
+            )
     else:
         ax.text(0.5, 0.5, "not private", ha="center", va="center", transform=ax.transAxes)
     ax.grid(alpha=0.3)
     ax.set_title(title)
     return _save(fig, path)
+
+
+def _curve(ax: Any, metrics: Metrics, value: Any, **style: Any) -> None:
+    rows = [(m["round"], value(m)) for m in metrics if value(m) is not None]
+    ax.plot([r for r, _ in rows], [v for _, v in rows], marker="o", markersize=3, **style)
 
 
 def plot_batch_histograms(metrics: Metrics, path: Path, title: str) -> Path:
@@ -104,14 +127,16 @@ def plot_comparison(
             for m in metrics
             if m.get("epsilon", {}).get(unit) is not None
         ]
+        replace_one = any(m.get("adjacency") == "replace-one" for m in metrics)
         if rows:
             right.plot(
                 [r for r, _ in rows],
                 [v for _, v in rows],
                 marker="o",
                 markersize=3,
-                label=name,
+                label=name + (" (replace-one ε: not comparable)" if replace_one else ""),
                 color=colour,
+                linestyle=":" if replace_one else "-",
             )
     left.set_xlabel("round")
     left.set_ylabel("test accuracy")

@@ -845,6 +845,7 @@ def _train_prifedsync(
         return {
             "adversary": run.privacy.adversary,
             "epsilon_by_adversary": {adversary: eps for adversary in ADVERSARIES},
+            "adjacency": "replace-one",
         }
 
     rows, _ = _run_recorded(
