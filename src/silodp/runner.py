@@ -23,14 +23,14 @@ import tomli_w
 import torch
 
 from silodp import plotting, reports
-from silodp.accounting import ADVERSARIES, FederatedAccountant, SiloPrivacy
+from silodp.accounting import ADVERSARIES, FederatedAccountant, SiloPrivacy, conversions
 from silodp.accounting.fdp import (
     FdpReport,
     PriFedSyncPlan,
     account_prifedsync,
     calibrate_prifedsync,
 )
-from silodp.accounting.plan import PrivacyPlan, calibrate_noise
+from silodp.accounting.plan import PrivacyPlan, calibrate_noise, find_sigma
 from silodp.algorithms import ALGORITHMS, Algorithm, AlgorithmConfig, make_algorithm
 from silodp.algorithms.prifedsync import PriFedSync
 from silodp.config import (
@@ -211,6 +211,60 @@ def _algorithm_config(
 
 #: silo-local outputs: data-dependent, not covered by any ε; must not leave the silos
 PRIVATE_DIR = "silo_private"
+
+#: the stream of the DP feature statistics' randomness
+SCALING_STREAM = 4
+
+
+def dp_scaling(
+    config: ExperimentConfig, data: FederatedData
+) -> tuple[FederatedData, tuple[SiloPrivacy, ...], dict[str, Any]]:
+    """``[data] scaling = "dp"``: per-feature mean/std estimated with DP before training.
+
+    The estimate gets ``scaling_budget`` of ``privacy.epsilon``: its noise multiplier σ_s is
+    the smallest for which its subject-level ε alone (one Gaussian per silo, composed over
+    ``span`` silos: μ = √span/σ_s) is at most that share at ``privacy.delta``. Every run then
+    composes these per-silo events with its rounds (``releases``), so its calibrated and
+    reported ε include the estimate. Returns the scaled data, the events and a summary."""
+    from silodp.data.scaling import dp_feature_stats
+
+    privacy = config.privacy
+    for name in config.algorithms:
+        cls = ALGORITHMS[name]
+        if name == "prifedsync" or "silo" in cls.units:
+            raise ValueError(
+                f"Expected [data] scaling = 'bounds' or 'standard' with {name}: the DP feature "
+                f"statistics are accounted per record and subject, not for {name}'s "
+                f"{'replace-one records' if name == 'prifedsync' else 'silo-level'} guarantee."
+            )
+    if privacy.epsilon is None:
+        raise ValueError(
+            "Expected privacy.epsilon with [data] scaling = 'dp': its budget is a share "
+            "(data.scaling_budget) of that ε."
+        )
+    span = min(privacy.span or data.train.num_silos, data.train.num_silos)
+    share = config.data.scaling_budget * privacy.epsilon
+    sigma = find_sigma(lambda s: conversions.gdp_epsilon(math.sqrt(span) / s, privacy.delta), share)
+    coins = Coins.for_mode(privacy.noise, config.training.seed, SCALING_STREAM)
+    stats = dp_feature_stats(
+        data.train, bounds=config.data.feature_bounds, noise_multiplier=sigma, coins=coins
+    )
+    event = stats.dp_event
+    releases = tuple(
+        SiloPrivacy({"record": event, "subject": event}) for _ in range(data.train.num_silos)
+    )
+    summary = {
+        "method": "dp",
+        "noise_multiplier": sigma,
+        "budget_fraction": config.data.scaling_budget,
+        "epsilon_alone": conversions.gdp_epsilon(math.sqrt(span) / sigma, privacy.delta),
+        "span": span,
+        "delta": privacy.delta,
+        "mean": stats.mean.tolist(),
+        "std": stats.std.tolist(),
+    }
+    return stats.apply(data), releases, summary
+
 
 #: the stream of the run's set-up randomness (e.g. the secret the silos share)
 SETUP_STREAM = 3
@@ -970,6 +1024,15 @@ def run_experiment(
     if config.sweep is None:
         _check_output(out, config.algorithms, overwrite)
     data = build_federated_data(config.data)
+    releases: tuple[SiloPrivacy, ...] = ()
+    if config.data.scaling == "dp":
+        data, releases, scaling = dp_scaling(config, data)
+        write_json(out / "feature_scaling.json", scaling)
+        log(
+            f"feature scaling: DP mean/std per feature, noise multiplier "
+            f"{scaling['noise_multiplier']:.4g}, subject-level ε {scaling['epsilon_alone']:.3g} "
+            f"alone at δ={config.privacy.delta:g} (composed into every run's ε)"
+        )
     log(
         f"data: {len(data.train)} training records, {data.train.num_silos} silos, "
         f"{data.train.num_subjects} subjects, {len(data.test)} test records"
@@ -981,7 +1044,7 @@ def run_experiment(
         if name == "prifedsync":
             runs.append(prepare_prifedsync(config, data))
             continue
-        run = prepare_run(name, config, data)
+        run = prepare_run(name, config, data, releases=releases)
         if run.noise_multiplier is not None:
             log(
                 f"{name}: noise multiplier {run.noise_multiplier:.4g} "
