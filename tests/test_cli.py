@@ -25,7 +25,9 @@ def test_account_json_shape_and_value() -> None:
     out = json.loads(result.output)
     assert set(out["epsilon"]) == {"record", "subject"}
     assert out["noise_multiplier"] == 1.0 and out["delta"] == 1e-5
-    assert out["method"] == "pld"
+    # the route of each unit: the subject's ε comes from the exact mixture analysis
+    assert out["method"] == {"record": "pld", "subject": "pld-mixture"}
+    assert out["epsilon_by_adversary"]["server"] == out["epsilon"]  # local noise: all alike
     # subject: k=2 records per silo, composed over span=4 silos
     assert out["epsilon"]["subject"] > 2 * out["epsilon"]["record"]
     assert out["plan"]["span"] == 4
@@ -108,3 +110,28 @@ def test_run_with_bad_config_fails_cleanly(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "training.rounds=-2" in result.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("sampler", "weighting", "knowing"),
+    [
+        ("server", "clear", {"server", "silos"}),  # the silos receive zeroed weights
+        ("server", "protocol", {"server"}),  # Enc(0) hides the sample from the silos
+        ("silos", "protocol", {"silos"}),  # the server never sees the silos' secret
+    ],
+)
+def test_account_uldp_subject_sampling_per_adversary(
+    sampler: str, weighting: str, knowing: set[str]
+) -> None:
+    result = runner.invoke(app, [
+        "account", "--algorithm", "uldp_avg_w", "--noise-multiplier", "1.0",
+        "--sample-rate", "0.1", "--rounds", "50", "--silos", "3", "--delta", "1e-5",
+        "--subject-sampler", sampler, "--weighting", weighting, "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    by = {who: eps["subject"] for who, eps in out["epsilon_by_adversary"].items()}
+    for who, eps in by.items():
+        # the review's figures: 16.07 when the adversary knows the sample, 5.15 otherwise
+        assert eps == pytest.approx(16.07 if who in knowing else 5.15, abs=0.01), who
+    assert out["epsilon"]["subject"] == max(by.values())

@@ -68,6 +68,10 @@ def test_overrides_apply_per_algorithm() -> None:
         ({"algorithms": ["fedavg"], "algorithm": {"user_ldp": {"lr": 1.0}}}, "user_ldp"),
         ({"algorithm": {"fedavg": {"nesterov": True}}}, "nesterov"),
         ({"data": {"num_silos": 2}, "training": {"silos_per_round": 3}}, "silos_per_round=3"),
+        ({"privacy": {"secure_noise": True}}, 'use noise = "secure"'),
+        ({"privacy": {"noise": "urandom"}}, "privacy.noise='urandom'"),
+        ({"privacy": {"adversary": "everyone"}}, "privacy.adversary='everyone'"),
+        ({"privacy": {"subject_sampler": "nobody"}}, "privacy.subject_sampler='nobody'"),
     ],
 )
 def test_bad_config_names_the_value(raw: dict, message: str) -> None:

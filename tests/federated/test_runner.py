@@ -17,7 +17,7 @@ TINY = {
     "data": {"source": "digits", "num_silos": 3, "num_subjects": 60, "max_records": 600},
     "model": {"name": "mlp"},
     "training": {"rounds": 3, "local_steps": 2, "batch_size": 32, "lr": 0.5},
-    "privacy": {"noise_multiplier": 1.5, "epsilon": None, "group_size": 4},
+    "privacy": {"noise_multiplier": 1.5, "epsilon": None, "group_size": 4, "noise": "seeded"},
 }
 
 
@@ -35,18 +35,33 @@ def test_run_writes_every_output(tmp_path: Path) -> None:
     summary = run_experiment(parse_config(_tiny()), tmp_path)
     assert [r["algorithm"] for r in summary["runs"]] == TINY["algorithms"]
     assert (tmp_path / "comparison.png").stat().st_size > 0
-    assert json.loads((tmp_path / "data.json").read_text())["num_silos"] == 3
+    # exact counts are silo-private, not a released output
+    assert not (tmp_path / "data.json").exists()
+    assert json.loads((tmp_path / "silo_private" / "data.json").read_text())["num_silos"] == 3
     for name in TINY["algorithms"]:
         run_dir = tmp_path / name
         for f in ("config.toml", "metrics.jsonl", "summary.json", "model.pt",
-                  "accuracy_loss.png", "epsilon.png", "batch_histograms.png"):
+                  "accuracy_loss.png", "epsilon.png"):
             assert (run_dir / f).is_file(), f
         rows = _metrics(run_dir / "metrics.jsonl")
-        assert [r["round"] for r in rows] == [1, 2, 3]
-        for row in rows:
+        private = _metrics(run_dir / "silo_private" / "diagnostics.jsonl")
+        assert (run_dir / "silo_private" / "batch_histograms.png").is_file()
+        assert not (run_dir / "batch_histograms.png").exists()
+        assert [r["round"] for r in rows] == [1, 2, 3] == [r["round"] for r in private]
+        for row, diag in zip(rows, private, strict=True):
             assert {"round", "test_accuracy", "test_loss", "epsilon", "wall_time_s"} <= set(row)
             assert 0.0 <= row["test_accuracy"] <= 1.0
-            assert len(row["largest_group_per_batch"]) == 3 * 2  # silos x local steps
+            # un-noised, data-dependent diagnostics are not in the released metrics
+            assert not {"largest_group_per_batch", "subjects_per_batch"} & set(row)
+            assert len(diag["largest_group_per_batch"]) == 3 * 2  # silos x local steps
+        done = json.loads((run_dir / "summary.json").read_text())
+        assert "dropped_records" not in done
+        assert done["outputs"]["covered_by_epsilon"] == ["model.pt"]
+        assert "silo_private/" in done["outputs"]["silo_private"][0]
+        assert done["noise"]["mode"] == "seeded"
+        if done["units"]:
+            assert any("not for production" in note for note in done["notes"])
+            assert set(done["epsilon_by_adversary"]) == {"released", "server", "silos"}
         done = json.loads((run_dir / "summary.json").read_text())
         assert done["status"] == "complete" and done["rounds_completed"] == 3
     item = _metrics(tmp_path / "local_item_dp" / "metrics.jsonl")
@@ -184,3 +199,94 @@ def test_uldp_avg_w_outputs_say_whether_weights_are_private(
     assert any("secure aggregation" in n for n in avg["notes"])
     rows = _metrics(tmp_path / "uldp_avg" / "metrics.jsonl")
     assert all(r["epsilon"]["subject"] > 0 for r in rows)
+
+
+def test_zero_noise_multiplier_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    raw = _tiny(noise_multiplier=0.0)
+    raw["algorithms"] = ["local_item_dp"]
+    with pytest.raises(ValueError, match=r"noise_multiplier > 0 for local_item_dp"):
+        run_experiment(parse_config(raw), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_delta_not_below_one_over_n_is_flagged(tmp_path: Path, caplog) -> None:
+    raw = _tiny(delta=0.5)
+    raw["algorithms"] = ["local_item_dp"]
+    raw["training"]["rounds"] = 1
+    summary = run_experiment(parse_config(raw), tmp_path)
+    notes = summary["runs"][0]["notes"]
+    assert any("delta=0.5 is not below 1/n" in n and "records" in n for n in notes)
+    assert any("subjects" in n for n in notes)
+    assert "is not below 1/n" in caplog.text
+
+
+def _known_sample_epsilon(q: float, sigma: float, rounds: int, delta: float) -> float:
+    """Σ_n Bin(n; R, q)·δ_Gauss(ε; √n/σ) = δ, solved for ε (closed form, not silodp's)."""
+    import math
+
+    import numpy as np
+    from scipy import optimize, stats
+
+    n = np.arange(1, rounds + 1)
+    w = stats.binom.pmf(n, rounds, q)
+    mu = np.sqrt(n) / sigma
+
+    def excess(eps: float) -> float:
+        tail = stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(
+            -eps / mu - mu / 2
+        )
+        return float((w * tail).sum()) - delta
+
+    return optimize.brentq(excess, 1e-9, 200.0)
+
+
+@pytest.mark.parametrize(("sampler", "knows"), [("silos", "silos"), ("server", "server")])
+def test_uldp_subject_sampling_reports_the_adversary_that_knows_the_sample(
+    tmp_path: Path, sampler: str, knows: str
+) -> None:
+    raw = _tiny(subject_rate=0.3, subject_sampler=sampler, group_size=None)
+    raw["algorithms"] = ["uldp_avg"]
+    raw["training"]["rounds"] = 4
+    summary = run_experiment(parse_config(raw), tmp_path)["runs"][0]
+    by = summary["epsilon_by_adversary"]
+    exact = _known_sample_epsilon(0.3, 1.5, 4, 1e-5)
+    assert by[knows]["subject"] == pytest.approx(exact, rel=2e-3)
+    assert by[knows]["subject"] >= exact
+    assert by["released"]["subject"] < 0.8 * exact  # amplification for outsiders only
+    # the headline is the strongest adversary's
+    assert summary["adversary"] == "strongest"
+    assert summary["epsilon"]["subject"] == by[knows]["subject"]
+    rows = _metrics(tmp_path / "uldp_avg" / "metrics.jsonl")
+    assert rows[-1]["epsilon_by_adversary"] == by
+
+
+def test_calibration_targets_the_configured_adversary(tmp_path: Path) -> None:
+    raw = _tiny(noise_multiplier=None, epsilon=3.0, subject_rate=0.3, group_size=None)
+    raw["algorithms"] = ["uldp_avg"]
+    raw["training"]["rounds"] = 4
+    strongest = run_experiment(parse_config(raw), tmp_path / "a")["runs"][0]
+    raw["privacy"]["adversary"] = "released"
+    released = run_experiment(parse_config(raw), tmp_path / "b")["runs"][0]
+    assert max(strongest["epsilon_by_adversary"][a]["subject"] for a in ("server", "silos")) <= 3.0
+    assert strongest["epsilon"]["subject"] == pytest.approx(3.0, rel=0.03)
+    assert released["epsilon_by_adversary"]["released"]["subject"] <= 3.0
+    assert released["epsilon_by_adversary"]["silos"]["subject"] > 3.0
+    assert released["noise_multiplier"] < strongest["noise_multiplier"]
+
+
+def test_default_runs_draw_secret_coins(tmp_path: Path) -> None:
+    raw = _tiny()
+    del raw["privacy"]["noise"]  # the default: secure
+    raw["algorithms"] = ["local_item_dp"]
+    raw["training"]["rounds"] = 1
+    cfg = parse_config(raw)
+    assert cfg.privacy.noise == "secure"
+    run_experiment(cfg, tmp_path / "a")
+    run_experiment(cfg, tmp_path / "b")
+    a = _metrics(tmp_path / "a" / "local_item_dp" / "metrics.jsonl")
+    b = _metrics(tmp_path / "b" / "local_item_dp" / "metrics.jsonl")
+    # same seed, same config: a different sample and noise, so a different model
+    assert a[0]["test_loss"] != b[0]["test_loss"]
+    summary = json.loads((tmp_path / "a" / "local_item_dp" / "summary.json").read_text())
+    assert summary["noise"]["mode"] == "secure"
+    assert not any("not for production" in note for note in summary["notes"])
