@@ -51,6 +51,17 @@ def test_every_shipped_config_parses() -> None:
         parse_config(tomllib.loads(path.read_text()))
 
 
+def test_shipped_configs_and_the_demo_draw_secret_coins() -> None:
+    from silodp.config import default_config_path
+
+    paths = [*CONFIGS.glob("*.toml"), default_config_path()]
+    for path in paths:
+        config = parse_config(tomllib.loads(path.read_text()))
+        assert config.privacy.noise == "secure", path.name
+        for name in config.algorithms:
+            assert config.for_algorithm(name)[1].noise == "secure", (path.name, name)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", _shipped())
 def test_shipped_config_runs_one_round(name: str, tmp_path: Path) -> None:
