@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FederatedDataset", "TestSplit", "FederatedData"]
+__all__ = ["FederatedDataset", "TestSplit", "FederatedData", "SplitSummary", "SUBJECT_ORIGINS"]
 
 
 def _as_int_array(name: str, values: Any, n: int) -> np.ndarray:
@@ -162,6 +162,21 @@ class FederatedDataset:
         """Largest number of silos one subject's records occupy."""
         return int((self.histogram() > 0).sum(axis=0).max())
 
+    def with_features(self, x: np.ndarray) -> FederatedDataset:
+        """The same records (silos, subjects, labels) with features ``x`` instead."""
+        if len(x) != len(self):
+            raise ValueError(f"Expected {len(self)} feature rows, got {len(x)}.")
+        return FederatedDataset(
+            x=x,
+            y=self.y,
+            silo=self.silo,
+            subject=self.subject,
+            num_classes=self.num_classes,
+            num_silos=self.num_silos,
+            subject_names=self.subject_names,
+            dropped_records=self.dropped_records,
+        )
+
     def subset(self, index: np.ndarray, *, dropped: int = 0) -> FederatedDataset:
         """Records at ``index`` with ids and class count kept."""
         return FederatedDataset(
@@ -207,10 +222,63 @@ class TestSplit:
         return np.flatnonzero(self.silo == s)
 
 
+#: Where a dataset's subjects come from: a table's subject column, LEAF users, the records
+#: themselves (a table without a subject column: each record is its own subject), or drawn
+#: by an allocation (simulated people).
+SUBJECT_ORIGINS = ("column", "leaf_users", "records", "simulated", "given")
+
+#: How the test records were chosen: records held out (stratified by label), whole subjects
+#: held out, or a separate test file / the source's own test set.
+SPLIT_KINDS = ("record", "subject", "file")
+
+
+@dataclass(frozen=True)
+class SplitSummary:
+    """How the test split was made, in numbers (``describe`` reports it).
+
+    Attributes:
+      kind: ``"record"``, ``"subject"`` or ``"file"`` (a separate test file or the source's
+        own test set).
+      fraction: the configured ``test_fraction`` (``None`` for ``"file"``).
+      test_subjects: distinct subjects among the test records; ``None`` where test records
+        carry no subject (subjects drawn for training records only, or a test file).
+      shared_subjects: subjects with records on both sides (0 for a subject split);
+        ``None`` where it cannot be known (as ``test_subjects``).
+    """
+
+    kind: str
+    fraction: float | None
+    test_subjects: int | None = None
+    shared_subjects: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in SPLIT_KINDS:
+            raise ValueError(f"Expected kind={self.kind!r} to be one of {SPLIT_KINDS}.")
+
+
 @dataclass(frozen=True, eq=False)
 class FederatedData:
-    """A federation's training records and its test split."""
+    """A federation's training records and its test split.
+
+    Attributes:
+      name: a short label of the source and allocation.
+      split: how the test records were chosen (``None`` when built by hand).
+      subjects_from: one of :data:`SUBJECT_ORIGINS`.
+      subjects_note: one line saying what a subject is here (``describe`` prints it).
+      scaling: the feature scaling already applied to ``train.x`` and ``test.x``
+        (``"none"``, ``"bounds"``, ``"standard"`` or ``"dp"``).
+    """
 
     train: FederatedDataset
     test: TestSplit
     name: str = "data"
+    split: SplitSummary | None = None
+    subjects_from: str = "given"
+    subjects_note: str = ""
+    scaling: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.subjects_from not in SUBJECT_ORIGINS:
+            raise ValueError(
+                f"Expected subjects_from={self.subjects_from!r} to be one of {SUBJECT_ORIGINS}."
+            )
