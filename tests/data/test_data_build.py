@@ -213,6 +213,7 @@ def test_table_fixed_silo(tmp_path: Path) -> None:
             path=str(tmp_path / "t.csv"),
             allocation="fixed_silo",
             silo_column="site",
+            simulated_subjects=True,
             num_subjects=10,
             feature_columns=("f",),
         )

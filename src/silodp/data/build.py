@@ -1,12 +1,14 @@
 """A typed data configuration and the builder turning it into a :class:`FederatedData`.
 
-Pipeline of :func:`build_federated_data`: load the source and its test split → optional
-seeded subsample (``max_records``) → place records on subjects and silos (``allocation``) →
-``first_subjects`` → caps (``records_per_subject_per_silo``, ``records_per_subject``).
+Pipeline of :func:`build_federated_data`: load the source and its test split
+(``test_split``) → optional seeded subsample (``max_records``) → place records on subjects
+and silos (``allocation``) → ``first_subjects`` → caps (``records_per_subject_per_silo``,
+``records_per_subject``) → public feature scaling (``scaling = "bounds"`` or ``"standard"``).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,9 +17,21 @@ import numpy as np
 from silodp._validation import check_choice, check_in_range, check_int, check_positive
 from silodp.data import loaders
 from silodp.data import partition as part
-from silodp.data.dataset import FederatedData, FederatedDataset, TestSplit
+from silodp.data import scaling as sc
+from silodp.data.dataset import FederatedData, FederatedDataset, SplitSummary, TestSplit
 
-__all__ = ["ALLOCATIONS", "SOURCES", "DataConfig", "build_federated_data", "stratified_split"]
+__all__ = [
+    "ALLOCATIONS",
+    "DEFAULT_NUM_SUBJECTS",
+    "SOURCES",
+    "TEST_SPLITS",
+    "DataConfig",
+    "build_federated_data",
+    "stratified_split",
+    "subject_split",
+]
+
+logger = logging.getLogger(__name__)
 
 SOURCES = ("digits", "fashion_mnist", "leaf_femnist", "leaf_shakespeare", "table", "synthetic")
 ALLOCATIONS = (
@@ -36,6 +50,9 @@ _KEEP_SUBJECTS = ("uniform", "power", "dirichlet", "shards", "column")
 _DRAW_SUBJECTS = ("uldp_uniform", "zipf", "fixed_silo")
 #: Records generated for ``source="synthetic"`` when ``max_records`` is not set.
 SYNTHETIC_RECORDS = 2000
+#: ``num_subjects`` where subjects are drawn and the config does not say.
+DEFAULT_NUM_SUBJECTS = 100
+TEST_SPLITS = ("record", "subject")
 
 
 def _optional_int(name: str, value: int | None, lo: int) -> None:
@@ -45,22 +62,63 @@ def _optional_int(name: str, value: int | None, lo: int) -> None:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """What data to load and how to spread it over silos and subjects.
+    """What data to load, how to split and scale it, and how to spread it over silos and
+    subjects.
 
-    ``num_subjects`` applies to sources without natural subjects (LEAF users and a table's
-    ``subject_column`` are used as subjects). With ``allocation="column"`` the table's
-    ``silo_column`` defines the silos and ``num_silos`` is not used. ``fixed_silo`` draws
-    subjects (Zipf(``zipf_alpha1``), 80% in a main silo) over silos from ``silo_column`` if set,
-    else over uniformly random silos. For ``synthetic``, ``max_records`` (default 2,000) is
-    the number of generated records before the test split.
+    Subjects. LEAF users and a table's ``subject_column`` are the subjects. A table without
+    a ``subject_column`` has no information about who a record belongs to, so each record
+    is its own subject (group size 1) and ``num_subjects`` is refused: drawing subjects
+    would make a subject-level ε describe people who do not exist. ``simulated_subjects =
+    true`` draws ``num_subjects`` simulated subjects for such a table instead (as ULDP-FL's
+    tabular experiments do with ``allocation = "fixed_silo"``); the description then says
+    they are simulated. Image and synthetic sources always draw their subjects
+    (``num_subjects``, default 100) for the training records.
+
+    Silos. With ``allocation="column"`` the table's ``silo_column`` defines the silos and
+    ``num_silos`` is not used. ``fixed_silo`` draws subjects (Zipf(``zipf_alpha1``), 80% in a
+    main silo) over silos from ``silo_column`` if set, else over uniformly random silos. For
+    ``synthetic``, ``max_records`` (default 2,000) is the number of generated records before
+    the test split.
+
+    Test split. Fashion-MNIST keeps its own test set and ``test_path`` names a test file
+    (LEAF, tables); otherwise ``test_fraction`` of the data is held out before anything else:
+
+    * ``test_split = "record"``: ``round(test_fraction · count)`` records of each label go to
+      the test side (stratified). One subject's records can land on both sides.
+    * ``test_split = "subject"``: ``round(test_fraction · subjects)`` whole subjects, chosen
+      uniformly at random (independently of the labels), go to the test side with all
+      their records; no subject is on both sides. Needs the subjects before the split (a
+      table's subject column or records, LEAF users).
+
+    The default is ``"subject"`` for a table with a ``subject_column`` and ``"record"``
+    otherwise (drawn subjects exist only for training records; a table without a subject
+    column has one subject per record, so its record split already holds out whole
+    subjects). The split depends only on the data and ``seed``.
+
+    Feature scaling (tables only; the same transform for training and test records):
+
+    * ``scaling = "none"`` (default): raw values. When the feature columns' scales (root
+      mean square) differ by a factor of 100 or more, the loader logs a warning naming the
+      columns (:func:`silodp.data.scaling.scale_warning`).
+    * ``"bounds"``: public ``feature_bounds`` (``[lo, hi]`` for every feature or one pair
+      per feature column) map each feature to [-1, 1]; values outside are clipped.
+    * ``"standard"``: ``(x - feature_mean) / feature_std`` with public constants (a number or
+      one per feature column).
+    * ``"dp"``: mean and std estimated with DP across the silos
+      (:func:`silodp.data.scaling.dp_feature_stats`); needs ``feature_bounds``.
+      :func:`build_federated_data` then returns *unscaled* data: the runner calibrates the
+      estimate's noise to spend ``scaling_budget`` (a fraction in (0, 0.5]) of the run's ε,
+      and applies the resulting :class:`~silodp.data.scaling.FeatureStats`.
     """
 
     source: str = "digits"
     path: str | None = None
     test_path: str | None = None
     test_fraction: float = 0.2
+    test_split: str | None = None
     num_silos: int = 5
-    num_subjects: int = 100
+    num_subjects: int | None = None
+    simulated_subjects: bool = False
     allocation: str = "uniform"
     alpha: float = 1.0
     zipf_alpha1: float = 2.0
@@ -78,6 +136,11 @@ class DataConfig:
     label_column: str = "label"
     silo_column: str | None = None
     subject_column: str | None = None
+    scaling: str = "none"
+    feature_bounds: tuple[float, float] | tuple[tuple[float, float], ...] | None = None
+    feature_mean: float | tuple[float, ...] | None = None
+    feature_std: float | tuple[float, ...] | None = None
+    scaling_budget: float = 0.1
     num_features: int = 20
     num_classes: int = 4
     seed: int = 0
@@ -101,7 +164,6 @@ class DataConfig:
             )
         check_in_range("test_fraction", self.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
         check_int("num_silos", self.num_silos, 1)
-        check_int("num_subjects", self.num_subjects, 1)
         check_positive("alpha", self.alpha)
         check_positive("zipf_alpha1", self.zipf_alpha1)
         check_positive("zipf_alpha2", self.zipf_alpha2)
@@ -140,7 +202,104 @@ class DataConfig:
         check_int("num_features", self.num_features, 1)
         check_int("num_classes", self.num_classes, 2)
         check_int("seed", self.seed, 0)
+        self._check_subjects()
+        self._check_split()
+        self._check_scaling()
         self._check_allocation()
+
+    def _check_subjects(self) -> None:
+        if not isinstance(self.simulated_subjects, bool):
+            raise ValueError(
+                f"Expected simulated_subjects={self.simulated_subjects!r} to be true or false."
+            )
+        if self.simulated_subjects and (self.source != "table" or self.subject_column):
+            raise ValueError(
+                f"simulated_subjects=True applies to a table without a subject_column only, got "
+                f"source={self.source!r}, subject_column={self.subject_column!r}."
+            )
+        if self.num_subjects is not None:
+            check_int("num_subjects", self.num_subjects, 1)
+        if self.subjects_from == "records" and self.num_subjects is not None:
+            raise ValueError(
+                f"num_subjects={self.num_subjects} would invent subjects: the table has no "
+                "subject_column, so each record is its own subject. Remove num_subjects, give "
+                "the subject_column, or set simulated_subjects = true to draw simulated "
+                "subjects (a subject-level ε then describes simulated people)."
+            )
+        if self.subjects_from == "simulated" and self.num_subjects is None:
+            object.__setattr__(self, "num_subjects", DEFAULT_NUM_SUBJECTS)
+
+    def _check_split(self) -> None:
+        from_file = self.test_path is not None or self.source == "fashion_mnist"
+        if from_file:
+            if self.test_split is not None:
+                where = f"test_path={self.test_path!r}" if self.test_path else "Fashion-MNIST"
+                raise ValueError(
+                    f"Expected test_split=None with {where}: the test records come from the "
+                    f"test file, got test_split={self.test_split!r}."
+                )
+            return
+        if self.test_split is None:
+            default = "subject" if self.subjects_from == "column" else "record"
+            object.__setattr__(self, "test_split", default)
+        check_choice("test_split", str(self.test_split), TEST_SPLITS)
+        if self.test_split == "subject" and self.subjects_from == "simulated":
+            raise ValueError(
+                f"test_split='subject' needs the subjects before the split (a table's "
+                f"subject_column or its records, LEAF users), but source={self.source!r} "
+                "draws simulated subjects for the training records after the split; use "
+                "test_split='record'."
+            )
+
+    def _check_scaling(self) -> None:
+        check_choice("scaling", self.scaling, sc.SCALINGS)
+        check_in_range("scaling_budget", self.scaling_budget, 0.0, 0.5, lo_open=True)
+        if self.scaling != "none" and self.source != "table":
+            raise ValueError(
+                f"Expected scaling='none' for source={self.source!r}, got "
+                f"scaling={self.scaling!r} (feature scaling is for tables)."
+            )
+        uses = {
+            "feature_bounds": ("bounds", "dp"),
+            "feature_mean": ("standard",),
+            "feature_std": ("standard",),
+        }
+        for key, scalings in uses.items():
+            value = getattr(self, key)
+            if value is None and self.scaling in scalings:
+                raise ValueError(
+                    f"scaling={self.scaling!r} needs {key} (public constants), got {key}=None."
+                )
+            if value is not None and self.scaling not in scalings:
+                raise ValueError(
+                    f"{key}={value!r} is only used with scaling in {scalings}, got "
+                    f"scaling={self.scaling!r}."
+                )
+        counts: dict[str, int] = {}
+        if self.feature_bounds is not None:
+            bounds = sc.check_bounds("feature_bounds", self.feature_bounds)
+            object.__setattr__(self, "feature_bounds", bounds)
+            if isinstance(bounds[0], tuple):
+                counts["feature_bounds"] = len(bounds)
+        for key in ("feature_mean", "feature_std"):
+            value = getattr(self, key)
+            if value is not None:
+                checked = sc.check_per_feature(key, value, positive=key == "feature_std")
+                object.__setattr__(self, key, checked)
+                if isinstance(checked, tuple):
+                    counts[key] = len(checked)
+        if self.feature_columns:
+            for key, count in counts.items():
+                if count not in (1, len(self.feature_columns)):
+                    raise ValueError(
+                        f"Expected {key}={getattr(self, key)!r} to give one value for all "
+                        f"features or {len(self.feature_columns)} (one per feature column "
+                        f"{list(self.feature_columns)}), got {count}."
+                    )
+        if len(set(counts.values())) > 1:
+            raise ValueError(
+                f"Expected per-feature scaling constants of equal length, got {counts}."
+            )
 
     def _check_allocation(self) -> None:
         alloc = self.allocation
@@ -164,6 +323,13 @@ class DataConfig:
                 f"silo_column={self.silo_column!r} is only used by allocation='column' or "
                 f"'fixed_silo', got allocation={alloc!r}."
             )
+        if self.subjects_from == "records" and alloc in _DRAW_SUBJECTS:
+            raise ValueError(
+                f"allocation={alloc!r} draws simulated subjects, but the table has no "
+                "subject_column, so each record is its own subject. Give the subject_column, "
+                f"use one of {', '.join(_KEEP_SUBJECTS)}, or set simulated_subjects = true to "
+                "draw simulated subjects (a subject-level ε then describes simulated people)."
+            )
         if self.has_natural_subjects and alloc not in _KEEP_SUBJECTS:
             raise ValueError(
                 f"allocation={alloc!r} draws its own subjects, but source={self.source!r} "
@@ -178,9 +344,36 @@ class DataConfig:
                 )
 
     @property
+    def subjects_from(self) -> str:
+        """Where subjects come from: ``"column"`` (a table's subject column), ``"records"``
+        (a table without one: each record is its own subject), ``"leaf_users"`` or
+        ``"simulated"`` (drawn by the allocation)."""
+        if self.source.startswith("leaf_"):
+            return "leaf_users"
+        if self.source == "table":
+            if self.subject_column is not None:
+                return "column"
+            return "simulated" if self.simulated_subjects else "records"
+        return "simulated"
+
+    @property
     def has_natural_subjects(self) -> bool:
-        """Whether subjects come from the data (LEAF users, a table's subject column)."""
-        return self.source.startswith("leaf_") or self.subject_column is not None
+        """Whether subjects come from the data (LEAF users, a table's subject column or, for
+        a table without one, its records)."""
+        return self.subjects_from != "simulated"
+
+    @property
+    def subjects_note(self) -> str:
+        """One line saying what a subject is under this config."""
+        origin = self.subjects_from
+        if origin == "column":
+            return f"subject column {self.subject_column!r}: one subject per distinct value"
+        if origin == "records":
+            return "no subject column: each record is its own subject"
+        if origin == "leaf_users":
+            return "LEAF users"
+        drawn = f"simulated: {self.num_subjects} subjects drawn for the training records"
+        return drawn + ("; not people in the table" if self.source == "table" else "")
 
 
 @dataclass(frozen=True, eq=False)
@@ -193,6 +386,9 @@ class _Raw:
     subject_names: list[str] | None = None
     silo: np.ndarray | None = None
     num_table_silos: int = 0
+    feature_names: tuple[str, ...] = ()
+    split: SplitSummary | None = None
+    test_subject_names: frozenset[str] | None = None  # to count subjects on both sides
 
     def take(self, index: np.ndarray) -> _Raw:
         subject, names = self.subject, self.subject_names
@@ -200,15 +396,13 @@ class _Raw:
             present, dense = np.unique(subject[index], return_inverse=True)
             subject = dense.reshape(-1).astype(np.int64)
             names = None if names is None else [names[i] for i in present]
-        return _Raw(
+        return replace(
+            self,
             x=self.x[index],
             y=self.y[index],
-            num_classes=self.num_classes,
-            test=self.test,
             subject=subject,
             subject_names=names,
             silo=None if self.silo is None else self.silo[index],
-            num_table_silos=self.num_table_silos,
         )
 
 
@@ -236,6 +430,28 @@ def stratified_split(
     return train, test
 
 
+def subject_split(
+    subject: np.ndarray, *, test_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded split holding out whole subjects: ``(train_index, test_index)``, both sorted.
+
+    ``round(test_fraction * A)`` of the ``A`` distinct subjects (at least one, and at least
+    one left for training), chosen uniformly at random and independently of the labels, go
+    to the test side with all their records.
+    """
+    check_in_range("test_fraction", test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
+    subject = np.asarray(subject)
+    ids = np.unique(subject)
+    if len(ids) < 2:
+        raise ValueError(
+            f"test_split='subject' needs at least 2 subjects to hold some out, got {len(ids)}."
+        )
+    take = min(max(int(round(test_fraction * len(ids))), 1), len(ids) - 1)
+    held = rng.permutation(ids)[:take]
+    is_test = np.isin(subject, held)
+    return np.flatnonzero(~is_test), np.flatnonzero(is_test)
+
+
 def _held_out(
     x: np.ndarray, y: np.ndarray, cfg: DataConfig, rng: np.random.Generator
 ) -> tuple[np.ndarray, TestSplit]:
@@ -243,10 +459,36 @@ def _held_out(
     return train, TestSplit(x=x[test], y=y[test])
 
 
+def _split(raw: _Raw, cfg: DataConfig, rng: np.random.Generator) -> _Raw:
+    """Holds out ``test_fraction`` of ``raw`` by record or by subject (``cfg.test_split``)."""
+    if cfg.test_split == "subject":
+        if raw.subject is None:  # pragma: no cover - excluded by DataConfig validation
+            raise ValueError("test_split='subject' needs subjects before the split.")
+        train, test = subject_split(raw.subject, test_fraction=cfg.test_fraction, rng=rng)
+    else:
+        train, test = stratified_split(raw.y, test_fraction=cfg.test_fraction, rng=rng)
+    test_subjects = test_names = None
+    if raw.subject is not None:
+        held = np.unique(raw.subject[test])
+        test_subjects = len(held)
+        if raw.subject_names is not None:
+            test_names = frozenset(raw.subject_names[i] for i in held)
+    split = SplitSummary(
+        kind=str(cfg.test_split), fraction=cfg.test_fraction, test_subjects=test_subjects
+    )
+    return replace(
+        raw.take(train),
+        test=TestSplit(x=raw.x[test], y=raw.y[test]),
+        split=split,
+        test_subject_names=test_names,
+    )
+
+
 def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.Generator) -> _Raw:
+    file_split = SplitSummary(kind="file", fraction=None)
     if cfg.source == "fashion_mnist":
         (x, y), (xt, yt) = loaders.load_fashion_mnist(cfg.path)
-        return _Raw(x=x, y=y, num_classes=10, test=TestSplit(x=xt, y=yt))
+        return _Raw(x=x, y=y, num_classes=10, test=TestSplit(x=xt, y=yt), split=file_split)
     if cfg.source in ("digits", "synthetic"):
         if cfg.source == "digits":
             x, y = loaders.load_digits_arrays()
@@ -259,8 +501,7 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
                 rng=data_rng,
             )
             num_classes = cfg.num_classes
-        train, test = _held_out(x, y, cfg, split_rng)
-        return _Raw(x=x[train], y=y[train], num_classes=num_classes, test=test)
+        return _split(_Raw(x=x, y=y, num_classes=num_classes, test=None), cfg, split_rng)
     if cfg.source.startswith("leaf_"):
         kind = cfg.source.removeprefix("leaf_")
         leaf = loaders.load_leaf_json(str(cfg.path), kind=kind)
@@ -274,7 +515,7 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
         )
         if cfg.test_path is not None:
             test_leaf = loaders.load_leaf_json(cfg.test_path, kind=kind)
-            return replace(raw, test=TestSplit(x=test_leaf.x, y=test_leaf.y))
+            return replace(raw, test=TestSplit(x=test_leaf.x, y=test_leaf.y), split=file_split)
     else:
         table = loaders.load_table(
             str(cfg.path),
@@ -283,15 +524,19 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
             silo_column=cfg.silo_column,
             subject_column=cfg.subject_column,
         )
+        subject = table.subject
+        if cfg.subjects_from == "records":
+            subject = np.arange(len(table.y), dtype=np.int64)
         raw = _Raw(
             x=table.x,
             y=table.y,
             num_classes=table.num_classes,
             test=None,
-            subject=table.subject,
+            subject=subject,
             subject_names=table.subject_names,
             silo=table.silo,
             num_table_silos=len(table.silo_names or ()),
+            feature_names=table.feature_columns,
         )
         if cfg.test_path is not None:
             test_table = loaders.load_table(
@@ -300,9 +545,8 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
                 label_column=cfg.label_column,
                 label_values=table.label_values,
             )
-            return replace(raw, test=TestSplit(x=test_table.x, y=test_table.y))
-    train, test = _held_out(raw.x, raw.y, cfg, split_rng)
-    return replace(raw.take(train), test=test)
+            return replace(raw, test=TestSplit(x=test_table.x, y=test_table.y), split=file_split)
+    return _split(raw, cfg, split_rng)
 
 
 def _allocate(
@@ -310,15 +554,16 @@ def _allocate(
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Returns ``(silo, subject, num_silos)``."""
     n, alloc, num_silos = len(raw.y), cfg.allocation, cfg.num_silos
+    num_subjects = cfg.num_subjects or DEFAULT_NUM_SUBJECTS
     if alloc == "uldp_uniform":
         subject, silo = part.uldp_uniform(
-            n, num_subjects=cfg.num_subjects, num_silos=num_silos, rng=rng
+            n, num_subjects=num_subjects, num_silos=num_silos, rng=rng
         )
         return silo, subject, num_silos
     if alloc == "zipf":
         subject, silo = part.uldp_zipf(
             n,
-            num_subjects=cfg.num_subjects,
+            num_subjects=num_subjects,
             num_silos=num_silos,
             alpha1=cfg.zipf_alpha1,
             alpha2=cfg.zipf_alpha2,
@@ -331,7 +576,7 @@ def _allocate(
         else:
             silo = part.spread_uniform(np.zeros(n, dtype=np.int64), num_silos=num_silos, rng=rng)
         subject = part.uldp_fixed_silo(
-            silo, num_subjects=cfg.num_subjects, alpha=cfg.zipf_alpha1, rng=rng
+            silo, num_subjects=num_subjects, alpha=cfg.zipf_alpha1, rng=rng
         )
         return silo, subject, num_silos
     if raw.subject is not None:
@@ -339,7 +584,7 @@ def _allocate(
     else:
         subject = part.assign_subjects(
             raw.y,
-            num_subjects=cfg.num_subjects,
+            num_subjects=num_subjects,
             rng=rng,
             labels_per_subject=cfg.labels_per_subject,
         )
@@ -365,10 +610,18 @@ def _allocate(
 
 
 def build_federated_data(cfg: DataConfig) -> FederatedData:
-    """Loads ``cfg.source`` and places its training records on subjects and silos.
+    """Loads ``cfg.source``, holds out its test split and places its training records on
+    subjects and silos.
 
     All randomness derives from ``cfg.seed`` (independent streams for the test split, the
     subsample, the allocation and synthetic data), so equal configs give equal data.
+    ``scaling = "bounds"`` and ``"standard"`` are applied here, to training and test
+    records alike; with ``scaling = "dp"`` the data comes back **unscaled** (``scaling`` of
+    the result is ``"none"``): the runner estimates the statistics with
+    :func:`silodp.data.scaling.dp_feature_stats` once it has calibrated their noise, and
+    applies them with :meth:`~silodp.data.scaling.FeatureStats.apply`. With ``scaling =
+    "none"``, a table whose feature scales differ a hundredfold or more gets a logged
+    warning (computed here, on the loaded training records; nothing leaves the loader).
     """
     if not isinstance(cfg, DataConfig):
         raise ValueError(f"Expected a DataConfig, got {type(cfg).__name__}.")
@@ -418,7 +671,51 @@ def build_federated_data(cfg: DataConfig) -> FederatedData:
             rng=test_rng,
         )
         test = TestSplit(x=test.x[index], y=test.y[index], silo=client)
-    return FederatedData(train=train, test=test, name=_name(cfg, train.num_silos))
+    data = FederatedData(
+        train=train,
+        test=test,
+        name=_name(cfg, train.num_silos),
+        split=_split_summary(cfg, raw, train),
+        subjects_from=cfg.subjects_from,
+        subjects_note=cfg.subjects_note,
+    )
+    return _scale(cfg, data, raw.feature_names)
+
+
+def _split_summary(cfg: DataConfig, raw: _Raw, train: FederatedDataset) -> SplitSummary | None:
+    """``raw.split`` with the subjects on both sides counted on the final training records."""
+    split = raw.split
+    if split is None or split.kind == "file" or cfg.subjects_from == "simulated":
+        # a test file's records or drawn subjects: test records carry no subject
+        return None if split is None else replace(split, test_subjects=None)
+    if split.kind == "subject" or cfg.subjects_from == "records":
+        shared = 0
+    elif raw.test_subject_names is not None and train.subject_names is not None:
+        present = np.unique(train.subject)
+        shared = sum(train.subject_names[i] in raw.test_subject_names for i in present)
+    else:  # pragma: no cover - natural subjects always carry names
+        return replace(split, shared_subjects=None)
+    return replace(split, shared_subjects=int(shared))
+
+
+def _scale(cfg: DataConfig, data: FederatedData, names: tuple[str, ...]) -> FederatedData:
+    """Applies ``bounds``/``standard`` scaling; warns about raw scales for ``none``."""
+    if cfg.source != "table" or cfg.scaling == "dp":
+        return data
+    num_features = data.train.x.shape[1]
+    if cfg.scaling == "none":
+        message = sc.scale_warning(data.train.x, names, where=f"table {cfg.path!r}")
+        if message:
+            logger.warning(message)
+        return data
+    try:
+        if cfg.scaling == "bounds":
+            stats = sc.FeatureStats.from_bounds(cfg.feature_bounds, num_features)
+        else:
+            stats = sc.FeatureStats.standard(cfg.feature_mean, cfg.feature_std, num_features)
+    except ValueError as err:
+        raise ValueError(f"{err} The feature columns of {cfg.path!r} are {list(names)}.") from None
+    return stats.apply(data)
 
 
 def _name(cfg: DataConfig, num_silos: int) -> str:

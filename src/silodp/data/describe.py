@@ -1,4 +1,5 @@
-"""Summaries of a federated dataset's shape: silo sizes, subject sizes and spans."""
+"""Summaries of a federated dataset's shape: silo sizes, subject sizes and spans, and (for a
+:class:`FederatedData`) what a subject is, how the test split was made and the scaling."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from silodp.data.dataset import FederatedDataset
+from silodp.data.dataset import FederatedData, FederatedDataset
 
 __all__ = ["describe", "format_description"]
 
@@ -23,8 +24,8 @@ def _pow2_histogram(values: np.ndarray) -> list[dict[str, int]]:
     return bins
 
 
-def describe(dataset: FederatedDataset) -> dict[str, Any]:
-    """JSON-serialisable statistics of ``dataset``.
+def describe(data: FederatedData | FederatedDataset) -> dict[str, Any]:
+    """JSON-serialisable statistics of ``data`` (its training records, plus its split).
 
     Subject statistics cover subjects holding at least one record (ids without records, e.g.
     from a heavy Zipf allocation, are counted in ``num_subjects`` only).
@@ -35,7 +36,37 @@ def describe(dataset: FederatedDataset) -> dict[str, Any]:
     power-of-two ``histogram``), ``span`` (``max`` and ``histogram``: number of subjects whose
     records occupy exactly ``i`` silos, as ``{"i": count}``), ``max_records_subject_silo``
     (largest ``n_{s,a}``), ``max_records_subject`` (largest ``n_a``), ``dropped_records``.
+
+    Given a :class:`FederatedData`, also ``subjects`` (``from``: column, records,
+    leaf_users, simulated or given; ``note``: one line), ``scaling`` (what was applied to
+    the features) and ``split``: ``kind`` (record, subject or file), ``fraction``,
+    ``train_records``, ``test_records``, ``train_subjects``, ``test_subjects`` and
+    ``shared_subjects`` (subjects with records on both sides; the last two are ``None``
+    where test records carry no subject).
     """
+    if isinstance(data, FederatedData):
+        out = _describe_train(data.train)
+        out["subjects"] = {"from": data.subjects_from, "note": data.subjects_note}
+        out["scaling"] = data.scaling
+        split = data.split
+        out["split"] = {
+            "kind": None if split is None else split.kind,
+            "fraction": None if split is None else split.fraction,
+            "train_records": len(data.train),
+            "test_records": len(data.test),
+            "train_subjects": out["subjects_with_records"],
+            "test_subjects": None if split is None else split.test_subjects,
+            "shared_subjects": None if split is None else split.shared_subjects,
+        }
+        return out
+    if not isinstance(data, FederatedDataset):
+        raise ValueError(
+            f"Expected a FederatedData or FederatedDataset, got {type(data).__name__}."
+        )
+    return _describe_train(data)
+
+
+def _describe_train(dataset: FederatedDataset) -> dict[str, Any]:
     hist = dataset.histogram()
     per_subject_all = hist.sum(axis=0)
     present = per_subject_all > 0
@@ -89,9 +120,15 @@ def format_description(d: dict[str, Any]) -> str:
         _row(
             "subjects (with records / ids)", f"{d['subjects_with_records']} / {d['num_subjects']}"
         ),
+        *(
+            [_row("subjects are", d["subjects"]["note"])]
+            if d.get("subjects", {}).get("note")
+            else []
+        ),
         _row("classes", d["num_classes"]),
         _row("feature shape", "x".join(map(str, d["feature_shape"])) or "scalar"),
         _row("dropped records (caps)", d["dropped_records"]),
+        *([_row("feature scaling", d["scaling"])] if "scaling" in d else []),
         _row("records per silo", _short_list(d["records_per_silo"])),
         _row("subjects per silo", _short_list(d["subjects_per_silo"])),
         _row(
@@ -109,4 +146,32 @@ def format_description(d: dict[str, Any]) -> str:
     lines += ["", "  span (silos)            subjects"]
     for span, count in d["span"]["histogram"].items():
         lines.append(f"  {span:<23} {count}")
+    if "split" in d:
+        lines += ["", *_split_lines(d["split"])]
     return "\n".join(lines)
+
+
+def _unknown(value: Any) -> Any:
+    return "unknown (test records carry no subject)" if value is None else value
+
+
+def _split_lines(split: dict[str, Any]) -> list[str]:
+    kind = split["kind"]
+    how = {
+        "record": "records held out, stratified by label",
+        "subject": "whole subjects held out",
+        "file": "separate test set",
+        None: "not recorded",
+    }[kind]
+    if split["fraction"] is not None:
+        how += f"; test_fraction {split['fraction']:g}"
+    return [
+        "Test split",
+        _row("kind", f"{kind}: {how}"),
+        _row("records (train / test)", f"{split['train_records']} / {split['test_records']}"),
+        _row(
+            "subjects (train / test)",
+            f"{split['train_subjects']} / " + str(_unknown(split["test_subjects"])),
+        ),
+        _row("subjects on both sides", _unknown(split["shared_subjects"])),
+    ]
