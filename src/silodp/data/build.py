@@ -88,7 +88,9 @@ class DataConfig:
     * ``test_split = "subject"``: ``round(test_fraction · subjects)`` whole subjects, chosen
       uniformly at random (independently of the labels), go to the test side with all
       their records; no subject is on both sides. Needs the subjects before the split (a
-      table's subject column or records, LEAF users).
+      table's subject column or records, LEAF users). When subjects hold very different
+      numbers of records, the test share of *records* can differ from ``test_fraction``
+      (``describe`` reports both counts).
 
     The default is ``"subject"`` for a table with a ``subject_column`` and ``"record"``
     otherwise (drawn subjects exist only for training records; a table without a subject
