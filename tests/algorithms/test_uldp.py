@@ -1,4 +1,5 @@
-"""The ULDP-FL family: weights, subject sub-sampling, local messages, sensitivity, server step.
+"""The ULDP-FL family: weights, subject sub-sampling (by the silos or the server) and who learns
+the sample, local messages, sensitivity, server step, the weighting protocol.
 
 Sensitivity is checked on the algorithms' own ``local_update`` with σ = 0: removing every record
 of one subject from every silo moves the sum of the silos' messages (what secure aggregation
@@ -8,7 +9,7 @@ ULDP-NAIVE (each silo's clipped delta can flip direction, so S·C is not a bound
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 import pytest
@@ -19,7 +20,11 @@ from scipy import stats
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from silodp.accounting.events import gaussian_steps, poisson_gaussian_steps
+from silodp.accounting.events import (
+    gaussian_steps,
+    known_sample_gaussian_steps,
+    poisson_gaussian_steps,
+)
 from silodp.algorithms import AlgorithmConfig, SiloData, SiloUpdate, make_algorithm
 from silodp.algorithms.uldp import (
     ProtocolRound,
@@ -29,16 +34,17 @@ from silodp.algorithms.uldp import (
     UldpNaive,
     UldpSgd,
     check_weights,
+    plan_subject_batches,
     record_weights,
     uniform_weights,
 )
 from silodp.crypto.errors import InsecureKeyError, SiloDropoutError, SubjectBoundError
-from silodp.crypto.prg import ChaCha20Prg
+from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
-from silodp.federated.simulator import silo_tensors
 from silodp.models import MLP
 from silodp.privacy.gradients import batch_gradient, tree_norm
-from silodp.privacy.per_subject import per_subject_deltas_loop, subject_batches
+from silodp.privacy.per_subject import per_subject_deltas_loop
+from silodp.privacy.randomness import Coins
 
 ALPHA = 1e-6
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -69,6 +75,18 @@ def _federation(
     )
 
 
+def silo_tensors(train: FederatedDataset) -> list[SiloData]:
+    return [
+        SiloData(
+            s,
+            torch.from_numpy(np.ascontiguousarray(train.x[train.silo_indices(s)])),
+            torch.from_numpy(train.y[train.silo_indices(s)]),
+            torch.from_numpy(train.subject[train.silo_indices(s)]),
+        )
+        for s in range(train.num_silos)
+    ]
+
+
 def _float64(silo: SiloData) -> SiloData:
     return SiloData(silo.silo, silo.x.double(), silo.y, silo.subject)
 
@@ -81,8 +99,9 @@ def _without(silo: SiloData, subject: int) -> SiloData:
 def _sum_messages(algo, params, silos, instructions, seed: int = 0) -> dict[str, torch.Tensor]:
     total = {k: torch.zeros_like(v) for k, v in params.items()}
     for silo in silos:
-        gen = torch.Generator().manual_seed(seed * 1000 + silo.silo)
-        update = algo.local_update(_MODEL, params, silo, gen, instructions)
+        update = algo.local_update(
+            _MODEL, params, silo, Coins.seeded(seed, silo.silo), instructions
+        )
         for k in total:
             total[k] = total[k] + update.params[k]
     return total
@@ -167,19 +186,21 @@ def test_algorithms_set_up_their_weights_from_the_data() -> None:
     assert make_algorithm("uldp_naive", AlgorithmConfig(), train).num_silos == 2
 
 
-# --- subject sub-sampling (server) --------------------------------------------------------
+# --- subject sub-sampling: by the server, or by the silos from a key the server never sees --
 
 
-def _sampler(q: float, silos: int = 3, subjects: int = 500) -> UldpAvg:
+def _sampler(q: float, silos: int = 3, subjects: int = 500, *, sampler: str = "server") -> UldpAvg:
     rng = np.random.default_rng(1)
     raw = rng.uniform(size=(silos, subjects))
-    return UldpAvg(AlgorithmConfig(subject_rate=q), weights=raw / raw.sum(axis=0))
+    key = SharedSampleKey(bytes(32)) if sampler == "silos" else None
+    cfg = AlgorithmConfig(subject_rate=q, subject_sampler=sampler)
+    return UldpAvg(cfg, weights=raw / raw.sum(axis=0), sample_key=key)
 
 
-def test_configure_round_zeroes_exactly_the_non_sampled_subjects() -> None:
+def test_server_sampler_zeroes_exactly_the_non_sampled_subjects() -> None:
     algo = _sampler(0.3)
-    instr = algo.configure_round(1, torch.Generator().manual_seed(5))
-    assert isinstance(instr, RoundWeights)
+    instr = algo.configure_round(1, Coins.seeded(5))
+    assert isinstance(instr, RoundWeights) and instr.round_index == 1
     assert instr.sampled.dtype == torch.bool and instr.sampled.shape == (500,)
     assert torch.equal(instr.weights, algo.weights * instr.sampled.to(torch.float64))
     assert (instr.weights[:, ~instr.sampled] == 0).all()
@@ -188,59 +209,104 @@ def test_configure_round_zeroes_exactly_the_non_sampled_subjects() -> None:
     assert torch.equal(algo.weights, torch.from_numpy(check_weights(algo.weights.numpy())))
 
 
-def test_configure_round_is_seeded() -> None:
+def test_server_sample_comes_from_its_coins() -> None:
     algo = _sampler(0.5)
-    a = algo.configure_round(1, torch.Generator().manual_seed(11))
-    b = algo.configure_round(1, torch.Generator().manual_seed(11))
-    c = algo.configure_round(1, torch.Generator().manual_seed(12))
+    a = algo.configure_round(1, Coins.seeded(11))
+    b = algo.configure_round(1, Coins.seeded(11))
+    c = algo.configure_round(1, Coins.seeded(12))
     assert torch.equal(a.sampled, b.sampled) and torch.equal(a.weights, b.weights)
     assert not torch.equal(a.sampled, c.sampled)
+    d, e = algo.configure_round(1, Coins.secure()), algo.configure_round(1, Coins.secure())
+    assert not torch.equal(d.sampled, e.sampled)
 
 
 def test_subject_rate_one_samples_everyone() -> None:
     algo = _sampler(1.0)
-    instr = algo.configure_round(1, torch.Generator().manual_seed(0))
+    instr = algo.configure_round(1, Coins.seeded(0))
     assert bool(instr.sampled.all())
     assert torch.equal(instr.weights, algo.weights)
+    silos = _sampler(1.0, sampler="silos")
+    assert bool(silos.silo_sample(4).all())
 
 
-def test_sampling_frequency_matches_q() -> None:
+@pytest.mark.parametrize("sampler", ["server", "silos"])
+def test_sampling_frequency_matches_q(sampler) -> None:
     q, subjects, rounds = 0.3, 2000, 20
-    algo = _sampler(q, subjects=subjects)
-    gen = torch.Generator().manual_seed(0)
-    draws = [algo.configure_round(r, gen).sampled for r in range(rounds)]
+    algo = _sampler(q, subjects=subjects, sampler=sampler)
+    coins = Coins.seeded(0)
+    if sampler == "server":
+        draws = [algo.configure_round(r, coins.spawn(r)).sampled for r in range(rounds)]
+    else:
+        draws = [algo.silo_sample(r) for r in range(rounds)]
     hits, trials = int(sum(int(d.sum()) for d in draws)), subjects * rounds
     assert stats.binomtest(hits, trials, q).pvalue > ALPHA
     assert stats.binomtest(hits, trials, q * 0.8).pvalue < ALPHA
-    assert stats.binomtest(hits, trials, q * 1.2).pvalue < ALPHA
+    assert stats.binomtest(hits, trials, q * 1.5).pvalue < ALPHA
     # a new draw every round, and every subject on its own (no subject always in or out)
     assert not torch.equal(draws[0], draws[1])
     per_subject = torch.stack(draws).sum(dim=0)
     assert stats.binomtest(int(per_subject[:50].sum()), 50 * rounds, q).pvalue > ALPHA
 
 
-def test_non_sampled_subjects_do_not_touch_the_message() -> None:
+def test_silo_sampler_server_message_does_not_depend_on_the_sample() -> None:
+    """With the silos sampling, what the server sends is the base weights whatever the key,
+    i.e. whatever the sample; the silos zero the others themselves."""
+    a, b = _sampler(0.3, sampler="silos"), _sampler(0.3, sampler="silos")
+    b.silo_side = type(b.silo_side)(SharedSampleKey(bytes([1]) * 32))
+    assert not torch.equal(a.silo_sample(1), b.silo_sample(1))  # two keys, two samples
+    for r in range(3):
+        ia, ib = a.configure_round(r, Coins.seeded(r)), b.configure_round(r, Coins.seeded(9))
+        assert ia.sampled is None and ib.sampled is None
+        assert torch.equal(ia.weights, a.weights) and torch.equal(ib.weights, ia.weights)
+        assert ia.round_index == r
+    # the key sits with the silos, not in anything the server sends; it is never printed
+    assert {f.name for f in fields(ia)} == {"weights", "sampled", "round_index"}
+    assert "secret" in repr(a.silo_side)
+    keyless = UldpAvg(AlgorithmConfig(subject_rate=0.3), weights=uniform_weights(2, 3))
+    with pytest.raises(ValueError, match="shared sample key"):
+        keyless.silo_sample(0)
+
+
+def test_for_data_draws_the_silos_key_from_its_coins() -> None:
+    train = _federation(subjects=400)
+    cfg = AlgorithmConfig(subject_rate=0.5)
+    same = [make_algorithm("uldp_avg", cfg, train, coins=Coins.seeded(3)) for _ in range(2)]
+    other = make_algorithm("uldp_avg", cfg, train, coins=Coins.seeded(4))
+    secure = [make_algorithm("uldp_avg", cfg, train) for _ in range(2)]
+    assert torch.equal(same[0].silo_sample(2), same[1].silo_sample(2))
+    assert not torch.equal(same[0].silo_sample(2), other.silo_sample(2))
+    assert not torch.equal(secure[0].silo_sample(2), secure[1].silo_sample(2))
+    server = make_algorithm("uldp_avg", replace(cfg, subject_sampler="server"), train)
+    assert server.silo_side is None
+
+
+@pytest.mark.parametrize("sampler", ["server", "silos"])
+def test_non_sampled_subjects_do_not_touch_the_message(sampler) -> None:
     train = _federation()
-    algo = make_algorithm(
-        "uldp_avg",
-        AlgorithmConfig(noise_multiplier=0.0, subject_rate=0.5, batch_size=1000, clip=0.5),
-        train,
+    cfg = AlgorithmConfig(
+        noise_multiplier=0.0,
+        subject_rate=0.5,
+        batch_size=1000,
+        clip=0.5,
+        subject_sampler=sampler,
     )
-    instr = algo.configure_round(1, torch.Generator().manual_seed(3))
-    dropped = torch.nonzero(~instr.sampled).flatten().tolist()
-    assert dropped and int(instr.sampled.sum()) > 0
+    algo = make_algorithm("uldp_avg", cfg, train, coins=Coins.seeded(2))
+    instr = algo.configure_round(1, Coins.seeded(3))
+    sampled = instr.sampled if sampler == "server" else algo.silo_sample(1)
+    dropped = torch.nonzero(~sampled).flatten().tolist()
+    assert dropped and int(sampled.sum()) > 0
     params = _params()
     for silo in map(_float64, silo_tensors(train)):
         scrambled = silo.x.clone()
         out = torch.isin(silo.subject, torch.tensor(dropped))
         scrambled[out] = scrambled[out] * -7.0 + 3.0
         other = SiloData(silo.silo, scrambled, (silo.y + out.long()) % 3, silo.subject)
-        gen_a, gen_b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
-        a = algo.local_update(_MODEL, params, silo, gen_a, instr)
-        b = algo.local_update(_MODEL, params, other, gen_b, instr)
+        a = algo.local_update(_MODEL, params, silo, Coins.seeded(1), instr)
+        b = algo.local_update(_MODEL, params, other, Coins.seeded(1), instr)
         assert _distance(a.params, b.params) < 1e-12
         present = set(silo.subject.tolist()) - set(dropped)
-        assert a.subjects_per_batch == [len(present)]
+        # the number of sampled subjects is reported only when the server knows the sample
+        assert a.subjects_per_batch == ([len(present)] if sampler == "server" else [])
 
 
 # --- local update ------------------------------------------------------------------------
@@ -252,27 +318,34 @@ def test_local_update_contract(name) -> None:
     cfg = AlgorithmConfig(
         noise_multiplier=1.1, clip=0.3, subject_rate=0.6, local_epochs=2, weighting="clear"
     )
-    algo = make_algorithm(name, cfg, train)
+    algo = make_algorithm(name, cfg, train, coins=Coins.seeded(1))
     model = MLP(5, 3, hidden=8)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     before = {k: v.clone() for k, v in params.items()}
     silo = silo_tensors(train)[1]
     with pytest.raises(ValueError, match="RoundWeights"):
-        algo.local_update(model, params, silo, torch.Generator())
-    instr = algo.configure_round(1, torch.Generator().manual_seed(0))
-    a = algo.local_update(model, params, silo, torch.Generator().manual_seed(4), instr)
-    b = algo.local_update(model, params, silo, torch.Generator().manual_seed(4), instr)
-    c = algo.local_update(model, params, silo, torch.Generator().manual_seed(5), instr)
+        algo.local_update(model, params, silo, Coins.seeded(0))
+    instr = algo.configure_round(1, Coins.seeded(0))
+    # seeded coins reproduce a message bit for bit; other or secure coins do not
+    a = algo.local_update(model, params, silo, Coins.seeded(4), instr)
+    b = algo.local_update(model, params, silo, Coins.seeded(4), instr)
+    c = algo.local_update(model, params, silo, Coins.seeded(5), instr)
+    d = algo.local_update(model, params, silo, Coins.secure(), instr)
+    e = algo.local_update(model, params, silo, Coins.secure(), instr)
     assert isinstance(a, SiloUpdate) and a.silo == 1 and a.num_records == silo.num_records
     for k in params:
-        assert a.params[k].shape == params[k].shape and a.params[k].dtype == params[k].dtype
+        assert a.params[k].shape == params[k].shape
         assert torch.isfinite(a.params[k]).all()
         assert torch.equal(a.params[k], b.params[k])
         assert torch.equal(params[k], before[k])
-    assert any(not torch.equal(a.params[k], c.params[k]) for k in params)
+    for other in (c, d):
+        assert any(not torch.equal(a.params[k], other.params[k]) for k in params)
+    assert any(not torch.equal(d.params[k], e.params[k]) for k in params)
     assert a.privacy == algo.silo_privacy(sampling_rate=0.6)
     assert a.privacy.scope == "aggregate"
     assert a.privacy.events == {"subject": poisson_gaussian_steps(0.6, 1.1, 1)}
+    # the silos derive the sample: no amplification against them
+    assert a.privacy.views == {"silos": {"subject": known_sample_gaussian_steps(0.6, 1.1, 1)}}
     full = make_algorithm(name, replace(cfg, subject_rate=1.0), train)
     assert full.silo_privacy(sampling_rate=1.0).events == {"subject": gaussian_steps(1.1, 1)}
 
@@ -291,20 +364,20 @@ def test_message_is_weighted_sum_of_clipped_per_subject_deltas(name) -> None:
     single = name == "uldp_sgd"
     present = torch.unique(silo.subject)
     order = present[torch.from_numpy(weights[0])[present] > 0]
-    plan = subject_batches(
+    plan = plan_subject_batches(
         silo.subject,
         order,
         epochs=1 if single else 3,
         batch_size=None if single else 2,
-        generator=torch.Generator().manual_seed(9),
+        coins=Coins.seeded(9),
     )
     params = _params(1)
     deltas = per_subject_deltas_loop(_MODEL, params, silo.x, silo.y, plan, lr=0.4)
     norms = [float(tree_norm(d)) for d in deltas]
     clip = float(np.median(norms))  # some deltas clipped, some not
     algo = (UldpSgd if single else UldpAvg)(replace(cfg, clip=clip), weights=weights)
-    instr = algo.configure_round(1, torch.Generator())
-    got = algo.local_update(_MODEL, params, silo, torch.Generator().manual_seed(9), instr)
+    instr = algo.configure_round(1, Coins.seeded(0))
+    got = algo.local_update(_MODEL, params, silo, Coins.seeded(9), instr)
     expected = {k: torch.zeros_like(v) for k, v in params.items()}
     for a, d, norm in zip(order.tolist(), deltas, norms, strict=True):
         factor = min(1.0, clip / norm)
@@ -331,8 +404,8 @@ def test_uldp_sgd_step_is_gradient_descent_on_the_subjects_loss() -> None:
     algo = make_algorithm("uldp_sgd", cfg, train)
     silo = _float64(silo_tensors(train)[0])
     params = _params(2)
-    instr = algo.configure_round(1, torch.Generator().manual_seed(0))
-    update = algo.local_update(_MODEL, params, silo, torch.Generator().manual_seed(0), instr)
+    instr = algo.configure_round(1, Coins.seeded(0))
+    update = algo.local_update(_MODEL, params, silo, Coins.seeded(0), instr)
     new = algo.aggregate(params, [update])
     grads = batch_gradient(_MODEL, params, silo.x, silo.y)
     for k in params:
@@ -353,10 +426,9 @@ def test_rounds_of_noiseless_uldp_avg_lower_the_training_loss(name) -> None:
     params = _params(3)
     start = _loss(_MODEL, params, x, y)
     for r in range(5):
-        instr = algo.configure_round(r, torch.Generator().manual_seed(r))
+        instr = algo.configure_round(r, Coins.seeded(r))
         updates = [
-            algo.local_update(_MODEL, params, s, torch.Generator().manual_seed(r), instr)
-            for s in silos
+            algo.local_update(_MODEL, params, s, Coins.seeded(r, s.silo), instr) for s in silos
         ]
         params = algo.aggregate(params, updates)
     assert _loss(_MODEL, params, x, y) < start - 0.05
@@ -379,13 +451,13 @@ def test_noise_std_per_silo() -> None:
     sigma, clip, silos = 1.7, 0.3, 4
     cfg = AlgorithmConfig(noise_multiplier=sigma, clip=clip, batch_size=100)
     avg = UldpAvg(cfg, weights=np.zeros((silos, 6)))  # nobody trains: the message is noise
-    instr = avg.configure_round(1, torch.Generator())
-    msg = avg.local_update(big, params, silo, torch.Generator().manual_seed(0), instr).params
+    instr = avg.configure_round(1, Coins.seeded(0))
+    msg = avg.local_update(big, params, silo, Coins.seeded(0), instr).params
     std = sigma * clip / np.sqrt(silos)
     assert _noise_pvalue(msg, std) > ALPHA
     assert _noise_pvalue(msg, std * 1.1) < ALPHA and _noise_pvalue(msg, std / 1.1) < ALPHA
     naive = UldpNaive(replace(cfg, lr=1e-12), num_silos=silos)  # delta ~ 0: message is noise
-    msg = naive.local_update(big, params, silo, torch.Generator().manual_seed(1)).params
+    msg = naive.local_update(big, params, silo, Coins.seeded(1)).params
     std = sigma * clip * np.sqrt(silos)
     assert _noise_pvalue(msg, std) > ALPHA
     assert _noise_pvalue(msg, std * 1.1) < ALPHA and _noise_pvalue(msg, std / 1.1) < ALPHA
@@ -444,10 +516,11 @@ clips = st.floats(min_value=1e-3, max_value=10.0, allow_nan=False)
     epochs=st.integers(1, 3),
     lr=st.sampled_from([0.05, 1.0]),
     q=st.sampled_from([1.0, 0.6]),
+    sampler=st.sampled_from(["server", "silos"]),
     data=st.data(),
 )
 def test_removing_a_subject_moves_the_sum_by_at_most_c(
-    fed, clip, name, epochs, lr, q, data
+    fed, clip, name, epochs, lr, q, sampler, data
 ) -> None:
     """Full-batch local epochs (batch ≥ every subject's records) so the other subjects' training
     does not depend on the removed subject's presence; the removed subject's weight column
@@ -467,16 +540,20 @@ def test_removing_a_subject_moves_the_sum_by_at_most_c(
         local_epochs=epochs,
         batch_size=64,
         subject_rate=q,
+        subject_sampler=sampler,
     )
     algo = {"uldp_avg": UldpAvg, "uldp_sgd": UldpSgd, "uldp_avg_w": UldpAvg}[name](
-        cfg, weights=weights
+        cfg, weights=weights, sample_key=SharedSampleKey(seed.to_bytes(32, "little"))
     )
-    instr = algo.configure_round(1, torch.Generator().manual_seed(seed))
+    instr = algo.configure_round(1, Coins.seeded(seed))
     removed = data.draw(st.integers(0, num_subjects - 1))
     params = _params(seed % 7)
     full = _sum_messages(algo, params, silos, instr, seed)
     reduced = _sum_messages(algo, params, [_without(s, removed) for s in silos], instr, seed)
-    bound = clip * float(instr.weights[:, removed].sum())
+    weight = instr.weights[:, removed]
+    if instr.sampled is None and q < 1.0:  # the silos zero it when outside their sample
+        weight = weight * float(algo.silo_sample(1)[removed])
+    bound = clip * float(weight.sum())
     assert _distance(full, reduced) <= bound + 1e-6
     assert bound <= clip * (1 + 1e-9)
 
@@ -492,7 +569,7 @@ def test_sensitivity_bound_c_is_attained() -> None:
     weights = np.array([[1.0, 0.5, 0.0], [0.0, 0.5, 1.0]])
     clip = 1e-3
     algo = UldpAvg(AlgorithmConfig(noise_multiplier=0.0, clip=clip, lr=1.0), weights=weights)
-    instr = algo.configure_round(1, torch.Generator())
+    instr = algo.configure_round(1, Coins.seeded(0))
     params = _params()
     full = _sum_messages(algo, params, silos, instr)
     reduced = _sum_messages(algo, params, [_without(s, 0) for s in silos], instr)
@@ -567,6 +644,25 @@ def test_aggregate_divides_by_expected_sampled_subjects(name) -> None:
     torch.testing.assert_close(new2["w"], new["w"])
 
 
+@pytest.mark.parametrize("name", ["uldp_naive", "uldp_avg"])
+def test_aggregate_sums_the_float64_messages_before_casting(name) -> None:
+    """The silos' float64 messages (grid values) are summed exactly; only the sum is cast to
+    the parameters' dtype: 1 + 2^-40 and -1 give 2^-40, not the 0 of a float32 sum."""
+    tiny = 2.0**-40
+    if name == "uldp_naive":
+        algo = UldpNaive(AlgorithmConfig(), num_silos=2)
+    else:
+        algo = UldpAvg(AlgorithmConfig(), weights=uniform_weights(2, 2))
+    params = {"w": torch.zeros(3, dtype=torch.float32)}
+    updates = [
+        SiloUpdate(0, {"w": torch.full((3,), 1.0 + tiny, dtype=torch.float64)}, 1, None),
+        SiloUpdate(1, {"w": torch.full((3,), -1.0, dtype=torch.float64)}, 1, None),
+    ]
+    new = algo.aggregate(params, updates)
+    assert new["w"].dtype == torch.float32
+    torch.testing.assert_close(new["w"], torch.full((3,), tiny / 2), rtol=0, atol=0)
+
+
 def test_uldp_naive_aggregate_divides_by_the_number_of_silos() -> None:
     algo = UldpNaive(AlgorithmConfig(server_lr=0.5), num_silos=4)
     params = {"w": torch.ones(2, 3), "b": torch.zeros(2)}
@@ -582,7 +678,7 @@ TEST_KEY_BITS = 512  # insecure, for speed; production refuses < 2048 bits
 
 def _protocol(cfg: AlgorithmConfig, train: FederatedDataset, seed: int = 0) -> UldpAvgW:
     algo = UldpAvgW.for_data(
-        cfg, train, insecure_test_key_bits=TEST_KEY_BITS, source=ChaCha20Prg(bytes([seed]) * 32)
+        cfg, train, insecure_test_key_bits=TEST_KEY_BITS, coins=Coins.seeded(seed)
     )
     assert isinstance(algo, UldpAvgW)
     return algo
@@ -591,14 +687,11 @@ def _protocol(cfg: AlgorithmConfig, train: FederatedDataset, seed: int = 0) -> U
 def _train_rounds(algo, silos, params, rounds: int):
     sampled = []
     for r in range(1, rounds + 1):
-        instr = algo.configure_round(r, torch.Generator().manual_seed(r))
+        instr = algo.configure_round(r, Coins.seeded(r))
         if isinstance(instr, RoundWeights):
             sampled.append(frozenset(int(a) for a in torch.nonzero(instr.sampled).flatten()))
         updates = [
-            algo.local_update(
-                _MODEL, params, s, torch.Generator().manual_seed(100 * r + s.silo), instr
-            )
-            for s in silos
+            algo.local_update(_MODEL, params, s, Coins.seeded(r, s.silo), instr) for s in silos
         ]
         params = algo.aggregate(params, updates)
     return params, sampled
@@ -606,14 +699,18 @@ def _train_rounds(algo, silos, params, rounds: int):
 
 @pytest.mark.parametrize("q", [1.0, 0.5])
 def test_protocol_trained_model_equals_the_clear_weighted_model(q) -> None:
+    """σ = 0 and the server's sample from the same coins: the protocol and clear weights train
+    the same model (full-batch epochs: the protocol trains every subject, the clear weights
+    only the sampled ones, and only the batch order can differ)."""
     train = _federation(n=60, silos=3, subjects=7, seed=2)
     cfg = AlgorithmConfig(
-        noise_multiplier=0.7,
+        noise_multiplier=0.0,
         clip=1.0,
         lr=0.2,
         local_epochs=2,
-        batch_size=4,
+        batch_size=64,
         subject_rate=q,
+        subject_sampler="server",
         n_max=60,
     )
     protocol = _protocol(cfg, train)
@@ -631,37 +728,91 @@ def test_protocol_trained_model_equals_the_clear_weighted_model(q) -> None:
         assert all(0 < len(s) < 7 for s in sampled) and len(set(sampled)) > 1
 
 
-def test_protocol_round_hides_the_sample_and_zeroes_non_sampled_subjects() -> None:
-    train = _federation(n=40, silos=2, subjects=5, seed=4)
-    cfg = AlgorithmConfig(noise_multiplier=0.0, clip=1.0, subject_rate=0.5, n_max=40)
+@pytest.mark.parametrize("sampler", ["server", "silos"])
+def test_protocol_round_equals_the_clear_weighted_sum_over_the_sample(sampler) -> None:
+    train = _federation(n=40, silos=2, subjects=6, seed=4)
+    cfg = AlgorithmConfig(
+        noise_multiplier=0.0, clip=1.0, subject_rate=0.5, n_max=40, subject_sampler=sampler
+    )
     algo = _protocol(cfg, train, seed=1)
-    instr = algo.configure_round(1, torch.Generator().manual_seed(7))
+    instr = algo.configure_round(1, Coins.seeded(7))
     assert isinstance(instr, ProtocolRound)
-    assert len(instr.message.ciphertexts) == 5  # one per public subject, sampled or not
-    sampled = torch.rand(5, generator=torch.Generator().manual_seed(7)) < 0.5
+    assert len(instr.message.ciphertexts) == 6  # one per public subject, sampled or not
+    if sampler == "server":
+        sampled = Coins.seeded(7).bernoulli(6, 0.5)
+    else:  # every silo derives the same sample from the protocol's shared seed
+        samples = {algo.protocol.silos[s].subject_sample(1, 0.5) for s in (0, 1)}
+        assert len(samples) == 1
+        sampled = algo.silo_sample(1)
+        assert {int(a) for a in torch.nonzero(sampled).flatten()} == samples.pop()
+    assert 0 < int(sampled.sum()) < 6
     silos = [_float64(s) for s in silo_tensors(train)]
     params = _params(1)
-    updates = [
-        algo.local_update(_MODEL, params, s, torch.Generator().manual_seed(s.silo), instr)
-        for s in silos
-    ]
+    updates = [algo.local_update(_MODEL, params, s, Coins.seeded(s.silo), instr) for s in silos]
     new = algo.aggregate(params, updates)
     # the same round with explicit clear weights zeroed for the non-sampled subjects
     weights = record_weights(train.histogram()) * sampled.numpy()
-    clear = UldpAvgW(replace(cfg, weighting="clear"), weights=record_weights(train.histogram()))
-    round_weights = RoundWeights(torch.from_numpy(weights), sampled)
+    clear = UldpAvgW(
+        replace(cfg, weighting="clear", subject_sampler="server"),
+        weights=record_weights(train.histogram()),
+    )
+    round_weights = RoundWeights(torch.from_numpy(weights), sampled, 1)
     ref = clear.aggregate(
         params,
-        [
-            clear.local_update(
-                _MODEL, params, s, torch.Generator().manual_seed(s.silo), round_weights
-            )
-            for s in silos
-        ],
+        [clear.local_update(_MODEL, params, s, Coins.seeded(s.silo), round_weights) for s in silos],
     )
     for k in params:
         torch.testing.assert_close(new[k], ref[k], rtol=0, atol=1e-8)
     assert any(not torch.equal(new[k], params[k]) for k in params)
+    everyone = clear.aggregate(
+        params,
+        [
+            clear.local_update(
+                _MODEL, params, s, Coins.seeded(s.silo), RoundWeights(clear.weights, None, 1)
+            )
+            for s in silos
+        ],
+    )
+    assert any(float((new[k] - everyone[k]).abs().max()) > 1e-4 for k in params)
+
+
+def test_protocol_with_silo_sampling_sends_every_weight_whatever_the_sample() -> None:
+    """The server's round message is independent of the silos' sample: it encrypts the weight
+    of every subject every round (no Enc(0)), while the silos' samples change."""
+    train = _federation(n=40, silos=3, subjects=8, seed=8)
+    algo = _protocol(AlgorithmConfig(subject_rate=0.4, n_max=40), train, seed=2)
+    server = algo.protocol.server
+    key = server._keys.private_key
+    samples = set()
+    for r in range(1, 4):
+        instr = algo.configure_round(r, Coins.seeded(r))
+        assert [key.decrypt(c) for c in instr.message.ciphertexts] == server._inverses
+        assert all(inv != 0 for inv in server._inverses)
+        samples.add(frozenset(torch.nonzero(algo.silo_sample(r)).flatten().tolist()))
+        server.abort_round()
+    assert len(samples) > 1
+    # the protocol's sample key comes from its shared seed: another set-up, another sample
+    other = _protocol(AlgorithmConfig(subject_rate=0.4, n_max=40), train, seed=3)
+    assert not all(torch.equal(algo.silo_sample(r), other.silo_sample(r)) for r in range(4))
+
+
+def test_protocol_noise_is_the_accounted_gaussian() -> None:
+    """Nobody's delta reaches the aggregate (lr ≈ 0): the decrypted sum is the silos' summed
+    noise, N(0, σ²C²) per coordinate (accepts σC, rejects 1.1σC and σC/1.1)."""
+    big = MLP(5, 3, hidden=256).double()
+    params = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in big.named_parameters()}
+    train = _federation(n=12, silos=2, subjects=3, seed=9)
+    sigma, clip = 1.3, 0.7
+    cfg = AlgorithmConfig(noise_multiplier=sigma, clip=clip, lr=1e-30, n_max=12)
+    algo = _protocol(cfg, train, seed=4)
+    silos = [_float64(s) for s in silo_tensors(train)]
+    instr = algo.configure_round(1, Coins.seeded(0))
+    updates = [algo.local_update(big, params, s, Coins.seeded(1, s.silo), instr) for s in silos]
+    new = algo.aggregate(params, updates)
+    total = {k: v * cfg.subject_rate * train.num_subjects for k, v in new.items()}
+    assert _noise_pvalue(total, sigma * clip) > ALPHA
+    assert _noise_pvalue(total, sigma * clip * 1.1) < ALPHA
+    assert _noise_pvalue(total, sigma * clip / 1.1) < ALPHA
 
 
 def test_protocol_run_says_weights_are_private() -> None:
@@ -688,7 +839,73 @@ def test_protocol_round_aborts_when_a_silo_drops_out() -> None:
     algo = _protocol(AlgorithmConfig(noise_multiplier=1.0, n_max=30), train)
     silos = [_float64(s) for s in silo_tensors(train)]
     params = _params(2)
-    instr = algo.configure_round(1, torch.Generator())
-    updates = [algo.local_update(_MODEL, params, s, torch.Generator(), instr) for s in silos[:2]]
+    instr = algo.configure_round(1, Coins.seeded(0))
+    updates = [algo.local_update(_MODEL, params, s, Coins.seeded(1), instr) for s in silos[:2]]
     with pytest.raises(SiloDropoutError, match=r"\[2\]"):
         algo.aggregate(params, updates)
+
+
+# --- who learns the sample: the per-adversary views and the run notes ---------------------
+
+
+def _views(name: str, **kw: object) -> dict:
+    algo = make_algorithm(name, AlgorithmConfig(noise_multiplier=0.9, **kw))
+    privacy = algo.silo_privacy(sampling_rate=0.2)
+    assert privacy.events == {"subject": poisson_gaussian_steps(0.2, 0.9, 1)}
+    assert privacy.scope == "aggregate"
+    assert algo.silo_privacy(sampling_rate=1.0).views == {}  # q = 1: one ε for everyone
+    known = {"subject": known_sample_gaussian_steps(0.2, 0.9, 1)}
+    assert all(view == known for view in privacy.views.values())
+    return privacy.views
+
+
+@pytest.mark.parametrize("name", ULDP_WEIGHTED)
+def test_views_silo_sampler_only_the_silos_know_the_sample(name) -> None:
+    assert set(_views(name, subject_rate=0.2)) == {"silos"}
+    assert set(_views(name, subject_rate=0.2, weighting="clear")) == {"silos"}
+
+
+@pytest.mark.parametrize("name", ["uldp_avg", "uldp_sgd"])
+def test_views_server_sampler_with_clear_weights_server_and_silos_know_it(name) -> None:
+    assert set(_views(name, subject_rate=0.2, subject_sampler="server")) == {"server", "silos"}
+
+
+def test_views_server_sampler_through_the_protocol_hides_it_from_the_silos() -> None:
+    views = _views("uldp_avg_w", subject_rate=0.2, subject_sampler="server")
+    assert set(views) == {"server"}
+    clear = _views("uldp_avg_w", subject_rate=0.2, subject_sampler="server", weighting="clear")
+    assert set(clear) == {"server", "silos"}
+    # the same once set up: the protocol object, or clear weights
+    train = _federation(n=30, silos=2, subjects=4, seed=5)
+    cfg = AlgorithmConfig(subject_rate=0.2, subject_sampler="server", n_max=30)
+    assert set(_protocol(cfg, train).silo_privacy(sampling_rate=0.2).views) == {"server"}
+    with_data = make_algorithm("uldp_avg_w", replace(cfg, weighting="clear"), train)
+    assert set(with_data.silo_privacy(sampling_rate=0.2).views) == {"server", "silos"}
+
+
+@pytest.mark.parametrize("name", ["uldp_naive", "uldp_group"])
+def test_no_views_without_subject_sampling(name) -> None:
+    algo = make_algorithm(name, AlgorithmConfig(subject_rate=0.2))
+    assert algo.silo_privacy(sampling_rate=0.2).views == {}
+
+
+def test_run_notes_say_which_epsilon_holds_against_whom() -> None:
+    train = _federation(n=30, silos=2, subjects=4, seed=5)
+    silos = make_algorithm("uldp_avg", AlgorithmConfig(subject_rate=0.3), train)
+    (note,) = [n for n in silos.run_notes() if "subject sample" in n]
+    assert "drawn by the silos" in note and "against the server" in note
+    assert "known-sample ε" in note
+    server = make_algorithm(
+        "uldp_avg", AlgorithmConfig(subject_rate=0.3, subject_sampler="server"), train
+    )
+    (note,) = [n for n in server.run_notes() if "subject sample" in n]
+    assert "only for the released model" in note
+    protocol = _protocol(AlgorithmConfig(subject_rate=0.3, n_max=30), train)
+    notes = " ".join(protocol.run_notes())
+    assert "learns nothing about the sample" in notes
+    assert "the server learns which subjects were sampled" not in notes
+    assert "rounded on the aggregate's grid" not in notes and "exactly" in notes
+    full = make_algorithm("uldp_avg", AlgorithmConfig(), train)
+    assert not any("subject sample" in n for n in full.run_notes())
+    for algo in (silos, server, protocol, full):
+        assert any("own share" in n for n in algo.run_notes())
