@@ -188,3 +188,32 @@ def test_describe_still_takes_a_training_dataset(tmp_path: Path) -> None:
     d = describe(data.train)
     assert "split" not in d and "subjects" not in d
     assert "Test split" not in format_description(d)
+
+
+def test_leaf_users_split_by_record_by_default_or_by_subject(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    users = {f"w{i:02d}": int(rng.integers(5, 15)) for i in range(12)}
+    blob = {
+        "users": list(users),
+        "num_samples": list(users.values()),
+        "user_data": {
+            u: {"x": rng.random((c, 784)).round(2).tolist(), "y": rng.integers(0, 62, c).tolist()}
+            for u, c in users.items()
+        },
+    }
+    (tmp_path / "train.json").write_text(json.dumps(blob))
+    leaf = {"source": "leaf_femnist", "path": str(tmp_path / "train.json"), "num_silos": 2}
+    by_record = describe(build_federated_data(DataConfig(**leaf)))  # type: ignore[arg-type]
+    assert by_record["split"]["kind"] == "record" and by_record["split"]["shared_subjects"] > 0
+    assert by_record["subjects"]["from"] == "leaf_users"
+    by_subject = describe(
+        build_federated_data(DataConfig(**leaf, test_split="subject"))  # type: ignore[arg-type]
+    )
+    assert by_subject["split"]["test_subjects"] == 2
+    assert by_subject["split"]["shared_subjects"] == 0
+    assert by_subject["subjects_with_records"] == 10
+    with_file = describe(
+        build_federated_data(DataConfig(**leaf, test_path=str(tmp_path / "train.json")))  # type: ignore[arg-type]
+    )
+    assert with_file["split"]["kind"] == "file" and with_file["split"]["fraction"] is None
+    assert with_file["split"]["test_subjects"] is None
