@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from silodp.crypto import sampling
 from silodp.crypto.prg import ChaCha20Prg
-from silodp.crypto.sampling import SharedSampleKey, poisson_threshold
+from silodp.crypto.sampling import SharedSampleKey
 
 ALPHA = 1e-6
 
@@ -48,14 +49,36 @@ def test_sampling_frequency_is_q_and_rejects_a_wrong_rate() -> None:
     assert stats.binomtest(neighbours, rounds * (subjects - 1), q * q).pvalue > ALPHA
 
 
-def test_rates_zero_and_one_and_the_exact_threshold() -> None:
+def test_rates_zero_and_one() -> None:
     key = SharedSampleKey(bytes(32))
     assert not key.sample(3, 100, 0.0).any()
     assert key.sample(3, 100, 1.0).all()
     assert key.sample(3, 0, 0.5).shape == (0,)
-    assert poisson_threshold(0.1) == -(-Fraction(0.1) * 2**64 // 1)
-    assert poisson_threshold(0.25) == 2**62  # exact for a dyadic rate
-    assert poisson_threshold(1.0) == 2**64
+
+
+class _Words:
+    """A stand-in keystream: the given 64-bit words (little-endian), then zeros."""
+
+    def __init__(self, words: list[int]) -> None:
+        self._bytes = b"".join(w.to_bytes(8, "little") for w in words)
+
+    def token_bytes(self, nbytes: int) -> bytes:
+        out, self._bytes = self._bytes[:nbytes], self._bytes[nbytes:]
+        return out + bytes(nbytes - len(out))
+
+
+def test_a_word_tied_with_the_rate_is_decided_by_further_words() -> None:
+    # U's first 64 bits equal floor(q 2^64): the next words decide U < q exactly
+    q = 1e-5  # below 2^-11: q 2^64 is not an integer
+    exact = Fraction(q) * 2**64
+    assert exact.denominator > 1
+    cut = int(exact)
+    rest = exact - cut  # the fraction of the next word's range below q
+    below = int(rest * 2**64) - 1
+    assert sampling._below(cut, _Words([below]), Fraction(q))
+    assert not sampling._below(cut, _Words([below + 2]), Fraction(q))
+    assert sampling._below(cut - 1, _Words([]), Fraction(q))
+    assert not sampling._below(cut + 1, _Words([]), Fraction(q))
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), True, "0.5"])

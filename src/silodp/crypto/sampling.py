@@ -7,10 +7,13 @@ independent of the sample, and the silos (who know it) are accounted without amp
 
 Round ``t``: the key is expanded with HKDF-SHA256 under the label
 ``silodp/uldp/subject-sample|round|t`` into a ChaCha20 key; its keystream gives one 64-bit word
-``u_a`` per public subject (in the public order), and subject ``a`` is sampled iff
-``u_a < ceil(q 2^64)``. So each subject is in the sample independently with probability
-``ceil(q 2^64) / 2^64``: exactly ``q`` when ``q 2^64`` is an integer (every float ``q >= 2^-11``),
-otherwise less than ``2^-64`` above it, as a pseudorandom function of the key (ChaCha20, HKDF).
+``u_a`` per public subject (in the public order), the first 64 bits of a uniform ``U_a`` on
+``[0, 1)``, and subject ``a`` is sampled iff ``U_a < q``. The word decides unless
+``u_a = floor(q 2^64)`` (probability ``2^-64``, and never when ``q 2^64`` is an integer); then
+further words of ``U_a`` are read, in subject order, from a second keystream of the round
+(label suffix ``|ties``) until the comparison is decided. So each subject is in the sample
+independently with probability exactly ``q`` (the float's binary value), as a pseudorandom
+function of the key (ChaCha20, HKDF), and every holder of the key computes the same sample.
 """
 
 from __future__ import annotations
@@ -23,17 +26,30 @@ import numpy as np
 from silodp.crypto.prg import KEY_BYTES, ChaCha20Prg, derive_key
 from silodp.crypto.randomness import RandomSource
 
-__all__ = ["SAMPLE_LABEL", "SharedSampleKey", "poisson_threshold"]
+__all__ = ["SAMPLE_LABEL", "SharedSampleKey"]
 
 SAMPLE_LABEL = b"silodp/uldp/subject-sample"
 _WORD_BITS = 64
 
 
-def poisson_threshold(rate: float) -> int:
-    """``ceil(rate 2^64)``: a 64-bit word below it has probability ``rate`` (to ``2^-64``)."""
+def _check_rate(rate: float) -> Fraction:
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0.0 <= rate <= 1.0:
         raise ValueError(f"Expected rate={rate!r} in [0, 1].")
-    return math.ceil(Fraction(rate) * (1 << _WORD_BITS))
+    return Fraction(rate)
+
+
+def _below(prefix: int, source: ChaCha20Prg, rate: Fraction) -> bool:
+    """Whether ``U < rate`` for the uniform ``U`` whose first 64 bits are ``prefix``, reading
+    further 64-bit words from ``source`` until the comparison is decided."""
+    bits = _WORD_BITS
+    while True:
+        scaled = rate * (1 << bits)
+        if prefix + 1 <= scaled:
+            return True
+        if prefix >= scaled:
+            return False
+        prefix = (prefix << _WORD_BITS) | int.from_bytes(source.token_bytes(8), "little")
+        bits += _WORD_BITS
 
 
 class SharedSampleKey:
@@ -62,13 +78,20 @@ class SharedSampleKey:
             raise ValueError(f"Expected round_index={round_index!r} to be an int >= 0.")
         if isinstance(num_subjects, bool) or not isinstance(num_subjects, int) or num_subjects < 0:
             raise ValueError(f"Expected num_subjects={num_subjects!r} to be an int >= 0.")
-        threshold = poisson_threshold(rate)
-        if threshold >> _WORD_BITS:  # rate 1: everyone
+        exact = _check_rate(rate)
+        if exact == 1:
             return np.ones(num_subjects, dtype=bool)
         info = SAMPLE_LABEL + b"|round|%d" % round_index
         prg = ChaCha20Prg(derive_key(self._key, info))
         words = np.frombuffer(prg.token_bytes(8 * num_subjects), dtype="<u8")
-        return np.asarray(words < np.uint64(threshold))
+        cut = math.floor(exact * (1 << _WORD_BITS))  # < 2^64
+        out = np.asarray(words < np.uint64(cut))
+        ties = np.flatnonzero(words == np.uint64(cut))
+        if ties.size and exact * (1 << _WORD_BITS) != cut:
+            extra = ChaCha20Prg(derive_key(self._key, info + b"|ties"))
+            for i in ties.tolist():
+                out[i] = _below(cut, extra, exact)
+        return out
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SharedSampleKey) and other._key == self._key
