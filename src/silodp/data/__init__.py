@@ -1,5 +1,5 @@
-"""Federated datasets with subjects, their loaders and partitioners."""
+"""Federated datasets with subjects, their loaders, partitioners and feature scaling."""
 
-from silodp.data.dataset import FederatedData, FederatedDataset, TestSplit
+from silodp.data.dataset import FederatedData, FederatedDataset, SplitSummary, TestSplit
 
-__all__ = ["FederatedData", "FederatedDataset", "TestSplit"]
+__all__ = ["FederatedData", "FederatedDataset", "SplitSummary", "TestSplit"]
