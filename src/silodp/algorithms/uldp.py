@@ -105,7 +105,8 @@ SIMULATED_AGGREGATION_NOTE = (
 
 OWN_NOISE_NOTE = (
     "against the silos: each silo knows its own share (1/S of the variance) of the noise, "
-    "which the ε against the silos does not deduct (one silo alone faces σ·√((S-1)/S))"
+    "which the ε against the silos does not deduct (to one silo the noise multiplier is "
+    "√((S-1)/S) times the accounted one)"
 )
 
 PROTOCOL_AGGREGATION_NOTE = (
