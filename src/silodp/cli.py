@@ -151,7 +151,7 @@ def describe(
         data = build_federated_data(cfg.data)
     except (ConfigError, ValueError, FileNotFoundError) as err:
         _fail(str(err))
-    info = describe_data(data.train)
+    info = describe_data(data)
     typer.echo(json.dumps(info, indent=2) if as_json else format_description(info))
 
 

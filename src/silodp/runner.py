@@ -246,8 +246,10 @@ def dp_scaling(
     share = config.data.scaling_budget * privacy.epsilon
     sigma = find_sigma(lambda s: conversions.gdp_epsilon(math.sqrt(span) / s, privacy.delta), share)
     coins = Coins.for_mode(privacy.noise, config.training.seed, SCALING_STREAM)
+    # on the records training will use: a subject then sits in at most ``span`` silos
+    capped = cap_span(data.train, span=span, seed=config.data.seed)
     stats = dp_feature_stats(
-        data.train, bounds=config.data.feature_bounds, noise_multiplier=sigma, coins=coins
+        capped, bounds=config.data.feature_bounds, noise_multiplier=sigma, coins=coins
     )
     event = stats.dp_event
     releases = tuple(
@@ -944,7 +946,7 @@ def _run_sweep(
         f"prifedsync sweep: {len(runs)} runs, target {sweep.target_metric} accuracy "
         f"{sweep.target_accuracy:g}, at most {config.training.rounds} rounds each"
     )
-    write_json(out / PRIVATE_DIR / "data.json", describe(data.train))
+    write_json(out / PRIVATE_DIR / "data.json", describe(data))
     all_rows: dict[str, list[dict[str, Any]]] = {}
     summaries, table = [], []
     key = f"{sweep.target_metric}_accuracy"
@@ -1055,7 +1057,7 @@ def run_experiment(
             )
         _log_protocol_estimate(run, config, data, log)
         runs.append(run)
-    write_json(out / PRIVATE_DIR / "data.json", describe(data.train))
+    write_json(out / PRIVATE_DIR / "data.json", describe(data))
     all_rows: dict[str, list[dict[str, Any]]] = {}
     summaries = []
     for prepared in runs:

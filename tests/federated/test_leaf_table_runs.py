@@ -65,7 +65,7 @@ def test_small_femnist_config_runs_on_leaf_json(tmp_path: Path) -> None:
         num_silos=4, first_subjects=15,
     )
     summary = run_experiment(parse_config(raw), tmp_path / "out")
-    data = json.loads((tmp_path / "out" / "data.json").read_text())
+    data = json.loads((tmp_path / "out" / "silo_private" / "data.json").read_text())
     assert data["num_subjects"] == 15 and data["num_silos"] == 4
     for item in summary["runs"]:
         assert item["status"] == "complete"
@@ -108,8 +108,10 @@ def test_csv_table_with_subject_and_silo_columns(tmp_path: Path) -> None:
     summary = run_experiment(parse_config(raw), tmp_path / "out")
     item = summary["runs"][0]
     assert item["status"] == "complete" and item["epsilon"]["subject"] <= 8.0
-    data = json.loads((tmp_path / "out" / "data.json").read_text())
-    assert data["num_silos"] == 3 and data["num_subjects"] == 50
+    data = json.loads((tmp_path / "out" / "silo_private" / "data.json").read_text())
+    # 10 of the 50 patients are held out whole: nobody is in both train and test
+    assert data["num_silos"] == 3 and data["num_subjects"] == 40
+    assert data["split"]["kind"] == "subject" and data["split"]["shared_subjects"] == 0
 
 
 def test_uldp_tabular_config_runs_every_method_on_a_generated_csv(tmp_path: Path) -> None:
