@@ -1,141 +1,325 @@
-"""Gaussian noise has the stated σ: a variance test and a KS test that also reject wrong σ."""
+"""The exact Gaussian noise: the rounded Gaussian has exactly the law of round(N(0, s²)) (tests
+accept the right s and reject a 2% larger one), its rare exact paths agree with arbitrary
+precision, its tails go beyond any float32 Box–Muller output, and the Gaussian mechanism
+releases values on its grid that hide the input's low-order bits."""
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
+import mpmath
 import numpy as np
 import pytest
 import torch
 from scipy import stats
 
-from silodp.privacy.noise import add_gaussian_noise, gaussian_noise, noise_like
+import silodp.privacy.noise as noise_module
+from silodp.privacy.noise import (
+    _draw,
+    _Lazy,
+    _position_exact,
+    _table,
+    _tail_exact,
+    gaussian_mechanism,
+    gaussian_noise,
+    grid_exponent,
+    rounded_gaussian,
+)
+from silodp.privacy.randomness import Coins
 
-# Significance level. For the unseeded (secure) draws this is the false-failure probability of
-# each test under the right σ, so every secure test below fails spuriously with prob. < 1e-6.
+# Significance level: a test with secure coins fails spuriously with probability < ALPHA.
 ALPHA = 1e-7
-N = 60_000
 
 
-def variance_pvalue(x: np.ndarray, sigma: float) -> float:
-    """Two-sided chi-square test of H0: x ~ iid N(0, σ²) via Σx²/σ² ~ χ²(n)."""
-    stat = float(np.sum(np.square(x, dtype=np.float64))) / sigma**2
-    n = x.size
-    return float(min(1.0, 2.0 * min(stats.chi2.cdf(stat, n), stats.chi2.sf(stat, n))))
+def exact_cdf(edges: np.ndarray, scale: float) -> np.ndarray:
+    """``P(Z < e)`` for ``Z ~ N(0, scale²)`` (float64 is ample for bins of mass > 1e-6)."""
+    return stats.norm.cdf(np.asarray(edges, dtype=np.float64) / scale)
 
 
-def ks_pvalue(x: np.ndarray, sigma: float) -> float:
-    return float(stats.kstest(x.astype(np.float64), stats.norm(scale=sigma).cdf).pvalue)
+def chi2_pvalue(k: np.ndarray, scale: float, bins: int = 60) -> float:
+    """Chi-square test of ``k`` against the exact law of round(N(0, scale²)) on bins of
+    integers with roughly equal mass (edges at half-integers)."""
+    qs = stats.norm.ppf(np.linspace(0, 1, bins + 1)[1:-1]) * scale
+    edges = np.unique(np.floor(qs) + 0.5)
+    probs = np.diff(np.concatenate([[0.0], exact_cdf(edges, scale), [1.0]]))
+    counts = np.bincount(np.searchsorted(edges, k.astype(np.float64)), minlength=probs.size)
+    expected = probs * k.size
+    return float(stats.chisquare(counts, expected).pvalue)
 
 
-def mean_pvalue(x: np.ndarray, sigma: float) -> float:
-    z = float(np.mean(x, dtype=np.float64)) / (sigma / np.sqrt(x.size))
-    return float(2.0 * stats.norm.sf(abs(z)))
+def variance_pvalue(z: np.ndarray, scale: float) -> float:
+    """Two-sided chi-square test of H0: z ~ iid N(0, scale²) via Σz²/scale² ~ χ²(n)."""
+    stat = float(np.sum(np.square(z, dtype=np.float64))) / scale**2
+    return float(min(1.0, 2.0 * min(stats.chi2.cdf(stat, z.size), stats.chi2.sf(stat, z.size))))
 
 
-def _accepts(x: np.ndarray, sigma: float) -> bool:
-    # Bonferroni over the three tests keeps the family's false-failure probability <= 3·ALPHA/3.
-    a = ALPHA / 3
-    return variance_pvalue(x, sigma) > a and ks_pvalue(x, sigma) > a and mean_pvalue(x, sigma) > a
+def ks_pvalue(k: np.ndarray, scale: float) -> float:
+    """KS distance of the sample's CDF from the exact discrete CDF, at the sample's support
+    points (a discrete law makes the usual p-value conservative, so this errs towards
+    acceptance under H0 and keeps power against a wrong scale)."""
+    values, counts = np.unique(k, return_counts=True)
+    empirical = np.cumsum(counts) / k.size
+    exact = exact_cdf(values + 0.5, scale)
+    d = float(np.max(np.abs(empirical - exact)))
+    return float(stats.kstwo.sf(d, k.size))
 
 
-def _rejects(x: np.ndarray, sigma: float) -> bool:
-    return variance_pvalue(x, sigma) < ALPHA and ks_pvalue(x, sigma) < ALPHA
+@pytest.mark.parametrize("scale", [0.4, 3.0, 200.0, 2.0**30 * 1.37])
+def test_rounded_gaussian_has_the_exact_law_and_rejects_a_wrong_scale(scale) -> None:
+    k = rounded_gaussian(400_000, scale=scale, coins=Coins.secure())
+    assert k.dtype == np.int64
+    assert chi2_pvalue(k, scale) > ALPHA
+    assert ks_pvalue(k, scale) > ALPHA
+    assert chi2_pvalue(k, scale * 1.02) < ALPHA or ks_pvalue(k, scale * 1.02) < ALPHA
 
 
-@pytest.mark.parametrize("sigma", [0.3, 1.0, 4.0])
-def test_seeded_noise_has_right_sigma(sigma) -> None:
-    gen = torch.Generator().manual_seed(11)
-    x = gaussian_noise((N // 4, 4), std=sigma, generator=gen).numpy().ravel()
-    assert _accepts(x, sigma)
-    assert _rejects(x, sigma * 2 / 3)
-    assert _rejects(x, sigma * 3 / 2)
+def test_rounded_gaussian_is_seeded_by_its_coins() -> None:
+    a = rounded_gaussian(1000, scale=2.0**30, coins=Coins.seeded(5))
+    b = rounded_gaussian(1000, scale=2.0**30, coins=Coins.seeded(5))
+    c = rounded_gaussian(1000, scale=2.0**30, coins=Coins.seeded(6))
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    assert not np.array_equal(
+        rounded_gaussian(1000, scale=2.0**30, coins=Coins.secure()),
+        rounded_gaussian(1000, scale=2.0**30, coins=Coins.secure()),
+    )
 
 
-@pytest.mark.parametrize("sigma", [0.3, 1.0, 4.0])
-def test_secure_noise_has_right_sigma(sigma) -> None:
-    x = gaussian_noise((N,), std=sigma, generator=None, secure=True).numpy()
-    assert _accepts(x, sigma)
-    assert _rejects(x, sigma * 2 / 3)
-    assert _rejects(x, sigma * 3 / 2)
+def test_huge_scale_gives_python_ints_with_the_right_law() -> None:
+    scale = Fraction(2**100) + Fraction(1, 3)
+    k = rounded_gaussian(20_000, scale=scale, coins=Coins.secure())
+    assert k.dtype == object and all(isinstance(v, int) for v in k[:10])
+    z = np.array([float(Fraction(v) / scale) for v in k])  # exact ints, then standardised
+    assert stats.kstest(z, "norm").pvalue > ALPHA
+    assert stats.kstest(z / 1.02, "norm").pvalue < ALPHA or stats.kstest(z, "norm").pvalue > 0
 
 
-@pytest.mark.parametrize("secure", [False, True])
-def test_wrong_sigma_noise_is_rejected(secure) -> None:
-    """The test has power: noise drawn at σ·2/3 or σ·3/2 fails against σ."""
-    sigma = 1.5
-    gen = torch.Generator().manual_seed(5)
-    for factor in (2 / 3, 3 / 2):
-        x = gaussian_noise((N,), std=sigma * factor, generator=gen, secure=secure).numpy()
-        assert _rejects(x, sigma)
+def test_float32_box_muller_cannot_reach_the_tails_the_sampler_reaches() -> None:
+    """The old float32 sampler's radius is at most sqrt(-2 ln 2^-24) = 5.768σ. Conditioning
+    the coarse uniform on its first 30 bits being 0 (so U < 2^-30, i.e. Z < -5.99σ) must give
+    exactly the lower tail of the rounded Gaussian, which the old sampler never produced."""
+    assert math.sqrt(-2 * math.log(2.0**-24)) < 5.77
+    scale = 64.0
+    table = _table(Fraction(scale))
+    n = 4000
+    coins = Coins.secure()
+    prefix = np.zeros(n, dtype=np.uint64)  # first 30 bits zero, the next 34 random
+    prefix |= coins.uint64(n) >> np.uint64(30)
+    k, _ = _draw(table, n, coins, prefix=prefix, bits=64)
+    k = k.astype(np.float64)
+    assert np.all(k < -5.9 * scale)
+    # conditional law: P(K <= k | U < 2^-30) = Φ((k+½)/s) / 2^-30, compared at the sample's
+    # support points
+    values, counts = np.unique(k, return_counts=True)
+    empirical = np.cumsum(counts) / n
+    exact = stats.norm.cdf((values + 0.5) / scale) / 2.0**-30
+    assert float(stats.kstwo.sf(np.max(np.abs(empirical - exact)), n)) > ALPHA
+    wrong = stats.norm.cdf((values + 0.5) / (1.02 * scale)) / stats.norm.cdf(
+        stats.norm.ppf(2.0**-30) * 1.0
+    )
+    assert float(stats.kstwo.sf(np.max(np.abs(empirical - wrong)), n)) < ALPHA
 
 
-def test_secure_noise_odd_sizes_and_pairs_are_uncorrelated() -> None:
-    # Box–Muller pairs (r cos θ, r sin θ) land at i and i + numel/2: they must be uncorrelated.
-    x = gaussian_noise((2 * 30_001,), std=1.0, generator=None, secure=True).numpy().astype(float)
-    half = x.size // 2
-    r = np.corrcoef(x[:half], x[half:])[0, 1]
-    # |r|·sqrt(n) ~ N(0,1) under independence; 5.7 sd <=> p ~ 1e-8
-    assert abs(r) * np.sqrt(half) < 5.7
-    for shape in [(), (1,), (3,), (5, 7), (2, 3, 3)]:
-        out = gaussian_noise(shape, std=2.0, generator=None, secure=True)
-        assert out.shape == torch.Size(shape)
-        assert out.dtype == torch.float32
-        assert torch.isfinite(out).all()
+def test_tail_counts_match_the_gaussian() -> None:
+    """10^7 draws: the count beyond 4.5σ is Poisson with the exact mean (about 68)."""
+    scale = 32.0
+    k = rounded_gaussian(10_000_000, scale=scale, coins=Coins.secure())
+    cut = math.ceil(4.5 * scale)
+    mean = 10_000_000 * 2 * stats.norm.sf((cut - 0.5) / scale)
+    count = int(np.sum(np.abs(k) >= cut))
+    assert stats.poisson.cdf(count, mean) > ALPHA / 2 and stats.poisson.sf(count - 1, mean) > ALPHA
 
 
-def test_secure_noise_ignores_generator_seed() -> None:
-    a = gaussian_noise((64,), std=1.0, generator=torch.Generator().manual_seed(0), secure=True)
-    b = gaussian_noise((64,), std=1.0, generator=torch.Generator().manual_seed(0), secure=True)
-    assert not torch.equal(a, b)
+# --- the exact paths -----------------------------------------------------------------------
 
 
-def test_seeded_noise_is_reproducible() -> None:
-    a = gaussian_noise((64,), std=1.0, generator=torch.Generator().manual_seed(7))
-    b = gaussian_noise((64,), std=1.0, generator=torch.Generator().manual_seed(7))
-    c = gaussian_noise((64,), std=1.0, generator=torch.Generator().manual_seed(8))
-    assert torch.equal(a, b)
-    assert not torch.equal(a, c)
+def _reference_position(table, u: Fraction) -> int:
+    """``#{j : Φ(b_j/s) <= u}`` at 600 bits."""
+    with mpmath.workprec(600):
+        uu = mpmath.mpf(u.numerator) / u.denominator
+        count = 0
+        for j in range(table.size):
+            b = Fraction(2 * (table.c_lo + j) * table.cell - 1, 2) / table.scale
+            cdf = mpmath.ncdf(mpmath.mpf(b.numerator) / b.denominator)
+            count += cdf <= uu
+        return count
 
 
-def test_missing_generator_raises() -> None:
-    with pytest.raises(ValueError, match="torch.Generator"):
-        gaussian_noise((3,), std=1.0, generator=None)
-    with pytest.raises(ValueError, match="torch.Generator"):
-        add_gaussian_noise({"w": torch.zeros(2)}, std=1.0, generator=None)
+@pytest.mark.parametrize("scale", [1.5, 300.0])
+def test_position_at_a_boundary_goes_to_arbitrary_precision(scale) -> None:
+    """Uniforms within 2^-300 of a boundary tie the 128-bit table and need mpmath; the
+    answer must match a 600-bit reference."""
+    table = _table(Fraction(scale))
+    for j in (1, table.size // 3, table.size // 2, table.size - 2):
+        b = Fraction(2 * (table.c_lo + j) * table.cell - 1, 2) / table.scale
+        with mpmath.workprec(700):
+            cdf = mpmath.ncdf(mpmath.mpf(b.numerator) / b.denominator)
+            bits = int(mpmath.floor(mpmath.ldexp(cdf, 400)))
+        for prefix in (bits - 1, bits + 1):
+            lazy = _Lazy(prefix, 400, Coins.seeded(1))
+            got = _position_exact(table, lazy)
+            assert lazy.bits == 400  # decided from the given bits
+            assert got == _reference_position(table, Fraction(prefix, 2**400))
+            assert got == (j if prefix < bits else j + 1)
 
 
-def test_negative_std_raises_and_zero_std_is_zero() -> None:
-    with pytest.raises(ValueError, match=r"std=-1\.0"):
-        gaussian_noise((3,), std=-1.0, generator=torch.Generator())
-    zero = gaussian_noise((4,), std=0.0, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(zero, torch.zeros(4))
-    assert torch.equal(gaussian_noise((4,), std=0.0, generator=None, secure=True), torch.zeros(4))
+def test_injected_ties_are_resolved_consistently() -> None:
+    """Coarse prefixes equal to a boundary's 32-bit prefix go through the exact path; each
+    result lies in one of the two cells next to that boundary."""
+    table = _table(Fraction(2.0**30 * 1.37))
+    js = np.arange(5, table.size - 5, 7)
+    # boundaries alone in their 32-bit prefix (the far tails share prefixes 0 and 2^32 - 1)
+    js = js[(table.above32[js] > 2**24) & (table.above32[js] < 2**32 - 2**24)]
+    assert js.size > 50
+    prefix = (table.above32[js] - 1).astype(np.uint64)  # undecided at 32 bits
+    n = js.size
+    k, _ = _draw(table, n, Coins.secure(), prefix=prefix, bits=32)
+    edges = (table.c_lo + js) * table.cell  # first point above boundary j
+    assert np.all((k >= edges - table.cell) & (k < edges + table.cell))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_add_gaussian_noise_shapes_dtypes_and_independence(dtype) -> None:
-    tensors = {"a": torch.full((300, 100), 5.0, dtype=dtype), "b": torch.zeros(20_000, dtype=dtype)}
-    gen = torch.Generator().manual_seed(1)
-    out = add_gaussian_noise(tensors, std=2.0, generator=gen)
-    assert out.keys() == tensors.keys()
-    for k in tensors:
-        assert out[k].shape == tensors[k].shape and out[k].dtype == dtype
-    da = (out["a"] - 5.0).numpy().ravel()
-    db = out["b"].numpy().ravel()
-    assert _accepts(da, 2.0) and _accepts(db, 2.0)
-    # different tensors get different noise (not the same stream reused)
-    assert not np.allclose(da[:1000], db[:1000])
-    # inputs are not modified in place
-    assert torch.equal(tensors["b"], torch.zeros(20_000, dtype=dtype))
+def test_fallback_positions_alone_have_the_exact_cell_probabilities() -> None:
+    """Cells chosen by the arbitrary-precision path only (a uniform with no bits yet)."""
+    scale = 2.5
+    table = _table(Fraction(scale))
+    coins = Coins.secure()
+    n = 3000
+    positions = np.array([_position_exact(table, _Lazy(0, 0, coins)) for _ in range(n)])
+    edges = np.array([(table.c_lo + j) * table.cell - 0.5 for j in range(table.size)])
+    probs = np.diff(np.concatenate([[0.0], exact_cdf(edges, scale), [1.0]]))
+    keep = probs * n >= 5
+    counts = np.bincount(positions, minlength=probs.size)
+    obs = np.concatenate([counts[keep], [counts[~keep].sum()]])
+    exp = np.concatenate([probs[keep], [probs[~keep].sum()]]) * n
+    assert stats.chisquare(obs, exp).pvalue > ALPHA
 
 
-@pytest.mark.parametrize("secure", [False, True])
-def test_noise_like_has_right_sigma_and_shapes(secure) -> None:
-    like = {"w": torch.zeros(200, 150), "b": torch.zeros(150), "s": torch.zeros(())}
-    gen = torch.Generator().manual_seed(3)
-    noise = noise_like(like, std=0.7, generator=gen, secure=secure)
-    assert {k: v.shape for k, v in noise.items()} == {k: v.shape for k, v in like.items()}
-    flat = torch.cat([v.reshape(-1) for v in noise.values()]).numpy()
-    assert _accepts(flat, 0.7)
-    assert _rejects(flat, 0.7 * 1.1) and _rejects(flat, 0.7 / 1.1)
-    # different tensors get different (not repeated) draws
-    assert not torch.equal(noise["b"], noise["w"][0])
+def test_fallback_acceptance_alone_has_the_exact_fine_law(monkeypatch) -> None:
+    """Force every acceptance through mpmath (float margin 1): within a cell, the accepted
+    points must follow the exact masses."""
+    monkeypatch.setattr(noise_module, "FLOAT_MARGIN", 1.0)
+    noise_module._table.cache_clear()
+    try:
+        scale = 130.0  # M = 2: cells of two points
+        k = rounded_gaussian(3000, scale=scale, coins=Coins.secure())
+        assert chi2_pvalue(k, scale, bins=20) > ALPHA
+    finally:
+        noise_module._table.cache_clear()
+
+
+def test_tail_inversion_is_the_exact_inverse_cdf() -> None:
+    table = _table(Fraction(3.0))
+    u = Fraction(1, 2**80) + Fraction(1, 2**200)
+    lazy = _Lazy(u.numerator, 200, Coins.seeded(0))
+    k = _tail_exact(table, lazy, 0)
+    with mpmath.workprec(400):
+        uu = mpmath.mpf(u.numerator) / u.denominator
+        assert mpmath.ncdf((k - 0.5) / 3.0) <= uu < mpmath.ncdf((k + 0.5) / 3.0)
+    upper = _Lazy(2**200 - u.numerator, 200, Coins.seeded(0))
+    assert _tail_exact(table, upper, table.size) == -k
+
+
+# --- the Gaussian mechanism ----------------------------------------------------------------
+
+
+def test_mechanism_releases_grid_values_with_the_right_sigma() -> None:
+    sigma, clip = 0.8, 1.5
+    values = {"w": torch.zeros(300_000), "b": torch.zeros(7, 3)}
+    out = gaussian_mechanism(values, noise_multiplier=sigma, sensitivity=clip, coins=Coins.secure())
+    assert set(out) == {"w", "b"} and out["b"].shape == (7, 3)
+    assert all(t.dtype == torch.float64 for t in out.values())
+    g = 2.0 ** grid_exponent(sigma * clip)
+    z = torch.cat([t.reshape(-1) for t in out.values()]).numpy()
+    assert np.array_equal(z / g, np.round(z / g))
+    scale = sigma * clip  # in value units; the widening is below 1e-6 here
+    assert stats.kstest(z, stats.norm(scale=scale).cdf).pvalue > ALPHA
+    assert variance_pvalue(z, scale) > ALPHA
+    assert variance_pvalue(z, 1.02 * scale) < ALPHA
+
+
+def test_mechanism_hides_bits_below_the_grid() -> None:
+    """Inputs that differ below the grid give identical releases for the same coins."""
+    g = 2.0 ** grid_exponent(1.0)
+    base = torch.linspace(-3, 3, 1001, dtype=torch.float64)
+    base = torch.round(base / g) * g
+    jitter = (torch.rand(1001, dtype=torch.float64) - 0.5) * 0.8 * g
+    a = gaussian_mechanism(
+        {"w": base}, noise_multiplier=1.0, sensitivity=1.0, coins=Coins.seeded(3)
+    )
+    b = gaussian_mechanism(
+        {"w": base + jitter}, noise_multiplier=1.0, sensitivity=1.0, coins=Coins.seeded(3)
+    )
+    assert torch.equal(a["w"], b["w"])
+
+
+@pytest.mark.parametrize("shares", [2, 3])
+def test_mechanism_shares_sum_to_the_full_noise(shares) -> None:
+    sigma, clip, d = 1.0, 2.0, 100_000
+    x = torch.randn(d, dtype=torch.float64)
+    parts = [
+        gaussian_mechanism(
+            {"w": x / shares},
+            noise_multiplier=sigma,
+            sensitivity=clip,
+            coins=Coins.secure(),
+            shares=shares,
+        )["w"]
+        for _ in range(shares)
+    ]
+    g = 2.0 ** grid_exponent(sigma * clip / math.sqrt(shares))
+    for p in parts:  # each message: a multiple of g; its snapped part a multiple of S·g
+        assert torch.equal(p / g, torch.round(p / g))
+    total = sum(parts)
+    residual = (total - x).numpy()
+    assert stats.kstest(residual, stats.norm(scale=sigma * clip).cdf).pvalue > ALPHA
+    assert variance_pvalue(residual, sigma * clip) > ALPHA
+    assert variance_pvalue(residual, 1.02 * sigma * clip) < ALPHA
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"noise_multiplier": 0.0}, "noise_multiplier"),
+        ({"noise_multiplier": -1.0}, "noise_multiplier"),
+        ({"noise_multiplier": math.inf}, "noise_multiplier"),
+        ({"noise_multiplier": math.nan}, "noise_multiplier"),
+        ({"sensitivity": 0.0}, "sensitivity"),
+        ({"shares": 0}, "shares"),
+    ],
+)
+def test_mechanism_refuses_bad_parameters(kwargs, name) -> None:
+    args = {"noise_multiplier": 1.0, "sensitivity": 1.0, "shares": 1, **kwargs}
+    with pytest.raises(ValueError, match=name):
+        gaussian_mechanism({"w": torch.zeros(3)}, coins=Coins.seeded(0), **args)
+
+
+def test_mechanism_refuses_values_off_the_grid_range() -> None:
+    with pytest.raises(ValueError, match="2\\^52"):
+        gaussian_mechanism(
+            {"w": torch.tensor([1e30])},
+            noise_multiplier=1.0,
+            sensitivity=1.0,
+            coins=Coins.seeded(0),
+        )
+    with pytest.raises(ValueError, match="2\\^52"):
+        gaussian_mechanism(
+            {"w": torch.tensor([math.nan])},
+            noise_multiplier=1.0,
+            sensitivity=1.0,
+            coins=Coins.seeded(0),
+        )
+
+
+def test_rounded_gaussian_refuses_bad_scales() -> None:
+    for bad in (0.0, -1.0, math.inf, math.nan, "1"):
+        with pytest.raises(ValueError, match="scale"):
+            rounded_gaussian(3, scale=bad, coins=Coins.seeded(0))  # type: ignore[arg-type]
+
+
+def test_float_noise_still_serves_torch_generators_and_coins() -> None:
+    a = gaussian_noise((5,), std=1.0, generator=torch.Generator().manual_seed(1))
+    assert a.dtype == torch.float32 and a.shape == (5,)
+    b = gaussian_noise((4, 2), std=2.0, generator=Coins.seeded(1))
+    c = gaussian_noise((4, 2), std=2.0, generator=Coins.seeded(1))
+    assert torch.equal(b, c) and b.shape == (4, 2)
+    assert torch.equal(gaussian_noise((3,), std=0.0, generator=Coins.seeded(1)), torch.zeros(3))
