@@ -258,6 +258,7 @@ def account(
             sampling=sampling,
             subject_sampler=subject_sampler,
             weighting=weighting,
+            num_silos=silos,
         )
         probe = make_algorithm(algorithm, config)
         plan = PrivacyPlan(

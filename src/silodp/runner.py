@@ -179,10 +179,11 @@ def _bound_data(
 
 
 def _algorithm_config(
-    training: TrainingConfig, privacy: PrivacyConfig, *, group_size: int
+    training: TrainingConfig, privacy: PrivacyConfig, *, group_size: int, num_silos: int
 ) -> AlgorithmConfig:
     """The algorithm's hyperparameters from the (per-algorithm) training and privacy tables."""
     return AlgorithmConfig(
+        num_silos=num_silos,
         local_steps=training.local_steps,
         batch_size=training.batch_size,
         lr=training.lr,
@@ -296,7 +297,9 @@ def prepare_run(
         raise ValueError(
             f"Expected training.silos_per_round={silos_per_round} <= {train.num_silos} silos."
         )
-    algo_config = _algorithm_config(training, privacy, group_size=group_size or 1)
+    algo_config = _algorithm_config(
+        training, privacy, group_size=group_size or 1, num_silos=train.num_silos
+    )
     probe = make_algorithm(name, algo_config)
     private = probe.calibration_unit is not None
     if private and privacy.noise_multiplier == 0:
@@ -725,7 +728,7 @@ def prepare_prifedsync(
             f"Expected training.silos_per_round unset for prifedsync (clients are Poisson-"
             f"sampled at training.client_rate), got {training.silos_per_round}."
         )
-    algo_config = _algorithm_config(training, privacy, group_size=1)
+    algo_config = _algorithm_config(training, privacy, group_size=1, num_silos=data.train.num_silos)
     probe = PriFedSync(algo_config)
     train = data.train
     probe.check_clients(train.num_silos)

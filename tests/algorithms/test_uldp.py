@@ -9,6 +9,8 @@ ULDP-NAIVE (each silo's clipped delta can flip direction, so S·C is not a bound
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import fields, replace
 
 import numpy as np
@@ -344,8 +346,11 @@ def test_local_update_contract(name) -> None:
     assert a.privacy == algo.silo_privacy(sampling_rate=0.6)
     assert a.privacy.scope == "aggregate"
     assert a.privacy.events == {"subject": poisson_gaussian_steps(0.6, 1.1, 1)}
-    # the silos derive the sample: no amplification against them
-    assert a.privacy.views == {"silos": {"subject": known_sample_gaussian_steps(0.6, 1.1, 1)}}
+    # the silos derive the sample: no amplification against them, and one silo knows its
+    # own noise share (S = 3 silos: the others' noise has multiplier 1.1·√(2/3))
+    assert train.num_silos == 3
+    peers = 1.1 * math.sqrt(2 / 3)
+    assert a.privacy.views == {"silos": {"subject": known_sample_gaussian_steps(0.6, peers, 1)}}
     full = make_algorithm(name, replace(cfg, subject_rate=1.0), train)
     assert full.silo_privacy(sampling_rate=1.0).events == {"subject": gaussian_steps(1.1, 1)}
 
@@ -848,39 +853,65 @@ def test_protocol_round_aborts_when_a_silo_drops_out() -> None:
 # --- who learns the sample: the per-adversary views and the run notes ---------------------
 
 
+SILO_SIGMA = 0.9 * math.sqrt(2 / 3)  # σ√((S-1)/S) with S = 3: what one silo's peers add
+
+
 def _views(name: str, **kw: object) -> dict:
-    algo = make_algorithm(name, AlgorithmConfig(noise_multiplier=0.9, **kw))
+    """Which adversaries know the sample (None: nobody but the released view's events)."""
+    algo = make_algorithm(name, AlgorithmConfig(noise_multiplier=0.9, num_silos=3, **kw))
     privacy = algo.silo_privacy(sampling_rate=0.2)
     assert privacy.events == {"subject": poisson_gaussian_steps(0.2, 0.9, 1)}
     assert privacy.scope == "aggregate"
-    assert algo.silo_privacy(sampling_rate=1.0).views == {}  # q = 1: one ε for everyone
-    known = {"subject": known_sample_gaussian_steps(0.2, 0.9, 1)}
-    assert all(view == known for view in privacy.views.values())
-    return privacy.views
+    # q = 1: the server and outsiders see the same Gaussian; a silo knows its own noise share
+    assert algo.silo_privacy(sampling_rate=1.0).views == {
+        "silos": {"subject": gaussian_steps(SILO_SIGMA, 1)}
+    }
+    known = set()
+    for adversary, view in privacy.views.items():
+        sigma = SILO_SIGMA if adversary == "silos" else 0.9
+        if view == {"subject": known_sample_gaussian_steps(0.2, sigma, 1)}:
+            known.add(adversary)
+        else:
+            assert view == {"subject": poisson_gaussian_steps(0.2, sigma, 1)}, adversary
+    assert "silos" in privacy.views  # deducts the silo's own share, sample known or not
+    return known
 
 
 @pytest.mark.parametrize("name", ULDP_WEIGHTED)
 def test_views_silo_sampler_only_the_silos_know_the_sample(name) -> None:
-    assert set(_views(name, subject_rate=0.2)) == {"silos"}
-    assert set(_views(name, subject_rate=0.2, weighting="clear")) == {"silos"}
+    assert _views(name, subject_rate=0.2) == {"silos"}
+    assert _views(name, subject_rate=0.2, weighting="clear") == {"silos"}
 
 
 @pytest.mark.parametrize("name", ["uldp_avg", "uldp_sgd"])
 def test_views_server_sampler_with_clear_weights_server_and_silos_know_it(name) -> None:
-    assert set(_views(name, subject_rate=0.2, subject_sampler="server")) == {"server", "silos"}
+    assert _views(name, subject_rate=0.2, subject_sampler="server") == {"server", "silos"}
 
 
 def test_views_server_sampler_through_the_protocol_hides_it_from_the_silos() -> None:
-    views = _views("uldp_avg_w", subject_rate=0.2, subject_sampler="server")
-    assert set(views) == {"server"}
+    assert _views("uldp_avg_w", subject_rate=0.2, subject_sampler="server") == {"server"}
     clear = _views("uldp_avg_w", subject_rate=0.2, subject_sampler="server", weighting="clear")
-    assert set(clear) == {"server", "silos"}
-    # the same once set up: the protocol object, or clear weights
+    assert clear == {"server", "silos"}
+    # the same once set up (S from the protocol or the weights): the protocol object, or
+    # clear weights
     train = _federation(n=30, silos=2, subjects=4, seed=5)
     cfg = AlgorithmConfig(subject_rate=0.2, subject_sampler="server", n_max=30)
-    assert set(_protocol(cfg, train).silo_privacy(sampling_rate=0.2).views) == {"server"}
+    silo_sigma = math.sqrt(1 / 2)
+    views = _protocol(cfg, train).silo_privacy(sampling_rate=0.2).views
+    assert views["silos"] == {"subject": poisson_gaussian_steps(0.2, silo_sigma, 1)}
     with_data = make_algorithm("uldp_avg_w", replace(cfg, weighting="clear"), train)
-    assert set(with_data.silo_privacy(sampling_rate=0.2).views) == {"server", "silos"}
+    views = with_data.silo_privacy(sampling_rate=0.2).views
+    assert views["silos"] == {"subject": known_sample_gaussian_steps(0.2, silo_sigma, 1)}
+
+
+def test_one_silo_has_no_peer_to_learn_from() -> None:
+    algo = make_algorithm("uldp_avg", AlgorithmConfig(subject_rate=0.2, num_silos=1))
+    assert set(algo.silo_privacy(sampling_rate=0.2).views) == set()
+
+
+def test_split_noise_needs_the_number_of_silos() -> None:
+    with pytest.raises(ValueError, match="needs the number of silos"):
+        make_algorithm("uldp_avg", AlgorithmConfig()).silo_privacy(sampling_rate=1.0)
 
 
 @pytest.mark.parametrize("name", ["uldp_naive", "uldp_group"])

@@ -240,24 +240,32 @@ def _known_sample_epsilon(q: float, sigma: float, rounds: int, delta: float) -> 
     return optimize.brentq(excess, 1e-9, 200.0)
 
 
-@pytest.mark.parametrize(("sampler", "knows"), [("silos", "silos"), ("server", "server")])
+@pytest.mark.parametrize("sampler", ["silos", "server"])
 def test_uldp_subject_sampling_reports_the_adversary_that_knows_the_sample(
-    tmp_path: Path, sampler: str, knows: str
+    tmp_path: Path, sampler: str
 ) -> None:
+    import math
+
     raw = _tiny(subject_rate=0.3, subject_sampler=sampler, group_size=None)
     raw["algorithms"] = ["uldp_avg"]
     raw["training"]["rounds"] = 4
     summary = run_experiment(parse_config(raw), tmp_path)["runs"][0]
-    by = summary["epsilon_by_adversary"]
-    exact = _known_sample_epsilon(0.3, 1.5, 4, 1e-5)
-    assert by[knows]["subject"] == pytest.approx(exact, rel=2e-3)
-    assert by[knows]["subject"] >= exact
-    assert by["released"]["subject"] < 0.8 * exact  # amplification for outsiders only
+    by = {who: eps["subject"] for who, eps in summary["epsilon_by_adversary"].items()}
+    # the silos always know the sample with clear weights; the server only if it draws it.
+    # One silo (of 3) also knows its own share of the noise: σ√(2/3) against it.
+    silos = _known_sample_epsilon(0.3, 1.5 * math.sqrt(2 / 3), 4, 1e-5)
+    assert silos <= by["silos"] <= silos * (1 + 2e-3)
+    server = _known_sample_epsilon(0.3, 1.5, 4, 1e-5)
+    if sampler == "server":
+        assert server <= by["server"] <= server * (1 + 2e-3)
+    else:
+        assert by["server"] == by["released"] < 0.8 * server  # amplified: it never sees it
+    assert by["released"] < 0.8 * server
     # the headline is the strongest adversary's
     assert summary["adversary"] == "strongest"
-    assert summary["epsilon"]["subject"] == by[knows]["subject"]
+    assert summary["epsilon"]["subject"] == max(by.values()) == by["silos"]
     rows = _metrics(tmp_path / "uldp_avg" / "metrics.jsonl")
-    assert rows[-1]["epsilon_by_adversary"] == by
+    assert rows[-1]["epsilon_by_adversary"] == summary["epsilon_by_adversary"]
 
 
 def test_calibration_targets_the_configured_adversary(tmp_path: Path) -> None:

@@ -60,6 +60,8 @@ class AlgorithmConfig:
       weighting: ``uldp_avg_w`` weights ``n_{s,a}/n_a``: ``protocol`` (the private weighting
         protocol; no party sees another silo's histogram) or ``clear`` (computed from the
         histograms in the clear).
+      num_silos: S, the number of silos (public). The ULDP methods split their noise over the
+        silos, and one curious silo knows its own share: accounting that adversary needs S.
       key_bits: Paillier modulus size of the weighting protocol (at least 2048).
       n_max: public bound on a subject's records in the federation for the weighting protocol.
       client_rate: PriFedSync Poisson client-sampling rate p per round.
@@ -87,6 +89,7 @@ class AlgorithmConfig:
     weighting: str = "protocol"
     key_bits: int = 3072
     n_max: int = 2000
+    num_silos: int | None = None
     client_rate: float = 1.0
     optimizer: str = "sgd"
     momentum: float = 0.9
@@ -97,6 +100,8 @@ class AlgorithmConfig:
         check_choice("weighting", self.weighting, ("protocol", "clear"))
         check_int("key_bits", self.key_bits, 1)
         check_int("n_max", self.n_max, 1)
+        if self.num_silos is not None:
+            check_int("num_silos", self.num_silos, 1)
         check_probability("client_rate", self.client_rate)
         check_choice("optimizer", self.optimizer, ("sgd", "momentum", "adam"))
         check_in_range("momentum", self.momentum, 0.0, 1.0, hi_open=True)

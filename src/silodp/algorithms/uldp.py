@@ -50,6 +50,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from dp_accounting import dp_event
 from torch import nn
 
 from silodp.accounting import SiloPrivacy
@@ -104,9 +105,9 @@ SIMULATED_AGGREGATION_NOTE = (
 )
 
 OWN_NOISE_NOTE = (
-    "against the silos: each silo knows its own share (1/S of the variance) of the noise, "
-    "which the ε against the silos does not deduct (to one silo the noise multiplier is "
-    "√((S-1)/S) times the accounted one)"
+    "against the silos: one curious silo knows its own share (1/S of the variance) of the "
+    "noise, so its ε is accounted at the noise multiplier σ·√((S-1)/S) that the other silos' "
+    "noise gives it; silos that collude are not covered"
 )
 
 PROTOCOL_AGGREGATION_NOTE = (
@@ -460,14 +461,39 @@ class UldpAvg(Algorithm):
         return ("server",) if self._server_sample_hidden_from_silos else ("server", "silos")
 
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
+        """One round: a Gaussian with noise multiplier σ on the sum over silos, Poisson
+        sub-sampled at ``sampling_rate`` (the released model's view). Adversaries that learn
+        the sample get no amplification (known-sample events). A curious silo also knows its
+        own share of the noise: to it the other silos' noise has multiplier σ·√((S-1)/S),
+        against a sensitivity still at most C (its own records aside)."""
         sigma = self.config.noise_multiplier
-        if sampling_rate >= 1.0:
-            return SiloPrivacy({"subject": gaussian_steps(sigma, 1)}, scope="aggregate")
-        known = {"subject": known_sample_gaussian_steps(sampling_rate, sigma, 1)}
-        return SiloPrivacy(
-            {"subject": poisson_gaussian_steps(sampling_rate, sigma, 1)},
-            scope="aggregate",
-            views={adversary: known for adversary in self.sample_known_to()},
+        num_silos = self._silo_count()
+        silo_sigma = sigma * math.sqrt((num_silos - 1) / num_silos)
+        knows = self.sample_known_to()
+
+        def event(noise: float, known: bool) -> dp_event.DpEvent:
+            if sampling_rate >= 1.0:
+                return gaussian_steps(noise, 1)
+            if known:
+                return known_sample_gaussian_steps(sampling_rate, noise, 1)
+            return poisson_gaussian_steps(sampling_rate, noise, 1)
+
+        views: dict[str, dict[str, dp_event.DpEvent]] = {}
+        if "server" in knows and sampling_rate < 1.0:
+            views["server"] = {"subject": event(sigma, True)}
+        if num_silos > 1:  # with one silo there is no other silo to learn anything
+            views["silos"] = {"subject": event(silo_sigma, "silos" in knows)}
+        return SiloPrivacy({"subject": event(sigma, False)}, scope="aggregate", views=views)
+
+    def _silo_count(self) -> int:
+        """S, from the config or from the weights of :meth:`for_data`."""
+        if self.config.num_silos is not None:
+            return self.config.num_silos
+        if self.weights is not None:
+            return int(self.weights.shape[0])
+        raise ValueError(
+            f"{self.name} needs the number of silos to account a curious silo; set "
+            "AlgorithmConfig.num_silos or build it with for_data()."
         )
 
     def configure_round(self, round_index: int, coins: Coins) -> RoundWeights:
@@ -705,6 +731,11 @@ class UldpAvgW(UldpAvg):
         protocol_config, identities = with_identities(protocol_config, root)
         session = WeightingSession(protocol_config, histograms, source=root, identities=identities)
         return cls(config, protocol=session, num_subjects=train.num_subjects)
+
+    def _silo_count(self) -> int:
+        if self.config.num_silos is None and self.protocol is not None:
+            return len(self.protocol.config.silo_ids)
+        return super()._silo_count()
 
     @property
     def num_subjects(self) -> int:
