@@ -1,4 +1,5 @@
-"""Each algorithm's local update: shapes, events, diagnostics, seeding, sampling rates."""
+"""Each algorithm's local update: shapes, events, diagnostics, coins (seeded runs repeat, secure
+runs do not, no draw bypasses the coins), sampling rates."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from silodp.algorithms import ALGORITHMS, AlgorithmConfig, SiloData, SiloUpdate,
 from silodp.algorithms.base import average_params, batch_diagnostics, poisson_mask
 from silodp.algorithms.higradavg import HiGradAvgDP, select_subject_batch
 from silodp.models import build_model
+from silodp.privacy.randomness import Coins
 
 ALPHA = 1e-6
 #: Algorithms whose local update is a sequence of mini-batch steps on the silo's records
@@ -45,7 +47,7 @@ CONFIG = AlgorithmConfig(
 def _run(name: str, seed: int, config: AlgorithmConfig = CONFIG, silo: SiloData | None = None):
     model, params = _model_params()
     algo = make_algorithm(name, config)
-    return algo.local_update(model, params, silo or _silo(), torch.Generator().manual_seed(seed))
+    return algo.local_update(model, params, silo or _silo(), Coins.seeded(seed))
 
 
 @pytest.mark.parametrize("name", STEP_ALGORITHMS)
@@ -54,7 +56,7 @@ def test_local_update_contract(name) -> None:
     model, params = _model_params()
     before = {k: v.clone() for k, v in params.items()}
     algo = make_algorithm(name, CONFIG)
-    update = algo.local_update(model, params, silo, torch.Generator().manual_seed(0))
+    update = algo.local_update(model, params, silo, Coins.seeded(0))
     assert isinstance(update, SiloUpdate)
     assert update.silo == 2 and update.num_records == 24
     assert update.params.keys() == params.keys()
@@ -91,12 +93,36 @@ def test_seeding(name) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(set(STEP_ALGORITHMS) - {"fedavg"}))
-def test_secure_noise_is_not_reproducible_from_the_seed(name) -> None:
-    config = replace(CONFIG, secure_noise=True)
-    a, b = _run(name, 1, config), _run(name, 1, config)
-    # same seed -> same batches, but the noise comes from the OS
-    assert a.group_sizes == b.group_sizes
+def test_secure_coins_are_not_reproducible(name) -> None:
+    model, params = _model_params()
+    algo = make_algorithm(name, CONFIG)
+    a, b = (algo.local_update(model, params, _silo(), Coins.secure()) for _ in range(2))
     assert all(not torch.equal(a.params[k], b.params[k]) for k in a.params)
+
+
+#: Global torch samplers that no privacy-relevant draw may use (the coins are the only source).
+TORCH_SAMPLERS = ("rand", "randn", "randperm", "randint", "bernoulli", "normal", "multinomial")
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [(n, {}) for n in STEP_ALGORITHMS]
+    + [("higradavg_dp", {"sampling": "subject"}), ("prifedsync", {"optimizer": "adam"})],
+)
+def test_no_draw_bypasses_the_coins(name, overrides, monkeypatch) -> None:
+    silo = _silo()
+    model, params = _model_params()
+    algo = make_algorithm(name, replace(CONFIG, **overrides))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a privacy-relevant draw went through torch's samplers")
+
+    for sampler in TORCH_SAMPLERS:
+        monkeypatch.setattr(torch, sampler, refuse)
+    a = algo.local_update(model, params, silo, Coins.seeded(3))
+    b = algo.local_update(model, params, silo, Coins.seeded(3))
+    monkeypatch.undo()
+    assert all(torch.equal(a.params[k], b.params[k]) for k in a.params)
 
 
 def test_events_per_algorithm() -> None:
@@ -136,7 +162,7 @@ def _binom_p(successes: int, trials: int, p: float) -> float:
 
 
 def test_poisson_mask_rate() -> None:
-    gen = torch.Generator().manual_seed(0)
+    gen = Coins.seeded(0)
     n, rate, reps = 500, 0.1, 40
     picked = [poisson_mask(n, rate, gen) for _ in range(reps)]
     total = sum(int(p.numel()) for p in picked)
@@ -163,6 +189,7 @@ def test_local_item_dp_batch_sizes_follow_the_rate() -> None:
 
 def test_select_subject_batch_rate_and_cap() -> None:
     gen = torch.Generator().manual_seed(4)
+    coins = Coins.seeded(4)
     # 300 subjects with 1..6 records, shuffled order, arbitrary ids
     counts = torch.arange(300) % 6 + 1
     ids = torch.repeat_interleave(torch.arange(300) * 7 - 50, counts)
@@ -171,7 +198,7 @@ def test_select_subject_batch_rate_and_cap() -> None:
     chosen_total = 0
     chosen_big = 0  # subjects with 6 records: still chosen at rate q, not 1-(1-q)^6
     for _ in range(reps):
-        idx = select_subject_batch(subjects, rate=rate, per_subject=per_subject, generator=gen)
+        idx = select_subject_batch(subjects, rate=rate, per_subject=per_subject, coins=coins)
         assert torch.equal(idx, torch.sort(idx).values) and idx.unique().numel() == idx.numel()
         picked = subjects[idx]
         uniq, got = torch.unique(picked, return_counts=True)
@@ -188,11 +215,11 @@ def test_select_subject_batch_rate_and_cap() -> None:
 
 
 def test_select_subject_batch_picks_records_at_random() -> None:
-    gen = torch.Generator().manual_seed(0)
+    coins = Coins.seeded(0)
     subjects = torch.zeros(10, dtype=torch.int64)
     seen = torch.zeros(10)
     for _ in range(400):
-        idx = select_subject_batch(subjects, rate=1.0, per_subject=2, generator=gen)
+        idx = select_subject_batch(subjects, rate=1.0, per_subject=2, coins=coins)
         assert idx.numel() == 2
         seen[idx] += 1
     # each record kept with prob 2/10: 80 of 400 expected
@@ -284,6 +311,6 @@ def test_silo_above_the_accounted_group_bound_is_refused(name: str) -> None:
     )
     algorithm = make_algorithm(name, AlgorithmConfig(group_size=2, local_steps=1))
     with pytest.raises(ValueError, match="3 records of one subject.*group_size=2"):
-        algorithm.local_update(model, params, silo, torch.Generator().manual_seed(0))
+        algorithm.local_update(model, params, silo, Coins.seeded(0))
     ok = make_algorithm(name, AlgorithmConfig(group_size=3, local_steps=1))
-    ok.local_update(model, params, silo, torch.Generator().manual_seed(0))
+    ok.local_update(model, params, silo, Coins.seeded(0))

@@ -17,6 +17,7 @@ from silodp.algorithms.prifedsync import PriFedSync, noisy_gradient
 from silodp.data import FederatedDataset, TestSplit
 from silodp.federated.personalised import PersonalisedSimulator
 from silodp.models import build_model
+from silodp.privacy.randomness import Coins
 
 ALPHA = 1e-4
 CONFIG = AlgorithmConfig(
@@ -41,9 +42,9 @@ def _model():
 
 def _sampling_pvalue(p_true: float, p_claimed: float, *, rounds: int = 2000) -> float:
     algo = PriFedSync(replace(CONFIG, client_rate=p_true))
-    gen = torch.Generator().manual_seed(0)
+    coins = Coins.seeded(0)
     clients = 10
-    hits = sum(len(algo.sample_clients(clients, gen)) for _ in range(rounds))
+    hits = sum(len(algo.sample_clients(clients, coins)) for _ in range(rounds))
     return float(stats.binomtest(hits, rounds * clients, p_claimed).pvalue)
 
 
@@ -59,8 +60,8 @@ def test_client_sampling_test_rejects_a_wrong_p() -> None:
 
 def test_client_sampling_is_independent_per_client() -> None:
     algo = PriFedSync(replace(CONFIG, client_rate=0.5))
-    gen = torch.Generator().manual_seed(1)
-    sizes = [len(algo.sample_clients(4, gen)) for _ in range(4000)]
+    coins = Coins.seeded(1)
+    sizes = [len(algo.sample_clients(4, coins)) for _ in range(4000)]
     counts = np.bincount(sizes, minlength=5)
     expected = stats.binom.pmf(range(5), 4, 0.5) * len(sizes)
     assert stats.chisquare(counts, expected).pvalue > ALPHA
@@ -103,12 +104,12 @@ def _noise_pvalue(claimed_std: float) -> float:
         silo,
         idx,
         config=replace(CONFIG, noise_multiplier=0.0),
-        generator=torch.Generator(),
+        coins=Coins.seeded(0),
     )
-    gen = torch.Generator().manual_seed(3)
+    coins = Coins.seeded(3)
     samples = []
     for _ in range(20):
-        noisy = noisy_gradient(model, params, silo, idx, config=CONFIG, generator=gen)
+        noisy = noisy_gradient(model, params, silo, idx, config=CONFIG, coins=coins)
         samples += [((noisy[k] - clean[k]) * 5).flatten() for k in params]
     z = torch.cat(samples).double().numpy()
     stat = float(np.sum(z**2) / claimed_std**2)
@@ -127,15 +128,15 @@ def test_noise_std_is_two_c_sigma() -> None:
 def test_local_batches_are_fixed_size_uniform(monkeypatch: pytest.MonkeyPatch) -> None:
     drawn: list[torch.Tensor] = []
 
-    def spy(n: int, size: int, generator: torch.Generator) -> torch.Tensor:
-        idx = uniform_batch(n, size, generator)
+    def spy(n: int, size: int, coins: Coins) -> torch.Tensor:
+        idx = uniform_batch(n, size, coins)
         drawn.append(idx)
         return idx
 
     monkeypatch.setattr(pfs, "uniform_batch", spy)
     model, params = _model()
     algo = PriFedSync(replace(CONFIG, local_steps=200))
-    update = algo.local_train(model, _silo(), algo.initial_state(params), torch.Generator())
+    update = algo.local_train(model, _silo(), algo.initial_state(params), Coins.seeded(2))
     assert len(drawn) == 200
     assert all(len(i) == 5 and len(set(i.tolist())) == 5 for i in drawn)  # no replacement
     assert update.subjects_per_batch == [5] * 200
@@ -156,11 +157,11 @@ def test_optimizer_state_persists_in_client_state(optimizer: str) -> None:
     model, params = _model()
     algo = PriFedSync(replace(CONFIG, optimizer=optimizer))
     state = algo.initial_state(params)
-    algo.local_train(model, _silo(), state, torch.Generator().manual_seed(0))
+    algo.local_train(model, _silo(), state, Coins.seeded(0))
     assert state.steps == CONFIG.local_steps
     assert bool(state.moments) == (optimizer != "sgd")
     update = make_algorithm("prifedsync", replace(CONFIG, optimizer=optimizer)).local_update(
-        model, params, _silo(), torch.Generator().manual_seed(0)
+        model, params, _silo(), Coins.seeded(0)
     )
     assert update.privacy is not None and set(update.privacy.events) == {"record"}
 
@@ -189,7 +190,12 @@ def test_empty_round_leaves_the_global_model_unchanged_and_counts() -> None:
     reports = account_prifedsync(plan, per_round=True)
     model, _ = _model()
     sim = PersonalisedSimulator(
-        algorithm=PriFedSync(config), model=model, train=train, test=test, reports=reports
+        algorithm=PriFedSync(config),
+        model=model,
+        train=train,
+        test=test,
+        reports=reports,
+        noise="seeded",  # a fixed sample with empty rounds in it
     )
     empty = 0
     for r in range(1, 9):

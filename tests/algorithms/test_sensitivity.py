@@ -22,6 +22,7 @@ from silodp.privacy.gradients import (
     tree_norm,
     weighted_sum,
 )
+from silodp.privacy.randomness import Coins
 
 TOL = 1e-9
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -111,7 +112,7 @@ def _silo(x, y, subjects) -> SiloData:
 def _pre_noise_aggregate(name, config, params, silo) -> dict[str, torch.Tensor]:
     """Runs one noiseless step at q = 1 and reads the aggregate back from the parameter change."""
     algo = make_algorithm(name, config)
-    update = algo.local_update(_MODEL, params, silo, torch.Generator().manual_seed(0))
+    update = algo.local_update(_MODEL, params, silo, Coins.seeded(0))
     if name == "user_ldp":
         scale = 1.0  # w1 = w0 - lr·(clipped mean gradient)
     elif name == "higradavg_dp":

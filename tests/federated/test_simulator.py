@@ -1,37 +1,156 @@
-"""The simulator's bookkeeping: random streams, silo sampling, JSON rows."""
+"""The simulator's bookkeeping: coins per stream (secure runs differ, seeded runs repeat), silo
+sampling, JSON rows."""
 
 from __future__ import annotations
 
 import json
 import math
 
+import numpy as np
+import pytest
 import torch
+from scipy import stats
 
+from silodp.accounting import FederatedAccountant
+from silodp.algorithms import AlgorithmConfig, make_algorithm
+from silodp.data import FederatedDataset, TestSplit
+from silodp.federated.personalised import PersonalisedSimulator
 from silodp.federated.simulator import (
     SAMPLING_STREAM,
     SERVER_STREAM,
     SILO_STREAM,
     RoundResult,
-    round_generator,
+    Simulator,
+    round_coins,
 )
+from silodp.models import build_model
+
+ALPHA = 1e-6
 
 
-def _draw(gen: torch.Generator) -> list[float]:
-    return torch.rand(4, generator=gen).tolist()
+def _draw(mode: str, *key: int) -> list[int]:
+    return round_coins(mode, *key).uint64(4).tolist()
 
 
-def test_round_streams_are_reproducible_and_independent() -> None:
-    a = _draw(round_generator(7, 3, SILO_STREAM, 1))
-    assert a == _draw(round_generator(7, 3, SILO_STREAM, 1))
+def test_seeded_round_streams_are_reproducible_and_independent() -> None:
+    a = _draw("seeded", 7, 3, SILO_STREAM, 1)
+    assert a == _draw("seeded", 7, 3, SILO_STREAM, 1)
     others = [
-        round_generator(7, 3, SILO_STREAM, 2),
-        round_generator(7, 4, SILO_STREAM, 1),
-        round_generator(8, 3, SILO_STREAM, 1),
-        round_generator(7, 3, SAMPLING_STREAM),
-        round_generator(7, 3, SERVER_STREAM),
+        (7, 3, SILO_STREAM, 2),
+        (7, 4, SILO_STREAM, 1),
+        (8, 3, SILO_STREAM, 1),
+        (7, 3, SAMPLING_STREAM, 0),
+        (7, 3, SERVER_STREAM, 0),
     ]
-    for gen in others:
-        assert _draw(gen) != a
+    for key in others:
+        assert _draw("seeded", *key) != a
+
+
+def test_secure_round_streams_ignore_the_seed() -> None:
+    assert _draw("secure", 7, 3, SILO_STREAM, 1) != _draw("secure", 7, 3, SILO_STREAM, 1)
+    assert round_coins("secure", 7, 3, SILO_STREAM, 1).is_secure
+
+
+def _federation(n: int = 48, silos: int = 4):
+    rng = np.random.default_rng(0)
+    train = FederatedDataset(
+        x=rng.normal(size=(n, 4)).astype(np.float32),
+        y=rng.integers(0, 3, n),
+        silo=np.arange(n) % silos,
+        subject=np.arange(n) // 2,
+        num_classes=3,
+    )
+    test = TestSplit(x=rng.normal(size=(10, 4)).astype(np.float32), y=rng.integers(0, 3, 10))
+    return train, test
+
+
+def _simulate(name: str, noise: str, *, rounds: int = 2, silos_per_round: int = 2, **cfg):
+    train, test = _federation()
+    config = AlgorithmConfig(local_steps=2, batch_size=6, noise_multiplier=1.0, group_size=2, **cfg)
+    algo = make_algorithm(name, config)
+    sim = Simulator(
+        algorithm=algo,
+        model=build_model("mlp", (4,), 3, seed=0),
+        train=train,
+        test=test,
+        accountant=None
+        if algo.calibration_unit is None
+        else FederatedAccountant(units=algo.units, span=4, delta=1e-5),
+        silos_per_round=silos_per_round,
+        seed=11,
+        noise=noise,
+    )
+    results = sim.run(rounds)
+    return sim, results
+
+
+@pytest.mark.parametrize("name", ["local_item_dp", "higradavg_dp", "user_ldp", "fedavg"])
+def test_seeded_runs_repeat_and_secure_runs_differ(name) -> None:
+    a, ra = _simulate(name, "seeded")
+    b, rb = _simulate(name, "seeded")
+    assert all(torch.equal(a.params[k], b.params[k]) for k in a.params)
+    assert [r.silos for r in ra] == [r.silos for r in rb]
+    c, _ = _simulate(name, "secure")
+    d, _ = _simulate(name, "secure")
+    assert any(not torch.equal(c.params[k], d.params[k]) for k in c.params)
+
+
+def test_secure_silo_sampling_is_uniform() -> None:
+    train, test = _federation(silos=4)
+    sim = Simulator(
+        algorithm=make_algorithm("fedavg", AlgorithmConfig()),
+        model=build_model("mlp", (4,), 3),
+        train=train,
+        test=test,
+        accountant=None,
+        silos_per_round=1,
+        seed=0,
+    )
+    picks = [sim.sample_silos(r)[0] for r in range(2000)]
+    assert stats.chisquare(np.bincount(picks, minlength=4)).pvalue > ALPHA
+    assert len(set(picks)) == 4
+
+
+def test_simulator_refuses_an_unknown_noise_mode() -> None:
+    train, test = _federation()
+    with pytest.raises(ValueError, match="noise='float'"):
+        Simulator(
+            algorithm=make_algorithm("fedavg", AlgorithmConfig()),
+            model=build_model("mlp", (4,), 3),
+            train=train,
+            test=test,
+            accountant=None,
+            silos_per_round=1,
+            seed=0,
+            noise="float",
+        )
+
+
+def _personalised(noise: str) -> PersonalisedSimulator:
+    train, test = _federation()
+    config = AlgorithmConfig(local_steps=2, batch_size=4, noise_multiplier=1.0, client_rate=0.5)
+    sim = PersonalisedSimulator(
+        algorithm=make_algorithm("prifedsync", config),
+        model=build_model("mlp", (4,), 3, seed=0),
+        train=train,
+        test=test,
+        reports=None,
+        seed=5,
+        noise=noise,
+    )
+    sim.run(3)
+    return sim
+
+
+def test_personalised_seeded_runs_repeat_and_secure_runs_differ() -> None:
+    a, b = _personalised("seeded"), _personalised("seeded")
+    assert all(torch.equal(a.params[k], b.params[k]) for k in a.params)
+    assert [a.sample_clients(r) for r in range(1, 5)] == [b.sample_clients(r) for r in range(1, 5)]
+    c, d = _personalised("secure"), _personalised("secure")
+    differ = any(not torch.equal(c.params[k], d.params[k]) for k in c.params)
+    assert differ or [c.sample_clients(r) for r in range(8)] != [
+        d.sample_clients(r) for r in range(8)
+    ]
 
 
 def test_round_result_json_has_no_non_finite_numbers() -> None:

@@ -18,6 +18,7 @@ from silodp.privacy.gradients import (
     subject_average_weights,
     weighted_sum,
 )
+from silodp.privacy.randomness import Coins
 
 
 class ConvZoo(nn.Module):
@@ -201,8 +202,8 @@ def test_uldp_sgd_fast_path_equals_per_subject_training() -> None:
         for method in ("auto", "vmap"):
             cfg = AlgorithmConfig(lr=0.3, clip=0.05, noise_multiplier=0.0, grad_method=method)
             algo = make_algorithm("uldp_sgd", cfg, train)
-            plan = algo.configure_round(1, torch.Generator().manual_seed(0))
-            update = algo.local_update(model, params, silo, torch.Generator().manual_seed(0), plan)
+            plan = algo.configure_round(1, Coins.seeded(0))
+            update = algo.local_update(model, params, silo, Coins.seeded(0), plan)
             messages.append(update.params)
         for key in params:
             torch.testing.assert_close(messages[0][key], messages[1][key], rtol=1e-9, atol=1e-12)

@@ -21,6 +21,7 @@ from silodp.privacy.per_subject import (
     subject_batches,
     vectorises,
 )
+from silodp.privacy.randomness import Coins
 
 TOL = 1e-9
 
@@ -82,7 +83,7 @@ def _check_plan(subjects: torch.Tensor, order: torch.Tensor, epochs: int, batch_
         order,
         epochs=epochs,
         batch_size=batch_size,
-        generator=torch.Generator().manual_seed(3),
+        coins=Coins.seeded(3),
     )
     num = int(order.numel())
     assert plan.num_subjects == num
@@ -131,8 +132,7 @@ def test_subject_batches_are_seeded_and_reshuffled_every_epoch() -> None:
     order = torch.tensor([0, 1])
 
     def plan(seed: int):
-        gen = torch.Generator().manual_seed(seed)
-        return subject_batches(subjects, order, epochs=2, batch_size=4, generator=gen)
+        return subject_batches(subjects, order, epochs=2, batch_size=4, coins=Coins.seeded(seed))
 
     a, b, c = plan(1), plan(1), plan(2)
     assert torch.equal(a.index, b.index) and torch.equal(a.mask, b.mask)
@@ -167,7 +167,7 @@ def test_vectorised_equals_loop(model_name, epochs, batch_size, chunk_size, meth
         ORDER,
         epochs=epochs,
         batch_size=batch_size,
-        generator=torch.Generator().manual_seed(7),
+        coins=Coins.seeded(7),
     )
     fast = _gather(
         per_subject_deltas(model, params, x, y, plan, lr=0.3, chunk_size=chunk_size, method=method),
@@ -186,9 +186,7 @@ def test_auto_trains_convolutional_models_one_subject_at_a_time() -> None:
     subjects = _subjects(COUNTS)
     x, y = _features("mnist_cnn", len(subjects))
     model = _model("mnist_cnn")
-    plan = subject_batches(
-        subjects, ORDER, epochs=1, batch_size=2, generator=torch.Generator().manual_seed(0)
-    )
+    plan = subject_batches(subjects, ORDER, epochs=1, batch_size=2, coins=Coins.seeded(0))
     chunks = list(per_subject_deltas(model, _params(model), x, y, plan, lr=0.1))
     assert [rows.numel() for rows, _ in chunks] == [1] * len(ORDER)
     with pytest.raises(ValueError, match="method"):
@@ -201,9 +199,7 @@ def test_vectorised_does_not_modify_params_and_default_chunk_is_positive() -> No
     before = {k: v.clone() for k, v in params.items()}
     subjects = _subjects(COUNTS)
     x, y = _features("mlp", len(subjects))
-    plan = subject_batches(
-        subjects, ORDER, epochs=1, batch_size=2, generator=torch.Generator().manual_seed(0)
-    )
+    plan = subject_batches(subjects, ORDER, epochs=1, batch_size=2, coins=Coins.seeded(0))
     list(per_subject_deltas(model, params, x, y, plan, lr=0.1))
     for k in params:
         assert torch.equal(params[k], before[k])
@@ -219,9 +215,7 @@ def test_full_batch_delta_depends_only_on_the_subjects_own_records() -> None:
     params = _params(model)
 
     def deltas(order, xx):
-        plan = subject_batches(
-            subjects, order, epochs=2, batch_size=None, generator=torch.Generator()
-        )
+        plan = subject_batches(subjects, order, epochs=2, batch_size=None, coins=Coins.seeded(0))
         return _gather(per_subject_deltas(model, params, xx, y, plan, lr=0.2), len(order))
 
     together = deltas(ORDER, x)
@@ -244,9 +238,7 @@ def test_single_full_batch_step_is_minus_lr_times_mean_gradient(model_name) -> N
     model = _model(model_name)
     params = _params(model)
     lr = 0.05
-    plan = subject_batches(
-        subjects, ORDER, epochs=1, batch_size=None, generator=torch.Generator().manual_seed(0)
-    )
+    plan = subject_batches(subjects, ORDER, epochs=1, batch_size=None, coins=Coins.seeded(0))
     fast = _gather(per_subject_deltas(model, params, x, y, plan, lr=lr), len(ORDER))
     for row, a in enumerate(ORDER.tolist()):
         mine = subjects == a

@@ -48,7 +48,6 @@ class AlgorithmConfig:
       sampling: HiGradAvgDP batch selection, ``record`` (Poisson records) or ``subject``
         (Poisson subjects, up to ``subject_records`` records each).
       subject_records: records used per sampled subject with ``sampling="subject"``.
-      secure_noise: draw noise from the OS CSPRNG rather than the seeded generator.
       local_epochs: Q, epochs of per-subject (ULDP-AVG) or per-silo (ULDP-NAIVE) training.
       subject_rate: ULDP subject-level Poisson sub-sampling rate q (1: every subject).
       subject_sampler: who draws the ULDP subject sample: ``silos`` (from a secret the silos
@@ -81,7 +80,6 @@ class AlgorithmConfig:
     group_size: int = 1
     sampling: str = "record"
     subject_records: int = 8
-    secure_noise: bool = False
     local_epochs: int = 1
     subject_rate: float = 1.0
     subject_sampler: str = "silos"
@@ -208,9 +206,10 @@ class Algorithm(ABC):
         ``coins``: the set-up's randomness (e.g. a secret the silos share); default secure."""
         return cls(config)
 
-    def configure_round(self, round_index: int, generator: torch.Generator) -> Any:
+    def configure_round(self, round_index: int, coins: Coins) -> Any:
         """Server step before a round: what it sends every silo besides the model (e.g. this
-        round's subject weights). ``None`` for algorithms that need nothing."""
+        round's subject weights). ``None`` for algorithms that need nothing. ``coins``: the
+        server's randomness for this round."""
         return None
 
     @abstractmethod
@@ -219,12 +218,13 @@ class Algorithm(ABC):
         model: nn.Module,
         params: Params,
         silo: SiloData,
-        generator: torch.Generator,
+        coins: Coins,
         instructions: Any = None,
     ) -> SiloUpdate:
         """Runs one round of local training from ``params`` on ``silo``.
 
-        ``instructions`` is what :meth:`configure_round` returned for this round.
+        ``coins`` is the silo's randomness for this round (batch sampling and noise: secret
+        in secure mode); ``instructions`` is what :meth:`configure_round` returned.
         """
 
     def aggregate(self, params: Params, updates: Sequence[SiloUpdate]) -> Params:
@@ -289,14 +289,16 @@ def sgd_step(
     return {k: v - lr * grads[k] for k, v in params.items()}
 
 
-def uniform_batch(n: int, size: int, generator: torch.Generator) -> torch.Tensor:
-    """``min(size, n)`` distinct indices drawn uniformly (sampling without replacement)."""
-    return torch.randperm(n, generator=generator)[: min(size, n)]
+def uniform_batch(n: int, size: int, coins: Coins) -> torch.Tensor:
+    """``min(size, n)`` distinct indices drawn uniformly (sampling without replacement): the
+    first ones of an exactly uniform permutation."""
+    return coins.permutation(n)[: min(size, n)]
 
 
-def poisson_mask(n: int, rate: float, generator: torch.Generator) -> torch.Tensor:
-    """Indices selected by independent Bernoulli(rate) draws (Poisson sampling)."""
-    return torch.nonzero(torch.rand(n, generator=generator) < rate).flatten()
+def poisson_mask(n: int, rate: float, coins: Coins) -> torch.Tensor:
+    """Indices selected by independent Bernoulli(rate) draws (Poisson sampling; each index
+    is in with probability exactly ``rate``)."""
+    return torch.nonzero(coins.bernoulli(n, rate)).flatten()
 
 
 def to_numpy(params: Params) -> dict[str, np.ndarray]:

@@ -2,6 +2,10 @@
 
 Both run the same mechanism: Poisson-sample records at ``q = B/n_s``, clip each per-example
 gradient to C, sum, add ``N(0, σ²C²I)``, divide by the expected batch size ``B`` (public).
+The sum goes through :func:`~silodp.privacy.noise.gaussian_mechanism` (sensitivity C): the
+noise is exact (snapped to a grid, exactly sampled), so each step is the Gaussian mechanism the
+accountant charges; batches and noise come from the silo's :class:`~silodp.privacy.randomness.
+Coins` (secret in secure mode).
 
 * ``local_item_dp`` (LocalItemDP, = DP-SGD of Abadi et al. 2016): σ is calibrated for
   **record-level** (ε, δ). silodp also reports the subject-level ε this implies (group
@@ -39,23 +43,22 @@ from silodp.privacy.gradients import (
     per_example_norms,
     weighted_sum,
 )
-from silodp.privacy.noise import noise_like
+from silodp.privacy.noise import gaussian_mechanism
+from silodp.privacy.randomness import Coins
 
-__all__ = ["LocalGroupDP", "LocalItemDP", "clipped_noisy_step"]
+__all__ = ["LocalGroupDP", "LocalItemDP", "clipped_noisy_step", "clipped_sum", "noisy_sum"]
 
 
-def clipped_noisy_step(
+def clipped_sum(
     model: nn.Module,
     params: Params,
     silo: SiloData,
     idx: torch.Tensor,
     *,
     config: AlgorithmConfig,
-    scale: float,
-    generator: torch.Generator,
     weigh: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> Params:
-    """``w - η (Σ_i w_i clip(g_i) + N(0, σ²C²)) / scale`` on the batch ``idx``.
+    """``Σ_i w_i clip(g_i)`` over the batch ``idx`` (zeros for an empty batch).
 
     ``weigh(factors, subjects)`` turns the clip factors into the weights of the sum (default:
     the factors themselves, i.e. a plain sum of clipped gradients).
@@ -74,15 +77,42 @@ def clipped_noisy_step(
             )
     else:
         summed = {k: torch.zeros_like(v) for k, v in params.items()}
-    noise = noise_like(
-        params,
-        std=config.noise_multiplier * config.clip,
-        generator=generator,
-        secure=config.secure_noise,
+    return summed
+
+
+def noisy_sum(
+    summed: Params, *, noise_multiplier: float, sensitivity: float, coins: Coins
+) -> Params:
+    """``summed`` released by the exact Gaussian mechanism (std ``σ·Δ``); returned unchanged
+    when ``σ = 0`` (a non-private run, which reports no privacy)."""
+    if noise_multiplier == 0:
+        return summed
+    return gaussian_mechanism(
+        summed, noise_multiplier=noise_multiplier, sensitivity=sensitivity, coins=coins
+    )
+
+
+def clipped_noisy_step(
+    model: nn.Module,
+    params: Params,
+    silo: SiloData,
+    idx: torch.Tensor,
+    *,
+    config: AlgorithmConfig,
+    scale: float,
+    coins: Coins,
+    weigh: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> Params:
+    """``w - η (Σ_i w_i clip(g_i) + N(0, σ²C²)) / scale`` on the batch ``idx``: the clipped sum
+    (:func:`clipped_sum`) through the exact Gaussian mechanism with sensitivity ``C``, then
+    divided by the public ``scale``."""
+    summed = clipped_sum(model, params, silo, idx, config=config, weigh=weigh)
+    noisy = noisy_sum(
+        summed, noise_multiplier=config.noise_multiplier, sensitivity=config.clip, coins=coins
     )
     step = -config.lr / scale
     return {
-        name: value.add(summed[name].add(noise[name]), alpha=step) for name, value in params.items()
+        name: value.add(noisy[name].to(value.dtype), alpha=step) for name, value in params.items()
     }
 
 
@@ -112,7 +142,7 @@ class LocalItemDP(Algorithm):
         model: nn.Module,
         params: Params,
         silo: SiloData,
-        generator: torch.Generator,
+        coins: Coins,
         instructions: Any = None,
     ) -> SiloUpdate:
         cfg = self.config
@@ -121,7 +151,7 @@ class LocalItemDP(Algorithm):
         return self.run_steps(
             params,
             silo,
-            select=lambda: poisson_mask(silo.num_records, q, generator),
+            select=lambda: poisson_mask(silo.num_records, q, coins),
             step=lambda local, idx: clipped_noisy_step(
                 model,
                 local,
@@ -129,7 +159,7 @@ class LocalItemDP(Algorithm):
                 idx,
                 config=cfg,
                 scale=q * silo.num_records,
-                generator=generator,
+                coins=coins,
             ),
         )
 

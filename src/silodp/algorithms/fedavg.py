@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
 from silodp.accounting import SiloPrivacy
 from silodp.algorithms.base import Algorithm, SiloData, SiloUpdate, sgd_step, uniform_batch
 from silodp.privacy.gradients import Params
+from silodp.privacy.randomness import Coins
 
 __all__ = ["FedAvg"]
 
@@ -30,13 +30,13 @@ class FedAvg(Algorithm):
         model: nn.Module,
         params: Params,
         silo: SiloData,
-        generator: torch.Generator,
+        coins: Coins,
         instructions: Any = None,
     ) -> SiloUpdate:
         cfg = self.config
         return self.run_steps(
             params,
             silo,
-            select=lambda: uniform_batch(silo.num_records, cfg.batch_size, generator),
+            select=lambda: uniform_batch(silo.num_records, cfg.batch_size, coins),
             step=lambda local, idx: sgd_step(model, local, silo, idx, lr=cfg.lr),
         )

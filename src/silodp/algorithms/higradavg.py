@@ -35,21 +35,23 @@ from silodp.algorithms.base import (
 )
 from silodp.algorithms.dp_sgd import clipped_noisy_step
 from silodp.privacy.gradients import Params, subject_average_weights
+from silodp.privacy.randomness import Coins
 
 __all__ = ["HiGradAvgDP", "select_subject_batch"]
 
 
 def select_subject_batch(
-    subjects: torch.Tensor, *, rate: float, per_subject: int, generator: torch.Generator
+    subjects: torch.Tensor, *, rate: float, per_subject: int, coins: Coins
 ) -> torch.Tensor:
-    """Poisson-samples subjects at ``rate`` and keeps up to ``per_subject`` random records each.
+    """Poisson-samples subjects at ``rate`` (exactly) and keeps ``per_subject`` records of each
+    chosen one, uniformly at random (all of them if it has fewer).
 
-    Vectorised: one sort by (subject, random key) and a rank within each subject.
+    Vectorised: one sort by (subject, random distinct rank) and a rank within each subject.
     """
     uniq, inverse = torch.unique(subjects, return_inverse=True)
-    chosen = torch.rand(uniq.numel(), generator=generator) < rate
-    keys = torch.rand(subjects.numel(), generator=generator, dtype=torch.float64)
-    order = torch.argsort(inverse.to(torch.float64) * 2.0 + keys)
+    chosen = coins.bernoulli(uniq.numel(), rate)
+    keys = coins.ranks(subjects.numel())
+    order = torch.argsort(inverse * subjects.numel() + keys)
     sorted_group = inverse[order]
     counts = torch.bincount(inverse, minlength=uniq.numel())
     starts = torch.cumsum(counts, 0) - counts
@@ -91,7 +93,7 @@ class HiGradAvgDP(Algorithm):
         model: nn.Module,
         params: Params,
         silo: SiloData,
-        generator: torch.Generator,
+        coins: Coins,
         instructions: Any = None,
     ) -> SiloUpdate:
         cfg = self.config
@@ -104,9 +106,9 @@ class HiGradAvgDP(Algorithm):
         def select() -> torch.Tensor:
             if cfg.sampling == "subject":
                 return select_subject_batch(
-                    silo.subject, rate=q, per_subject=cfg.subject_records, generator=generator
+                    silo.subject, rate=q, per_subject=cfg.subject_records, coins=coins
                 )
-            return poisson_mask(n, q, generator)
+            return poisson_mask(n, q, coins)
 
         return self.run_steps(
             params,
@@ -119,7 +121,7 @@ class HiGradAvgDP(Algorithm):
                 idx,
                 config=cfg,
                 scale=expected_subjects,
-                generator=generator,
+                coins=coins,
                 weigh=subject_average_weights,
             ),
         )

@@ -11,7 +11,8 @@ One synchronisation round (the paper's Algorithm 1, with Algorithm 2 as local tr
    iterations (:meth:`PriFedSync.local_train`): a batch of exactly ``B_j = min(B, n_j)``
    distinct records drawn uniformly without replacement (:func:`~silodp.algorithms.base.
    uniform_batch`), each per-example gradient clipped to ``C``, summed, plus
-   ``N(0, 4C²σ²I)`` (std ``2Cσ``: one record *replaced* moves the sum by at most ``2C``), divided
+   ``N(0, 4C²σ²I)`` (std ``2Cσ``: one record *replaced* moves the sum by at most ``2C``; the
+   exact Gaussian mechanism of :mod:`silodp.privacy.noise` at sensitivity ``2C``), divided
    by ``B_j`` (public). ``sgd``, ``momentum`` and ``adam`` apply that noisy gradient; momentum
    and Adam's moments are functions of noisy gradients only, i.e. post-processing.
 3. The server sets ``w_g ← (1-η) w_g + η·mean_{j∈Ω}(w̃_j)`` and each sampled client's helper to
@@ -54,6 +55,7 @@ from silodp.algorithms.base import (
     batch_diagnostics,
     uniform_batch,
 )
+from silodp.algorithms.dp_sgd import noisy_sum
 from silodp.privacy.ghost import clipper_for
 from silodp.privacy.gradients import (
     Params,
@@ -62,13 +64,15 @@ from silodp.privacy.gradients import (
     per_example_norms,
     weighted_sum,
 )
-from silodp.privacy.noise import gaussian_noise
+from silodp.privacy.randomness import Coins
 
 __all__ = ["BATCH_SAMPLING", "ClientState", "PriFedSync", "noisy_gradient"]
 
 #: How local batches are drawn; the accountant must be given the same value.
 BATCH_SAMPLING = "uniform"
 _ADAM_BETA2, _ADAM_EPS = 0.999, 1e-8
+#: One record replaced moves the clipped sum by at most 2C.
+REPLACEMENT_SENSITIVITY = 2.0
 
 
 @dataclass
@@ -98,26 +102,25 @@ def noisy_gradient(
     idx: torch.Tensor,
     *,
     config: AlgorithmConfig,
-    generator: torch.Generator,
+    coins: Coins,
 ) -> Params:
     """``(Σ_{i∈idx} clip_C(g_i) + N(0, 4C²σ²I)) / B`` with ``B = config.batch_size`` capped at
-    the silo's size (public): the NoisySGD gradient of Algorithm 2."""
+    the silo's size (public): the NoisySGD gradient of Algorithm 2 (noise multiplier σ at the
+    replacement sensitivity ``2C``)."""
     x, y = silo.x[idx], silo.y[idx]
     if config.grad_method == "vmap" or not clipper_for(model).fast:
         grads = per_example_gradients(model, params, x, y)
         summed = weighted_sum(grads, clip_factors(per_example_norms(grads), config.clip))
     else:
         _, summed = clipper_for(model).norms_and_sum(params, x, y, clip=config.clip)
-    std = 2.0 * config.clip * config.noise_multiplier
+    noisy = noisy_sum(
+        summed,
+        noise_multiplier=config.noise_multiplier,
+        sensitivity=REPLACEMENT_SENSITIVITY * config.clip,
+        coins=coins,
+    )
     scale = float(min(config.batch_size, silo.num_records))
-    return {
-        name: (
-            summed[name]
-            + gaussian_noise(value.shape, std=std, generator=generator, secure=config.secure_noise)
-        )
-        / scale
-        for name, value in params.items()
-    }
+    return {name: noisy[name].to(value.dtype) / scale for name, value in params.items()}
 
 
 class PriFedSync(Algorithm):
@@ -130,11 +133,11 @@ class PriFedSync(Algorithm):
     batch_sampling = BATCH_SAMPLING
 
     # --- server side --------------------------------------------------------------------
-    def sample_clients(self, num_clients: int, generator: torch.Generator) -> list[int]:
-        """Poisson client sampling: each client independently with probability ``p``. May be
-        empty (a no-op round); never re-drawn."""
-        draws = torch.rand(num_clients, generator=generator)
-        return [int(i) for i in torch.nonzero(draws < self.config.client_rate).flatten()]
+    def sample_clients(self, num_clients: int, coins: Coins) -> list[int]:
+        """Poisson client sampling: each client independently with probability exactly ``p``.
+        May be empty (a no-op round); never re-drawn."""
+        draws = coins.bernoulli(num_clients, self.config.client_rate)
+        return [int(i) for i in torch.nonzero(draws).flatten()]
 
     def alpha_for(self, client: int) -> float:
         """Interpolation weight ``α_client`` of the helper model."""
@@ -193,7 +196,7 @@ class PriFedSync(Algorithm):
         model: nn.Module,
         silo: SiloData,
         state: ClientState,
-        generator: torch.Generator,
+        coins: Coins,
     ) -> SiloUpdate:
         """``K`` private steps from the client's helper model; updates the optimiser state in
         ``state`` and returns ``w̃_j`` as the message to the server."""
@@ -201,8 +204,8 @@ class PriFedSync(Algorithm):
         local = {k: v.clone() for k, v in state.personal.items()}
         groups, distinct = [], []
         for _ in range(cfg.local_steps):
-            idx = uniform_batch(silo.num_records, cfg.batch_size, generator)
-            grad = noisy_gradient(model, local, silo, idx, config=cfg, generator=generator)
+            idx = uniform_batch(silo.num_records, cfg.batch_size, coins)
+            grad = noisy_gradient(model, local, silo, idx, config=cfg, coins=coins)
             local = self._apply(local, grad, state)
             largest, subjects = batch_diagnostics(silo.subject[idx])
             groups.append(largest)
@@ -237,12 +240,12 @@ class PriFedSync(Algorithm):
         model: nn.Module,
         params: Params,
         silo: SiloData,
-        generator: torch.Generator,
+        coins: Coins,
         instructions: Any = None,
     ) -> SiloUpdate:
         """One client's round from ``params`` as its helper and a fresh optimiser (the
         stateless form of :meth:`local_train`)."""
-        return self.local_train(model, silo, self.initial_state(params), generator)
+        return self.local_train(model, silo, self.initial_state(params), coins)
 
     # --- privacy ------------------------------------------------------------------------
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:

@@ -1,11 +1,13 @@
 """UserLDP (Marathe et al.): silo-level local DP, which implies subject-level DP.
 
 Per step: compute the mini-batch's mean gradient, clip it **as a whole** to C, add
-``N(0, σ²C²I)``. Replacing a silo's whole dataset moves the clipped gradient by at most 2C
-(replacement adjacency, as local DP requires), so each step is a Gaussian mechanism with noise
-multiplier σ/2 relative to its sensitivity; there is no amplification by sampling (q = 1). The
-silo-level guarantee composes over the T·R steps; a subject spread over ``span`` silos is
-protected by the composition over those silos. Holds against the server and other silos.
+``N(0, σ²C²I)`` (the exact Gaussian mechanism of :mod:`silodp.privacy.noise` at sensitivity
+``2C`` with noise multiplier ``σ/2``). Replacing a silo's whole dataset moves the clipped
+gradient by at most 2C (replacement adjacency, as local DP requires), so each step is a
+Gaussian mechanism with noise multiplier σ/2 relative to its sensitivity; there is no
+amplification by sampling (q = 1). The silo-level guarantee composes over the T·R steps; a
+subject spread over ``span`` silos is protected by the composition over those silos. Holds
+against the server and other silos.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from torch import nn
 from silodp.accounting import SiloPrivacy
 from silodp.accounting.events import gaussian_steps
 from silodp.algorithms.base import Algorithm, SiloData, SiloUpdate, uniform_batch
+from silodp.algorithms.dp_sgd import noisy_sum
 from silodp.privacy.gradients import Params, batch_gradient, tree_norm
-from silodp.privacy.noise import noise_like
+from silodp.privacy.randomness import Coins
 
 __all__ = ["UserLDP"]
 
@@ -45,7 +48,7 @@ class UserLDP(Algorithm):
         model: nn.Module,
         params: Params,
         silo: SiloData,
-        generator: torch.Generator,
+        coins: Coins,
         instructions: Any = None,
     ) -> SiloUpdate:
         cfg = self.config
@@ -53,20 +56,21 @@ class UserLDP(Algorithm):
         def step(local: Params, idx: torch.Tensor) -> Params:
             grads = batch_gradient(model, local, silo.x[idx], silo.y[idx])
             factor = torch.clamp(cfg.clip / (tree_norm(grads) + 1e-12), max=1.0)
-            noise = noise_like(
-                local,
-                std=cfg.noise_multiplier * cfg.clip,
-                generator=generator,
-                secure=cfg.secure_noise,
+            clipped = {name: g.mul(factor) for name, g in grads.items()}
+            noisy = noisy_sum(
+                clipped,
+                noise_multiplier=cfg.noise_multiplier / REPLACEMENT_FACTOR,
+                sensitivity=REPLACEMENT_FACTOR * cfg.clip,
+                coins=coins,
             )
             return {
-                name: value.add(grads[name].mul(factor).add(noise[name]), alpha=-cfg.lr)
+                name: value.add(noisy[name].to(value.dtype), alpha=-cfg.lr)
                 for name, value in local.items()
             }
 
         return self.run_steps(
             params,
             silo,
-            select=lambda: uniform_batch(silo.num_records, cfg.batch_size, generator),
+            select=lambda: uniform_batch(silo.num_records, cfg.batch_size, coins),
             step=step,
         )

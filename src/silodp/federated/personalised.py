@@ -2,7 +2,10 @@
 state, a global and a personalised model per client, f-DP accounting per round.
 
 Randomness follows :mod:`silodp.federated.simulator`: each round's client sample and each
-(round, client) update draw from their own generator derived from the run seed. The privacy
+(round, client) update draw from their own :class:`~silodp.privacy.randomness.Coins`. With
+``noise="secure"`` (the default) they come from the OS CSPRNG, so neither the client sample nor
+a client's batches and noise can be recomputed from the seed; ``noise="seeded"`` derives them
+from the seed, reproducibly, for tests and experiments only. The privacy
 of round ``r`` is the accountant's report for ``r`` rounds (:func:`silodp.accounting.fdp.
 account_prifedsync` with ``per_round=True``), whatever the sample was: an empty round changes no
 model and still counts.
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from torch import nn
 
-from silodp._validation import check_int
+from silodp._validation import check_choice, check_int
 from silodp.accounting.fdp import FdpReport
 from silodp.algorithms.base import SiloUpdate
 from silodp.algorithms.prifedsync import ClientState, PriFedSync
@@ -29,10 +32,11 @@ from silodp.federated.simulator import (
     RoundResult,
     SimulationCallback,
     evaluate,
-    round_generator,
+    round_coins,
     silo_tensors,
 )
 from silodp.privacy.gradients import Params
+from silodp.privacy.randomness import MODES
 
 __all__ = ["PersonalisedRoundResult", "PersonalisedSimulator", "client_tests"]
 
@@ -83,8 +87,9 @@ class PersonalisedSimulator:
       test: test records; with ``test.silo`` set, each client is evaluated on its own.
       reports: the accountant's per-round reports (``reports[r-1]`` covers rounds ``1..r``);
         ``None`` for a run without accounting.
-      seed: run seed of every generator.
+      seed: run seed (of the coins only with ``noise="seeded"``).
       eval_every: evaluate every this many rounds (and after the last).
+      noise: ``secure`` (OS CSPRNG coins) or ``seeded`` (from ``seed``; reproducible).
     """
 
     def __init__(
@@ -97,7 +102,9 @@ class PersonalisedSimulator:
         reports: Sequence[FdpReport] | None,
         seed: int = 0,
         eval_every: int = 1,
+        noise: str = "secure",
     ) -> None:
+        self.noise = check_choice("noise", noise, MODES)
         self.algorithm = algorithm
         self.model = model
         self.clients = silo_tensors(train)
@@ -112,8 +119,8 @@ class PersonalisedSimulator:
         ]
 
     def sample_clients(self, round_index: int) -> list[int]:
-        gen = round_generator(self.seed, round_index, SAMPLING_STREAM)
-        return self.algorithm.sample_clients(len(self.clients), gen)
+        coins = round_coins(self.noise, self.seed, round_index, SAMPLING_STREAM)
+        return self.algorithm.sample_clients(len(self.clients), coins)
 
     def evaluate(self) -> tuple[float, float, float]:
         """(global accuracy, global loss, personalised accuracy), each a mean over clients of
@@ -135,9 +142,9 @@ class PersonalisedSimulator:
         chosen = self.sample_clients(round_index)
         updates: list[SiloUpdate] = []
         for j in chosen:
-            gen = round_generator(self.seed, round_index, SILO_STREAM, j)
+            coins = round_coins(self.noise, self.seed, round_index, SILO_STREAM, j)
             updates.append(
-                self.algorithm.local_train(self.model, self.clients[j], self.states[j], gen)
+                self.algorithm.local_train(self.model, self.clients[j], self.states[j], coins)
             )
         self.params = self.algorithm.sync(self.params, updates, self.states)
         epsilon: dict[str, float] = {}

@@ -1,7 +1,13 @@
 """The in-process simulator: samples silos, runs their local updates, aggregates, accounts.
 
-Randomness: every (round, silo) pair gets its own ``torch.Generator`` derived from the run seed
-with ``numpy.random.SeedSequence``, so results do not depend on the order silos are run in.
+Randomness: every (round, stream, silo) gets its own :class:`~silodp.privacy.randomness.Coins`
+(:func:`round_coins`): silo sampling, the server's round set-up and each silo's update (batch
+sampling and noise) draw from independent streams, so results do not depend on the order silos
+are run in. With ``noise="secure"`` (the default) the coins come from the operating system's
+CSPRNG: nothing privacy-relevant (which silos, records or subjects were sampled, the noise) can
+be recomputed from the seed or the config. ``noise="seeded"`` derives them from the run seed
+with ``numpy.random.SeedSequence``: bit-for-bit reproducible, for tests and experiments only —
+anyone who knows the seed can subtract the noise, so its ε protects nobody who knows it.
 Every silo update's DP events go to the accountant in the same round they were produced.
 """
 
@@ -19,13 +25,14 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from silodp._validation import check_int
+from silodp._validation import check_choice, check_int
 from silodp.accounting import FederatedAccountant
 from silodp.algorithms import Algorithm, SiloData, SiloUpdate
 from silodp.data import FederatedDataset, TestSplit
 from silodp.privacy.gradients import Params
+from silodp.privacy.randomness import MODES, Coins
 
-__all__ = ["RoundResult", "SimulationCallback", "Simulator", "silo_tensors"]
+__all__ = ["RoundResult", "SimulationCallback", "Simulator", "round_coins", "silo_tensors"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,12 +109,11 @@ def evaluate(
 SILO_STREAM, SAMPLING_STREAM, SERVER_STREAM = 0, 1, 2
 
 
-def round_generator(seed: int, round_index: int, stream: int, silo: int = 0) -> torch.Generator:
-    """An independent generator for one stream (a silo's update, silo sampling, the server's
-    round set-up) of one round."""
-    entropy = [seed, round_index, stream, silo]
-    state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
-    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+def round_coins(noise: str, seed: int, round_index: int, stream: int, silo: int = 0) -> Coins:
+    """The coins of one stream (a silo's update, silo sampling, the server's round set-up) of
+    one round: fresh CSPRNG coins (``noise="secure"``, which ignores the rest) or a stream
+    keyed by (seed, round, stream, silo) (``"seeded"``)."""
+    return Coins.for_mode(noise, seed, round_index, stream, silo)
 
 
 class Simulator:
@@ -120,7 +126,9 @@ class Simulator:
       test: held-out records for evaluation.
       accountant: receives every silo's DP events each round (None for non-private runs).
       silos_per_round: silos sampled uniformly without replacement each round.
-      seed: run seed.
+      seed: run seed (of the data set-up; of the coins only with ``noise="seeded"``).
+      noise: where the coins come from: ``secure`` (OS CSPRNG; nothing privacy-relevant can be
+        recomputed) or ``seeded`` (from ``seed``; reproducible, for tests and experiments).
     """
 
     def __init__(
@@ -134,22 +142,29 @@ class Simulator:
         silos_per_round: int,
         seed: int,
         eval_every: int = 1,
+        noise: str = "secure",
     ) -> None:
+        self.noise = check_choice("noise", noise, MODES)
         self.algorithm = algorithm
         self.model = model
         self.silos = silo_tensors(train)
         self.test = test
         self.accountant = accountant
         self.silos_per_round = check_int("silos_per_round", silos_per_round, 1, len(self.silos))
-        self.seed = seed
+        self.seed = check_int("seed", seed, 0)
         self.eval_every = eval_every
         self.params: Params = {k: v.detach().clone() for k, v in model.named_parameters()}
 
+    def coins(self, round_index: int, stream: int, silo: int = 0) -> Coins:
+        """The coins of ``stream`` (and ``silo``) in round ``round_index``."""
+        return round_coins(self.noise, self.seed, round_index, stream, silo)
+
     def sample_silos(self, round_index: int) -> list[int]:
+        """``silos_per_round`` silos uniformly without replacement (every silo if that is all)."""
         if self.silos_per_round == len(self.silos):
             return list(range(len(self.silos)))
-        gen = round_generator(self.seed, round_index, SAMPLING_STREAM)
-        perm = torch.randperm(len(self.silos), generator=gen)[: self.silos_per_round]
+        coins = self.coins(round_index, SAMPLING_STREAM)
+        perm = coins.permutation(len(self.silos))[: self.silos_per_round]
         return sorted(int(s) for s in perm)
 
     def run_round(self, round_index: int, *, evaluate_now: bool = True) -> RoundResult:
@@ -157,14 +172,14 @@ class Simulator:
         start = time.perf_counter()
         chosen = self.sample_silos(round_index)
         instructions = self.algorithm.configure_round(
-            round_index, round_generator(self.seed, round_index, SERVER_STREAM)
+            round_index, self.coins(round_index, SERVER_STREAM)
         )
         updates: list[SiloUpdate] = []
         for s in chosen:
-            gen = round_generator(self.seed, round_index, SILO_STREAM, s)
+            coins = self.coins(round_index, SILO_STREAM, s)
             updates.append(
                 self.algorithm.local_update(
-                    self.model, self.params, self.silos[s], gen, instructions
+                    self.model, self.params, self.silos[s], coins, instructions
                 )
             )
         privacy = [u.privacy for u in updates if u.privacy is not None]

@@ -5,8 +5,9 @@ only (``epochs`` epochs of mini-batch SGD, or one full-batch gradient step), and
 model delta. Subjects are trained together with ``torch.func.vmap`` over stacked parameter
 copies; subjects are processed in chunks so memory stays bounded for thousands of subjects.
 
-Batching: each epoch, every subject's records are shuffled (one draw of random keys for all
-subjects) and cut into batches of ``batch_size``; a subject with fewer records simply has
+Batching: each epoch, every subject's records are shuffled (one draw of distinct random ranks
+for all subjects from a :class:`~silodp.privacy.randomness.Coins`, so each subject's order is
+exactly uniform) and cut into batches of ``batch_size``; a subject with fewer records simply has
 empty (masked) batches at the end of the epoch, which leave its parameters unchanged. The naive
 loop :func:`per_subject_deltas_loop` trains one subject at a time on exactly the same batches.
 """
@@ -24,6 +25,7 @@ from torch.nn import functional as F
 
 from silodp._validation import check_choice, check_int, check_positive
 from silodp.privacy.gradients import Params
+from silodp.privacy.randomness import Coins
 
 __all__ = [
     "SubjectBatches",
@@ -60,7 +62,7 @@ def subject_batches(
     *,
     epochs: int,
     batch_size: int | None,
-    generator: torch.Generator,
+    coins: Coins,
 ) -> SubjectBatches:
     """Plans every subject's batches.
 
@@ -69,7 +71,7 @@ def subject_batches(
       order: the subject ids to train, in output order.
       epochs: local epochs Q.
       batch_size: records per batch; ``None`` for one full batch per epoch.
-      generator: shuffles each subject's records every epoch.
+      coins: shuffle each subject's records every epoch.
     """
     check_int("epochs", epochs, 1)
     num = int(order.numel())
@@ -90,8 +92,8 @@ def subject_batches(
     valid = padded >= 0
     index, mask = [], []
     for _ in range(epochs):
-        keys = torch.rand(padded.shape, generator=generator, dtype=torch.float64)
-        keys[~valid] = math.inf  # padding sorts last
+        keys = coins.ranks(padded.numel()).reshape(padded.shape)
+        keys[~valid] = padded.numel()  # padding sorts last
         perm = torch.argsort(keys, dim=1)
         shuffled = torch.gather(padded, 1, perm)
         index.append(shuffled.clamp(min=0).reshape(num, steps, size).transpose(0, 1))
