@@ -168,20 +168,9 @@ def plan_subject_batches(
     batch_size: int | None,
     coins: Coins,
 ) -> SubjectBatches:
-    """Every trained subject's batches for a round, shuffled from ``coins``.
-
-    Only the order in which a subject's own records are visited depends on the shuffle
-    (every record of a trained subject is used, and only the clipped delta leaves the silo);
-    the shuffle is keyed by 63 bits drawn from ``coins``.
-    """
-    seed = int(coins.uint64(1)[0] >> np.uint64(1))
-    return subject_batches(
-        subjects,
-        order,
-        epochs=epochs,
-        batch_size=batch_size,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    """Every trained subject's batches for a round, shuffled from ``coins`` (only the order in
+    which a subject's own records are visited depends on it)."""
+    return subject_batches(subjects, order, epochs=epochs, batch_size=batch_size, coins=coins)
 
 
 def _gaussian_share(
