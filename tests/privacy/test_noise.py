@@ -323,3 +323,20 @@ def test_float_noise_still_serves_torch_generators_and_coins() -> None:
     c = gaussian_noise((4, 2), std=2.0, generator=Coins.seeded(1))
     assert torch.equal(b, c) and b.shape == (4, 2)
     assert torch.equal(gaussian_noise((3,), std=0.0, generator=Coins.seeded(1)), torch.zeros(3))
+
+
+@pytest.mark.parametrize("shares", [1, 2, 3])
+def test_float32_and_float64_inputs_snap_identically(shares) -> None:
+    """The float32 fast path (scaling by a power of two, rint) and the float64 path agree
+    exactly; for shares = 3 the exact integer snapping picks the nearest multiple of 3g."""
+    x = torch.randn(20_000) * 5
+    kw = {"noise_multiplier": 0.7, "sensitivity": 1.3, "shares": shares}
+    a = gaussian_mechanism({"w": x}, coins=Coins.seeded(8), **kw)["w"]
+    b = gaussian_mechanism({"w": x.double()}, coins=Coins.seeded(8), **kw)["w"]
+    assert torch.equal(a, b)
+    g = 2.0 ** grid_exponent(0.7 * 1.3 / math.sqrt(shares))
+    noise = gaussian_mechanism({"w": torch.zeros(20_000)}, coins=Coins.seeded(8), **kw)["w"]
+    snapped = (a - noise).numpy()
+    step = shares * g
+    assert np.array_equal(snapped / step, np.round(snapped / step))
+    assert float(np.max(np.abs(snapped - x.double().numpy()))) <= step / 2
