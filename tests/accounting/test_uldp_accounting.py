@@ -40,6 +40,7 @@ def _plan(silos: int, rounds: int, rate: float = 1.0, span: int | None = None) -
         silos_per_round=silos,
         span=silos if span is None else span,
         delta=DELTA,
+        adversary="released",  # the aggregate Gaussian these closed forms describe
     )
 
 
@@ -48,8 +49,9 @@ def _account(name: str, config: AlgorithmConfig, plan: PrivacyPlan, **kwargs):
     captured: dict[str, FederatedAccountant] = {}
 
     def factory(algorithm, plan, **kw):
+        # the released model's view: the aggregate Gaussian these closed forms describe
         captured["acc"] = FederatedAccountant(
-            units=algorithm.units, span=plan.span, delta=plan.delta, **kw
+            units=algorithm.units, span=plan.span, delta=plan.delta, target="released", **kw
         )
         return captured["acc"]
 
@@ -88,7 +90,7 @@ def test_epsilon_does_not_grow_with_silos_or_span(name) -> None:
         assert est["subject"].routes == base["subject"].routes
         assert "subject" not in acc.mu()  # sampled: not exactly GDP
     # contrast: horizontally composing the same event over 8 silos would cost much more
-    single = make_algorithm(name, cfg).silo_privacy(sampling_rate=0.2)
+    single = make_algorithm(name, replace(cfg, num_silos=8)).silo_privacy(sampling_rate=0.2)
     assert single.scope == "aggregate"
     composed = FederatedAccountant(units=("subject",), span=8, delta=DELTA, routes=("pld",))
     composed.compose_round([replace(single, scope="silo")] * 8, count=30)
@@ -277,6 +279,18 @@ def test_calibrate_uldp_avg_meets_target_within_one_percent(q, rounds, target) -
     assert target * 0.99 <= eps <= target
     looser = _account("uldp_avg", replace(cfg, noise_multiplier=sigma * 0.98), plan)[0]
     assert looser["subject"].epsilon > target
+
+
+@pytest.mark.parametrize("silos", [2, 3, 10])
+def test_calibrating_against_every_adversary_covers_a_curious_silo(silos) -> None:
+    # one silo knows its 1/S share of the noise: to meet the target against it σ must be
+    # √(S/(S-1)) times what the released model alone needs (q = 1: exactly Gaussian)
+    released = calibrate_noise("uldp_avg", AlgorithmConfig(), _plan(silos, 20), target_epsilon=2.0)
+    strongest = replace(_plan(silos, 20), adversary="strongest")
+    sigma = calibrate_noise("uldp_avg", AlgorithmConfig(), strongest, target_epsilon=2.0)
+    assert sigma == pytest.approx(released * math.sqrt(silos / (silos - 1)), rel=0.02)
+    closed = cv.gdp_epsilon(math.sqrt(20) / (sigma * math.sqrt((silos - 1) / silos)), DELTA)
+    assert closed <= 2.0 * (1 + 1e-6)
 
 
 def test_calibrated_uldp_naive_needs_twice_the_noise() -> None:

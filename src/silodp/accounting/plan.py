@@ -9,6 +9,7 @@ worst case for participation: the most privacy-losing silo takes part in every r
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -93,7 +94,18 @@ def _accountant(
     )
 
 
+def _for_plan(algorithm: Algorithm, plan: PrivacyPlan) -> Algorithm:
+    """``algorithm`` with the plan's number of silos where its config leaves it unset (the
+    ULDP methods need S to account a curious silo's view)."""
+    if algorithm.config.num_silos is not None:
+        return algorithm
+    planned = copy.copy(algorithm)
+    planned.config = replace(algorithm.config, num_silos=len(plan.sampling_rates))
+    return planned
+
+
 def _silo_events(algorithm: Algorithm, plan: PrivacyPlan) -> list:
+    algorithm = _for_plan(algorithm, plan)
     events = [algorithm.silo_privacy(sampling_rate=rate) for rate in plan.sampling_rates]
     return [e for e in events if e is not None]
 
