@@ -53,6 +53,14 @@ def test_step_rows_have_keys_and_types(step_rows: list[dict]) -> None:
     checks = step_checks(step_rows)
     assert checks and checks[0]["model"] == "mlp"
     assert isinstance(checks[0]["ratio_ok"], bool)
+    # the exact noise's cost beside the same step with float32 torch.randn noise
+    assert "local_item_dp_float_noise" in timed and "local_item_dp_float_noise" not in (
+        checks[0]["slowest_silodp"],
+    )
+    assert checks[0]["noise_ratio"] == pytest.approx(
+        timed["local_item_dp"]["step_ms"] / timed["local_item_dp_float_noise"]["step_ms"]
+    )
+    assert isinstance(checks[0]["noise_ok"], bool)
 
 
 def test_memory_estimate_skips_per_example_gradients_of_big_models() -> None:

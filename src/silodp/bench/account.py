@@ -59,7 +59,10 @@ def _plan(
     from silodp.algorithms import AlgorithmConfig, make_algorithm
 
     config = AlgorithmConfig(
-        local_steps=local_steps, batch_size=batch_size, group_size=calibration.group_size
+        local_steps=local_steps,
+        batch_size=batch_size,
+        group_size=calibration.group_size,
+        num_silos=len(SILO_RECORDS),
     )
     probe = make_algorithm(calibration.algorithm, config)
     rates = tuple(

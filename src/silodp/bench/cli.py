@@ -36,6 +36,8 @@ STEP_CHECK_COLUMNS = (
     "fastest_opacus",
     "opacus_ratio",
     "vs_opacus_ok",
+    "noise_ratio",
+    "noise_ok",
     "max_extra_mb",
     "memory_ok",
 )
@@ -174,7 +176,9 @@ def step(
     if checks:
         _say(
             "\nTargets: every silodp DP step <= 2.5x plain and at least as fast as Opacus' "
-            "fastest mode; femnist B=512 within 2 GB extra memory.",
+            "fastest mode; DP-SGD with exact noise <= 1.2x the same step with float32 "
+            "torch.randn noise (noise_ratio = local_item_dp / local_item_dp_float_noise); "
+            "femnist B=512 within 2 GB extra memory.",
             as_json,
         )
         _emit(checks, STEP_CHECK_COLUMNS, as_json, table="step_check")

@@ -99,9 +99,10 @@ def _config(setting: UldpSetting, algorithm: str) -> Any:
 def plan_round(fed: Federation, algorithm: str, *, seed: int = 0) -> list[Any]:
     """Every silo's :class:`SubjectBatches` for one round (all subjects sampled)."""
     from silodp.privacy.per_subject import subject_batches
+    from silodp.privacy.randomness import Coins
 
     single = algorithm == "uldp_sgd"
-    gen = torch.Generator().manual_seed(seed)
+    coins = Coins.seeded(seed)
     plans = []
     for silo in fed.silos:
         order = torch.unique(silo.subject)
@@ -111,7 +112,7 @@ def plan_round(fed: Federation, algorithm: str, *, seed: int = 0) -> list[Any]:
                 order,
                 epochs=1 if single else fed.setting.local_epochs,
                 batch_size=None if single else fed.setting.batch_size,
-                generator=gen,
+                coins=coins,
             )
         )
     return plans
@@ -185,14 +186,16 @@ def time_loop(fed: Federation, plans: Sequence[Any], lr: float) -> None:
 def local_update_round(fed: Federation, algorithm: str) -> Callable[[], object]:
     """The algorithm's ``local_update`` in every silo for one round (vectorised path)."""
     from silodp.algorithms import make_algorithm
+    from silodp.privacy.randomness import Coins
 
     algo = make_algorithm(algorithm, _config(fed.setting, algorithm), fed.train)
-    gen = torch.Generator().manual_seed(2)
+    coins = Coins.secure()
 
     def run() -> object:
-        instructions = algo.configure_round(0, gen)
+        instructions = algo.configure_round(0, coins)
         return [
-            algo.local_update(fed.model, fed.params, silo, gen, instructions) for silo in fed.silos
+            algo.local_update(fed.model, fed.params, silo, coins, instructions)
+            for silo in fed.silos
         ]
 
     return run
