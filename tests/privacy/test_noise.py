@@ -22,7 +22,6 @@ from silodp.privacy.noise import (
     _table,
     _tail_exact,
     gaussian_mechanism,
-    gaussian_noise,
     grid_exponent,
     rounded_gaussian,
 )
@@ -314,15 +313,6 @@ def test_rounded_gaussian_refuses_bad_scales() -> None:
     for bad in (0.0, -1.0, math.inf, math.nan, "1"):
         with pytest.raises(ValueError, match="scale"):
             rounded_gaussian(3, scale=bad, coins=Coins.seeded(0))  # type: ignore[arg-type]
-
-
-def test_float_noise_still_serves_torch_generators_and_coins() -> None:
-    a = gaussian_noise((5,), std=1.0, generator=torch.Generator().manual_seed(1))
-    assert a.dtype == torch.float32 and a.shape == (5,)
-    b = gaussian_noise((4, 2), std=2.0, generator=Coins.seeded(1))
-    c = gaussian_noise((4, 2), std=2.0, generator=Coins.seeded(1))
-    assert torch.equal(b, c) and b.shape == (4, 2)
-    assert torch.equal(gaussian_noise((3,), std=0.0, generator=Coins.seeded(1)), torch.zeros(3))
 
 
 @pytest.mark.parametrize("shares", [1, 2, 3])

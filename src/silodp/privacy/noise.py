@@ -26,17 +26,10 @@ import mpmath
 import numpy as np
 import torch
 
-from silodp._validation import check_int, check_non_negative
+from silodp._validation import check_int
 from silodp.privacy.randomness import Coins
 
-__all__ = [
-    "add_gaussian_noise",
-    "gaussian_mechanism",
-    "gaussian_noise",
-    "grid_exponent",
-    "noise_like",
-    "rounded_gaussian",
-]
+__all__ = ["gaussian_mechanism", "grid_exponent", "rounded_gaussian"]
 
 #: The coarse table covers ``±TABLE_STDS`` standard deviations (Φ(-9) ≈ 2^-63); samples
 #: beyond it are drawn by the exact arbitrary-precision path.
@@ -805,64 +798,3 @@ def _check_positive_finite(name: str, value: float) -> float:
     ):
         raise ValueError(f"Expected {name}={value!r} to be a finite number > 0.")
     return float(value)
-
-
-# --- float noise kept for callers not yet on the exact mechanism --------------------------
-
-
-def gaussian_noise(
-    shape: torch.Size | tuple[int, ...],
-    *,
-    std: float,
-    generator: torch.Generator | Coins | None,
-    secure: bool = False,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Samples ``N(0, std^2)`` of ``shape`` in floating point (not exact; see the module
-    docstring): from ``generator`` (a ``torch.Generator``), or, given ``Coins`` or ``secure``,
-    the exact grid noise of :func:`gaussian_mechanism` applied to zeros (``std`` slightly
-    widened as there)."""
-    check_non_negative("std", std)
-    if isinstance(generator, Coins) or secure:
-        coins = generator if isinstance(generator, Coins) else Coins.secure()
-        zeros = torch.zeros(tuple(shape), dtype=torch.float64)
-        if std == 0 or zeros.numel() == 0:
-            return zeros.to(dtype)
-        noisy = gaussian_mechanism({"z": zeros}, noise_multiplier=1.0, sensitivity=std, coins=coins)
-        return noisy["z"].to(dtype)
-    if generator is None:
-        raise ValueError("Expected a torch.Generator or Coins for noise (or secure=True).")
-    return torch.randn(tuple(shape), generator=generator, dtype=dtype) * std
-
-
-def add_gaussian_noise(
-    tensors: dict[str, torch.Tensor],
-    *,
-    std: float,
-    generator: torch.Generator | Coins | None,
-    secure: bool = False,
-) -> dict[str, torch.Tensor]:
-    """Returns ``tensors`` with independent ``N(0, std^2)`` noise added to every coordinate."""
-    return {
-        name: t
-        + gaussian_noise(t.shape, std=std, generator=generator, secure=secure, dtype=t.dtype)
-        for name, t in tensors.items()
-    }
-
-
-def noise_like(
-    tensors: dict[str, torch.Tensor],
-    *,
-    std: float,
-    generator: torch.Generator | Coins | None,
-    secure: bool = False,
-) -> dict[str, torch.Tensor]:
-    """Independent ``N(0, std^2)`` noise shaped like each of ``tensors``, drawn in one call."""
-    first = next(iter(tensors.values()))
-    total = sum(t.numel() for t in tensors.values())
-    flat = gaussian_noise((total,), std=std, generator=generator, secure=secure, dtype=first.dtype)
-    out, start = {}, 0
-    for name, t in tensors.items():
-        out[name] = flat[start : start + t.numel()].view(t.shape)
-        start += t.numel()
-    return out
