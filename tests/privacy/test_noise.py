@@ -309,6 +309,14 @@ def test_mechanism_refuses_values_off_the_grid_range() -> None:
         )
 
 
+def test_empty_draws() -> None:
+    assert rounded_gaussian(0, scale=3.0, coins=Coins.seeded(0)).shape == (0,)
+    out = gaussian_mechanism(
+        {"w": torch.zeros(0)}, noise_multiplier=1.0, sensitivity=1.0, coins=Coins.seeded(0)
+    )
+    assert out["w"].shape == (0,)
+
+
 def test_rounded_gaussian_refuses_bad_scales() -> None:
     for bad in (0.0, -1.0, math.inf, math.nan, "1"):
         with pytest.raises(ValueError, match="scale"):

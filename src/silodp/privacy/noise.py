@@ -494,6 +494,8 @@ def _draw(
     if prefix is not None and (not GUIDE_BITS <= bits <= 64 or prefix.shape != (n,)):
         raise ValueError(f"Expected {n} prefixes of 16 to 64 bits, got {prefix.shape}, {bits}.")
     multi = table.cell > 1
+    if n == 0:
+        return np.zeros(0, dtype=np.int64 if table.int64 else object), 0
     if prefix is None:
         bits = 32
     if not table.guided:

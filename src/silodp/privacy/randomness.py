@@ -67,7 +67,7 @@ class _Keystream:
             self._rekey()
         self._used += nbytes
         # the output buffer must have one spare block
-        self._encryptor.update_into(_zeros(nbytes), memoryview(out)[: nbytes + 15])
+        self._encryptor.update_into(_zeros(nbytes), out.data[: nbytes + 15])
         return out[:nbytes]
 
 
@@ -134,7 +134,10 @@ class Coins:
         for i, value in enumerate(key):
             check_int(f"key[{i}]", value, 0)
         entropy = self._seq.entropy
-        base = list(entropy) if isinstance(entropy, list | tuple) else [int(entropy)]
+        if entropy is None or isinstance(entropy, int):
+            base = [] if entropy is None else [entropy]
+        else:
+            base = [int(e) for e in entropy]
         spawn_key = tuple(self._seq.spawn_key) + tuple(key)
         return Coins("seeded", np.random.SeedSequence(base, spawn_key=spawn_key))
 
