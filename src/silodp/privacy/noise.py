@@ -501,7 +501,7 @@ def _draw(
     if not table.guided:
         prefix = _uniform_words(coins, n, np.uint32) if prefix is None else prefix
         fine = _uniform_words(coins, n, np.uint32) if multi and fine is None else fine
-        out = np.zeros(n, dtype=object)
+        out = np.zeros(n, dtype=np.int64 if table.int64 else object)
         slow = np.arange(n)
         top = np.right_shift(prefix, prefix.dtype.type(bits - GUIDE_BITS), dtype=np.intp)
         parts = [(slow, top, prefix, fine)]
