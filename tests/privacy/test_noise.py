@@ -348,3 +348,73 @@ def test_float32_and_float64_inputs_snap_identically(shares) -> None:
     step = shares * g
     assert np.array_equal(snapped / step, np.round(snapped / step))
     assert float(np.max(np.abs(snapped - x.double().numpy()))) <= step / 2
+
+
+# --- scales beyond float range (the weighting protocol's grid) ---------------------------
+
+
+def _standardised(samples: np.ndarray, scale: Fraction) -> np.ndarray:
+    return np.array([float(Fraction(int(v)) / scale) for v in samples])
+
+
+def test_wide_scales_have_the_gaussian_law_and_reject_a_wrong_scale() -> None:
+    from scipy import stats
+
+    scale = Fraction(2**1100) * Fraction(3, 7)  # far beyond float64's range
+    samples = rounded_gaussian(20_000, scale=scale, coins=Coins.seeded(11))
+    assert samples.dtype == object and all(isinstance(v, int) for v in samples[:10])
+    z = _standardised(samples, scale)
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+    assert stats.kstest(z / 1.1, "norm").pvalue < 1e-6  # a 10% wrong scale is rejected
+
+
+def test_wide_scales_fill_the_fine_grid_uniformly() -> None:
+    from scipy import stats
+
+    scale = Fraction(2**300) + Fraction(1, 3)
+    samples = rounded_gaussian(8_000, scale=scale, coins=Coins.seeded(12))
+    fine = 2 ** (scale.numerator.bit_length() - scale.denominator.bit_length() - 64)
+    while scale / fine >= 2**65:
+        fine *= 2
+    while scale / fine < 2**64:
+        fine //= 2
+    # within a coarse cell the density is flat to 2^-49: the fine offset is uniform
+    offsets = np.array([((int(v) + fine // 2) % fine) / fine for v in samples])
+    counts, _ = np.histogram(offsets, bins=16, range=(0.0, 1.0))
+    assert stats.chisquare(counts).pvalue > 1e-3
+
+
+def test_half_cell_acceptance_is_exact() -> None:
+    """The exact acceptance path alone, where the ratio is far from 1 (a small coarse scale),
+    against ratios computed independently with scipy; a wrong ratio is rejected."""
+    from scipy import stats
+
+    from silodp.privacy.noise import _accept_half_cell
+
+    s, fine, c = Fraction(3, 4), 2, 1
+    cells = 2 * fine
+
+    def mass(h: int) -> float:
+        lo = (c - 0.5 + h / cells) / float(s)
+        return stats.norm.cdf(lo + 1 / (cells * float(s))) - stats.norm.cdf(lo)
+
+    coins = Coins.seeded(13)
+    trials = 4_000
+    for h in range(cells):
+        ratio = mass(h) / mass(0)  # c > 0: the half-cell nearest 0 is h = 0
+        words = coins.uint64(trials)
+        accepted = sum(_accept_half_cell(c, h, fine, s, int(v), coins) for v in words)
+        assert stats.binomtest(accepted, trials, ratio).pvalue > 1e-4
+        if h:
+            assert stats.binomtest(accepted, trials, ratio * 0.8).pvalue < 1e-6
+
+
+def test_wide_scales_through_the_exact_path_only(monkeypatch) -> None:
+    from scipy import stats
+
+    from silodp.privacy import noise
+
+    monkeypatch.setattr(noise, "FAST_ACCEPT", 0)  # every fine proposal decided exactly
+    scale = Fraction(2**200) * Fraction(5, 9)
+    samples = noise.rounded_gaussian(300, scale=scale, coins=Coins.seeded(14))
+    assert stats.kstest(_standardised(samples, scale), "norm").pvalue > 1e-3

@@ -635,10 +635,94 @@ def rounded_gaussian(n: int, *, scale: float | int | Fraction, coins: Coins) -> 
 
     Returns:
       int64 array when every table point fits int64 (``s`` below ~2^57), else an object
-      array of Python ints.
+      array of Python ints. Scales above 2^100 (the weighting protocol's grid can need
+      2^3000) split off an exact coarse sample (:func:`_wide_rounded_gaussian`).
     """
     check_int("n", n, 0)
-    return _draw(_table(_as_fraction(scale)), n, coins)[0]
+    exact = _as_fraction(scale)
+    if exact > 2**WIDE_SCALE_BITS:
+        return _wide_rounded_gaussian(n, exact, coins)
+    return _draw(_table(exact), n, coins)[0]
+
+
+#: scales above 2^WIDE_SCALE_BITS are split into a coarse exact sample and a fine part
+WIDE_SCALE_BITS = 100
+#: the coarse part's scale lies in [2^COARSE_BITS, 2^(COARSE_BITS+1))
+COARSE_BITS = 64
+#: a fine proposal's uniform below 1 - 2^-48 accepts at once (when |coarse| < 2^70)
+FAST_ACCEPT = 2**64 - 2**16
+
+
+def _wide_rounded_gaussian(n: int, scale: Fraction, coins: Coins) -> np.ndarray:
+    """``round(s·N)`` for a huge scale ``s`` (above 2^100), exactly, as an object array.
+
+    Write ``s = K·s'`` with ``K = 2^j`` and ``s' ∈ [2^64, 2^65)``, and ``X = s'·N``. Then
+    ``round(s·N) = round(K·X) = K·C + round(K·F)`` with ``C = round(X)`` (drawn exactly by
+    the two-stage sampler) and ``F = X - C ∈ [-½, ½)``. Given ``C = c``, ``X`` has density
+    ``∝ φ(x/s')`` on ``[c-½, c+½)``; cut that interval into ``2K`` half-cells of width
+    ``1/(2K)``, each inside one rounding cell of ``K·F`` (half-cell ``h`` has
+    ``round(K·F) = ⌈h/2⌉ - K/2``). Propose a half-cell uniformly (exact: ``j+1`` random
+    bits) and accept it with probability ``p_h / p_max``, its Gaussian mass over the largest
+    half-cell mass (the one nearest 0). Over an interval of width 1 the density varies by a
+    factor ``≥ exp(-(|c|+1)/s'²) ≥ 1 - 2^-49`` when ``|c| < 2^70``, so a uniform below
+    ``1 - 2^-48`` accepts at once; otherwise (probability ~2^-48) the ratio is computed in
+    arbitrary precision and compared exactly, with the uniform's bits extended until decided.
+    The accepted half-cell therefore has exactly its conditional probability given ``C``,
+    and the output exactly the law of ``round(s·N)``.
+    """
+    j = scale.numerator.bit_length() - scale.denominator.bit_length() - COARSE_BITS
+    while scale / 2**j >= 2 ** (COARSE_BITS + 1):
+        j += 1
+    while scale / 2**j < 2**COARSE_BITS:
+        j -= 1
+    fine = 2**j  # K
+    coarse_scale = scale / fine
+    coarse = rounded_gaussian(n, scale=coarse_scale, coins=coins)
+    nbytes = (j + 1 + 7) // 8
+    cells = 2 * fine  # half-cells per unit interval (a power of two)
+    out = np.empty(n, dtype=object)
+    for i in range(n):
+        c = int(coarse[i])
+        while True:
+            raw = coins.token_bytes(nbytes + 8)
+            h = int.from_bytes(raw[:nbytes], "little") & (cells - 1)
+            v = int.from_bytes(raw[nbytes:], "little")
+            if v < FAST_ACCEPT and abs(c) < 2**70:
+                break
+            if _accept_half_cell(c, h, fine, coarse_scale, v, coins):
+                break
+        out[i] = fine * c + (h + 1) // 2 - fine // 2
+    return out
+
+
+def _accept_half_cell(c: int, h: int, fine: int, s: Fraction, v: int, coins: Coins) -> bool:
+    """Exactly: is the uniform ``V`` (first 64 bits ``v``, more drawn as needed) below
+    ``p_h / p_max`` (half-cell masses of ``N(0, s²)`` on ``[c-½, c+½)``)?"""
+    cells = 2 * fine
+    best = 0 if c > 0 else (cells - 1 if c < 0 else fine)
+    bits = 64
+    prec = 2 * (fine.bit_length() + s.numerator.bit_length() + s.denominator.bit_length()) + 256
+    while True:
+        with mpmath.workprec(prec):
+
+            def mass(k: int) -> mpmath.mpf:
+                lo = (Fraction(c) - Fraction(1, 2) + Fraction(k, cells)) / s
+                hi = lo + Fraction(1, cells) / s
+                return mpmath.ncdf(_mp(hi)) - mpmath.ncdf(_mp(lo))
+
+            ratio = mass(h) / mass(best)
+            slack = mpmath.mpf(2) ** (-(prec // 2))  # far above the working error
+            r_lo, r_hi = ratio - slack, ratio + slack
+            for _ in range(8):
+                v_lo = mpmath.mpf(v) / mpmath.mpf(2) ** bits
+                v_hi = mpmath.mpf(v + 1) / mpmath.mpf(2) ** bits
+                if v_hi <= r_lo:
+                    return True
+                if v_lo >= r_hi:
+                    return False
+                v = (v << 64) | int.from_bytes(coins.token_bytes(8), "little")
+                bits += 64
+        prec *= 2
 
 
 # --- the Gaussian mechanism ----------------------------------------------------------------
