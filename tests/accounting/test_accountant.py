@@ -331,3 +331,37 @@ def test_validation_errors() -> None:
     other = make_algorithm("local_item_dp", AlgorithmConfig(local_steps=3, group_size=4))
     with pytest.raises(ValueError, match="group_size every round, got 4 after 2"):
         acc.compose_round([other.silo_privacy(sampling_rate=0.05)])
+
+
+@pytest.mark.parametrize(("name", "k"), [("uldp_group", 2), ("local_item_dp", 4)])
+def test_a_release_before_training_enters_every_subject_route(name, k) -> None:
+    """A subject-level release without a record-level event (DP feature statistics) must be
+    composed into the group-conversion routes too, whichever order it arrives in."""
+    from dp_accounting import dp_event
+
+    algo = make_algorithm(
+        name, AlgorithmConfig(local_steps=5, noise_multiplier=1.5, group_size=k, num_silos=8)
+    )
+    release = dp_event.GaussianDpEvent(3.0)
+
+    def account(release_first: bool | None) -> dict:
+        acc = FederatedAccountant(units=algo.units, span=8, delta=1e-5)
+        rounds = [algo.silo_privacy(sampling_rate=0.02)] * 8
+        if release_first:
+            acc.compose_release([SiloPrivacy({"record": release, "subject": release})] * 8)
+        acc.compose_round(rounds, count=20)
+        if release_first is False:
+            acc.compose_release([SiloPrivacy({"record": release, "subject": release})] * 8)
+        return acc.estimates()
+
+    plain, before, after = account(None), account(True), account(False)
+    for with_release in (before, after):
+        assert with_release["record"].epsilon > plain["record"].epsilon
+        for route, value in with_release["subject"].routes.items():
+            assert value > plain["subject"].routes[route], route
+        # (ε, δ) group conversion covers the record-level mechanism only: not offered
+        assert "dp-group" not in with_release["subject"].routes
+        assert with_release["subject"].epsilon >= with_release["record"].epsilon
+    assert before["subject"].routes["rdp-group"] == pytest.approx(
+        after["subject"].routes["rdp-group"], rel=1e-9
+    )

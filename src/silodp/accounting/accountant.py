@@ -159,6 +159,9 @@ class _UnitState:
     group_rdp: np.ndarray | None = None
     record_pld: pld_lib.PrivacyLossDistribution | None = None
     group_silos: int = 0
+    #: subject-level events composed without a record-level event (e.g. a release before
+    #: training), with their counts: the group routes must include them too
+    others: list[tuple[dp_event.DpEvent, int]] = field(default_factory=list)
     touched: bool = False
     routes_failed: set[str] = field(default_factory=set)
 
@@ -307,7 +310,15 @@ class FederatedAccountant:
         mu_sq = _mu_squared(worst)
         state.mu_sq = None if mu_sq is None or state.mu_sq is None else state.mu_sq + times * mu_sq
         if unit == "subject" and self.routes & {"rdp-group", "dp-group"}:
-            self._compose_group(state, silos, m, count)
+            if any(s.record_event is not None for s in reporting):
+                self._compose_group(state, silos, m, count)
+            else:
+                # not a group-converted mechanism: composed into the group routes as is
+                state.others = [*state.others, (worst, times)]
+                if state.group_rdp is not None and state.group_size is not None:
+                    state.group_rdp = state.group_rdp + times * self._at_group_orders(
+                        worst, state.group_size
+                    )
 
     def _compose_pld(self, state: _UnitState, event: dp_event.DpEvent, times: int) -> None:
         if state.pld is None:
@@ -329,6 +340,9 @@ class FederatedAccountant:
         if state.group_size is None:
             state.group_size = group
             state.record_pld = pld_lib.identity(value_discretization_interval=self.discretization)
+            for event, times in state.others:  # composed before the first group round
+                extra = times * self._at_group_orders(event, group)
+                state.group_rdp = extra if state.group_rdp is None else state.group_rdp + extra
         elif group != state.group_size:
             raise ValueError(
                 f"Expected the same group_size every round, got {group} after {state.group_size}."
@@ -345,6 +359,16 @@ class FederatedAccountant:
             state.record_pld = state.record_pld.compose(
                 event_pld(record, self.discretization).self_compose(count)
             )
+
+    @staticmethod
+    def _at_group_orders(event: dp_event.DpEvent, group: int) -> np.ndarray:
+        """Subject-level RDP of ``event`` at the orders of the group-converted curve."""
+        orders, _ = conversions.rdp_group_curve(
+            conversions.RDP_ORDERS, conversions.RDP_ORDERS, group
+        )
+        if not _rdp_supported(event):
+            return np.full(len(orders), np.inf)
+        return conversions.rdp_curve(event, orders)
 
     # --- reporting --------------------------------------------------------------------
     @property
@@ -402,7 +426,8 @@ class FederatedAccountant:
                         orders, state.group_rdp, self.delta
                     )
                 record_pld = state.record_pld
-                if "dp-group" in self.routes and record_pld is not None:
+                # (ε, δ) group conversion covers only the record-level mechanism
+                if "dp-group" in self.routes and record_pld is not None and not state.others:
                     routes["dp-group"] = conversions.group_epsilon_dp(
                         record_pld.get_epsilon_for_delta,
                         group_size=state.group_size,
