@@ -265,3 +265,45 @@ def test_input_checks() -> None:
         part.spread_uniform(np.array([0, -1]), num_silos=2, rng=_rng())
     with pytest.raises(ValueError, match="per_silo=0"):
         part.cap_records(_dataset(), per_silo=0, seed=0)
+
+
+def _stable_fixture(seed: int = 0):
+    from silodp.data.dataset import FederatedDataset
+
+    rng = np.random.default_rng(seed)
+    n = 400
+    return FederatedDataset(
+        x=rng.normal(size=(n, 4)).astype(np.float32),
+        y=rng.integers(0, 3, n),
+        silo=rng.integers(0, 4, n),
+        subject=rng.integers(0, 30, n),
+        num_classes=3,
+        num_silos=4,
+    )
+
+
+def _kept(ds, subject: int) -> set[tuple]:
+    idx = np.flatnonzero(ds.subject == subject)
+    return {(int(ds.silo[i]), int(ds.y[i]), ds.x[i].tobytes()) for i in idx}
+
+
+@pytest.mark.parametrize(
+    "cap",
+    [
+        lambda ds: part.cap_records(ds, per_silo=2, seed=5),
+        lambda ds: part.cap_records(ds, total=5, seed=5),
+        lambda ds: part.cap_span(ds, span=2, seed=5),
+    ],
+)
+def test_caps_keep_everyone_elses_records_when_a_subject_leaves(cap) -> None:
+    """Neighbouring datasets (one subject removed) must be capped alike for every other
+    subject; a positional random priority would reshuffle them (and break the ε)."""
+    full = _stable_fixture()
+    with_all = cap(full)
+    for gone in (0, 7, 29):
+        rest = full.subset(np.flatnonzero(full.subject != gone))
+        without = cap(rest)
+        assert without.dropped_records <= with_all.dropped_records
+        for a in range(30):
+            if a != gone:
+                assert _kept(with_all, a) == _kept(without, a), (gone, a)
