@@ -269,6 +269,11 @@ def dp_scaling(
     return stats.apply(data), releases, summary
 
 
+NOT_PRIVATE_NOTE = (
+    "noise_multiplier = 0: not private - the algorithm ran without noise and no ε holds; "
+    "a non-private baseline"
+)
+
 #: the stream of the run's set-up randomness (e.g. the secret the silos share)
 SETUP_STREAM = 3
 
@@ -302,12 +307,9 @@ def prepare_run(
     )
     probe = make_algorithm(name, algo_config)
     private = probe.calibration_unit is not None
-    if private and privacy.noise_multiplier == 0:
-        raise ValueError(
-            f"Expected privacy.noise_multiplier > 0 for {name} (σ = 0 adds no noise, so no "
-            "ε holds); for a non-private baseline run fedavg, or leave noise_multiplier unset "
-            "to calibrate σ from privacy.epsilon."
-        )
+    # σ = 0: the same algorithm (clipping, weighting, sampling) without noise, a non-private
+    # baseline that reports no ε
+    baseline = private and privacy.noise_multiplier == 0
     one_round = probe.silo_privacy(sampling_rate=1.0) if private else None
     if one_round is not None and one_round.scope == "aggregate":
         if silos_per_round != train.num_silos:
@@ -319,7 +321,11 @@ def prepare_run(
     sigma: float | None = None
     calibration: dict[str, Any] = {"method": "not private"}
     notes = _delta_notes(name, probe.units, privacy.delta, train) if private else []
-    if probe.calibration_unit is not None:
+    if baseline:
+        sigma = 0.0
+        calibration = {"method": "not private (noise_multiplier = 0)"}
+        notes = [NOT_PRIVATE_NOTE]
+    elif probe.calibration_unit is not None:
         sizes = train.silo_sizes()
         subjects = (train.histogram() > 0).sum(axis=1)
         rates = tuple(
@@ -438,7 +444,7 @@ def _summary(
         "epsilon_by_adversary": by_adversary[-1] if by_adversary else {},
         "mu": last.mu if last else {},
         "delta": run.privacy.delta if run.plan else None,
-        "units": list(algorithm.units),
+        "units": list(algorithm.units) if run.plan else [],
         "noise_multiplier": run.noise_multiplier,
         "noise": noise_record(run.privacy.noise),
         "clip": run.privacy.clip if run.plan else None,

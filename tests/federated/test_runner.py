@@ -201,12 +201,19 @@ def test_uldp_avg_w_outputs_say_whether_weights_are_private(
     assert all(r["epsilon"]["subject"] > 0 for r in rows)
 
 
-def test_zero_noise_multiplier_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["local_item_dp", "uldp_avg"])
+def test_zero_noise_multiplier_runs_a_non_private_baseline(tmp_path: Path, name: str) -> None:
     raw = _tiny(noise_multiplier=0.0)
-    raw["algorithms"] = ["local_item_dp"]
-    with pytest.raises(ValueError, match=r"noise_multiplier > 0 for local_item_dp"):
-        run_experiment(parse_config(raw), tmp_path / "out")
-    assert not (tmp_path / "out").exists()
+    raw["algorithms"] = [name]
+    raw["training"]["rounds"] = 2
+    (item,) = run_experiment(parse_config(raw), tmp_path)["runs"]
+    assert item["status"] == "complete"
+    assert item["epsilon"] == {} and item["epsilon_by_adversary"] == {} and item["units"] == []
+    assert item["calibration"]["method"] == "not private (noise_multiplier = 0)"
+    assert any("not private" in note for note in item["notes"])
+    assert item["account_command"] is None
+    rows = _metrics(tmp_path / name / "metrics.jsonl")
+    assert [r["epsilon"] for r in rows] == [{}, {}]
 
 
 def test_delta_not_below_one_over_n_is_flagged(tmp_path: Path, caplog) -> None:
