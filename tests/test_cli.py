@@ -121,13 +121,17 @@ def _uldp_epsilon(sigma: float, known: bool, *, q: float = 0.1, rounds: int = 50
     from scipy import optimize, stats
 
     if not known:
-        one = pld.from_gaussian_mechanism(sigma, sampling_prob=q, value_discretization_interval=1e-3)
+        one = pld.from_gaussian_mechanism(
+            sigma, sampling_prob=q, value_discretization_interval=1e-3
+        )
         return one.self_compose(rounds).get_epsilon_for_delta(1e-5)
     n = np.arange(1, rounds + 1)
     w, mu = stats.binom.pmf(n, rounds, q), np.sqrt(n) / sigma
 
     def excess(eps: float) -> float:
-        tail = stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
+        tail = stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(
+            -eps / mu - mu / 2
+        )
         return float((w * tail).sum()) - 1e-5
 
     return optimize.brentq(excess, 1e-9, 200.0)

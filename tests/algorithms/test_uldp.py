@@ -10,7 +10,6 @@ ULDP-NAIVE (each silo's clipped delta can flip direction, so S·C is not a bound
 from __future__ import annotations
 
 import math
-
 from dataclasses import fields, replace
 
 import numpy as np

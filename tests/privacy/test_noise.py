@@ -236,7 +236,9 @@ def test_tail_inversion_is_the_exact_inverse_cdf() -> None:
 def test_mechanism_releases_grid_values_with_the_right_sigma() -> None:
     sigma, clip = 0.8, 1.5
     values = {"w": torch.zeros(300_000), "b": torch.zeros(7, 3)}
-    out = gaussian_mechanism(values, noise_multiplier=sigma, sensitivity=clip, coins=Coins.seeded(109))
+    out = gaussian_mechanism(
+        values, noise_multiplier=sigma, sensitivity=clip, coins=Coins.seeded(109)
+    )
     assert set(out) == {"w", "b"} and out["b"].shape == (7, 3)
     assert all(t.dtype == torch.float64 for t in out.values())
     g = 2.0 ** grid_exponent(sigma * clip)
