@@ -651,8 +651,9 @@ def test_aggregate_divides_by_expected_sampled_subjects(name) -> None:
 @pytest.mark.parametrize("name", ["uldp_naive", "uldp_avg"])
 def test_aggregate_sums_the_float64_messages_before_casting(name) -> None:
     """The silos' float64 messages (grid values) are summed exactly; only the sum is cast to
-    the parameters' dtype: 1 + 2^-40 and -1 give 2^-40, not the 0 of a float32 sum."""
-    tiny = 2.0**-40
+    the parameters' dtype: 1 + 2^-30 and -1 give 2^-30, not the 0 of a float32 sum. A message
+    off the noise grid (σ = 1, C = 1: 2^-31 with 2 silos, 2^-30 for uldp_naive) is refused."""
+    tiny = 2.0**-30
     if name == "uldp_naive":
         algo = UldpNaive(AlgorithmConfig(), num_silos=2)
     else:
@@ -665,6 +666,9 @@ def test_aggregate_sums_the_float64_messages_before_casting(name) -> None:
     new = algo.aggregate(params, updates)
     assert new["w"].dtype == torch.float32
     torch.testing.assert_close(new["w"], torch.full((3,), tiny / 2), rtol=0, atol=0)
+    off_grid = [updates[0], SiloUpdate(1, {"w": torch.full((3,), 2.0**-45)}, 1, None)]
+    with pytest.raises(ValueError, match="on the noise grid"):
+        algo.aggregate(params, off_grid)
 
 
 def test_uldp_naive_aggregate_divides_by_the_number_of_silos() -> None:

@@ -74,7 +74,7 @@ from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
 from silodp.privacy.ghost import clipper_for
 from silodp.privacy.gradients import Params, clip_factors, tree_norm
-from silodp.privacy.noise import gaussian_mechanism
+from silodp.privacy.noise import gaussian_mechanism, grid_exponent
 from silodp.privacy.per_subject import SubjectBatches, per_subject_deltas, subject_batches
 from silodp.privacy.randomness import Coins
 
@@ -190,16 +190,35 @@ def _gaussian_share(
     )
 
 
-def _float64_sum(params: Params, updates: Sequence[SiloUpdate]) -> Params:
-    """``Σ_s message_s`` in float64: exact for the grid-valued messages of the Gaussian
-    mechanism's shares, so nothing is rounded before the sum is complete."""
-    return {
-        k: sum(
-            (u.params[k].to(torch.float64) for u in updates),
-            torch.zeros(v.shape, dtype=torch.float64),
-        )
-        for k, v in params.items()
-    }
+def _exact_sum(params: Params, updates: Sequence[SiloUpdate], grid: float | None) -> Params:
+    """``Σ_s message_s``, exactly: the shares of the Gaussian mechanism are multiples of the
+    power of two ``grid``, summed as integers (``grid=None``: σ = 0, no noise, a float64 sum).
+    Refuses messages off the grid or a sum beyond float64's exact integers (2^53 steps)."""
+    out: Params = {}
+    for k, v in params.items():
+        if grid is None:
+            out[k] = sum(
+                (u.params[k].to(torch.float64) for u in updates),
+                torch.zeros(v.shape, dtype=torch.float64),
+            )
+            continue
+        steps = [u.params[k].to(torch.float64) / grid for u in updates]
+        if any(not torch.equal(t, torch.round(t)) or t.abs().max() >= 2.0**62 for t in steps):
+            raise ValueError(f"Expected every silo's message {k!r} on the noise grid {grid!r}.")
+        total = sum((t.to(torch.int64) for t in steps), torch.zeros(v.shape, dtype=torch.int64))
+        if int(total.abs().max()) >= 2**53:
+            raise ValueError(
+                f"Expected the sum of the messages {k!r} below 2^53 grid steps of {grid!r}."
+            )
+        out[k] = total.to(torch.float64) * grid
+    return out
+
+
+def _share_grid(noise_multiplier: float, sensitivity: float, shares: int) -> float | None:
+    """The grid of :func:`gaussian_mechanism`'s shares (None when σ = 0: no noise)."""
+    if noise_multiplier <= 0:
+        return None
+    return math.ldexp(1.0, grid_exponent(noise_multiplier * sensitivity / math.sqrt(shares)))
 
 
 def _apply(params: Params, total: Params, factor: float) -> Params:
@@ -290,7 +309,9 @@ class UldpNaive(Algorithm):
         self.num_silos = num_silos
 
     def run_notes(self) -> list[str]:
-        return [SIMULATED_AGGREGATION_NOTE, OWN_NOISE_NOTE]
+        # no OWN_NOISE_NOTE: σ/2 already covers one silo (its own delta leaves the sensitivity
+        # with its noise share)
+        return [SIMULATED_AGGREGATION_NOTE]
 
     @classmethod
     def for_data(
@@ -339,8 +360,11 @@ class UldpNaive(Algorithm):
     def aggregate(self, params: Params, updates: Any) -> Params:
         """``w + η_g · Σ_s message_s / S`` (the sum is what secure aggregation reveals; summed
         in float64, cast after)."""
-        total = _float64_sum(params, updates)
-        scale = float(self.num_silos or len(updates))
+        silos = self.num_silos or len(updates)
+        cfg = self.config
+        grid = _share_grid(cfg.noise_multiplier / 2.0, 2.0 * silos * cfg.clip, silos)
+        total = _exact_sum(params, updates, grid)
+        scale = float(silos)
         return _apply(params, total, self.config.server_lr / scale)
 
 
@@ -594,7 +618,9 @@ class UldpAvg(Algorithm):
     def aggregate(self, params: Params, updates: Any) -> Params:
         """``w + η_g · Σ_s message_s / (q·|U|)``: the secure sum (in float64, cast after) over
         the public expected number of sampled subjects."""
-        total = _float64_sum(params, updates)
+        cfg = self.config
+        grid = _share_grid(cfg.noise_multiplier, cfg.clip, self._silo_count())
+        total = _exact_sum(params, updates, grid)
         scale = self.config.subject_rate * self.num_subjects
         return _apply(params, total, self.config.server_lr / scale)
 
