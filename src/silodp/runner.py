@@ -463,17 +463,17 @@ def _summary(
         "notes": algorithm.run_notes() + run.notes + noise_notes(run.privacy.noise),
         "outputs": OUTPUTS,
         "account_command": run.account_command(),
-        "wall_time_s": round(time.perf_counter() - started, 3),
     }
 
 
 #: What each output is, and what the guarantee covers (every summary lists it).
 OUTPUTS: dict[str, Any] = {
-    "covered_by_epsilon": ["model.pt"],
+    "covered_by_epsilon": ["model.pt", "feature_scaling.json (with [data] scaling = 'dp')"],
     "public_plan": [
         "config.toml",
         "summary.json and metrics.jsonl: epsilon, epsilon_by_adversary, mu, sigma, bounds "
-        "(functions of the public plan and of the public bounds)",
+        "(functions of the plan: silo sizes, subject counts and the bounds, which silodp "
+        "treats as public; a group_size taken from the data is not public)",
         "epsilon.png",
     ],
     "evaluation": (
@@ -483,8 +483,8 @@ OUTPUTS: dict[str, Any] = {
     ),
     "silo_private": [
         f"{PRIVATE_DIR}/: un-noised, data-dependent diagnostics (records dropped by the "
-        "bounds, subjects and largest group per batch, the data description); no ε covers "
-        "them and they must not leave the silos"
+        "bounds, subjects and largest group per batch, wall times, the data description); "
+        "no ε covers them and they must not leave the silos"
     ],
 }
 
@@ -512,7 +512,7 @@ def noise_notes(mode: str) -> list[str]:
     return []
 
 
-def _write_private(run_dir: Path, run: PreparedRun) -> None:
+def _write_private(run_dir: Path, run: PreparedRun, wall_time_s: float) -> None:
     write_json(
         run_dir / PRIVATE_DIR / "summary.json",
         {
@@ -520,6 +520,7 @@ def _write_private(run_dir: Path, run: PreparedRun) -> None:
             "dropped_records": run.train.dropped_records,
             "group_size": run.group_size,
             "group_size_source": run.group_size_source,
+            "wall_time_s": round(wall_time_s, 3),
         },
     )
 
@@ -534,8 +535,9 @@ def _check_output(out_dir: Path, names: tuple[str, ...], overwrite: bool) -> Non
             )
 
 
-#: per-round diagnostics that depend on the data and are not noised
-DIAGNOSTIC_KEYS = ("largest_group_per_batch", "subjects_per_batch")
+#: per-round diagnostics that depend on the data and are not noised (a round's wall time
+#: grows with the sampled records and subjects, so it is one of them)
+DIAGNOSTIC_KEYS = ("largest_group_per_batch", "subjects_per_batch", "wall_time_s")
 
 Row = dict[str, Any]
 
@@ -659,7 +661,7 @@ def _train(
         plotting.plot_batch_histograms(
             private_rows, run_dir / PRIVATE_DIR / "batch_histograms.png", title
         )
-    _write_private(run_dir, run)
+    _write_private(run_dir, run, time.perf_counter() - started)
     summary = _summary(run, results, "complete", started, by_adversary)
     write_json(run_dir / "summary.json", summary)
     return rows, summary
@@ -857,7 +859,6 @@ def _prifedsync_summary(
         "noise": noise_record(run.privacy.noise),
         "outputs": OUTPUTS,
         "account_command": run.account_command(),
-        "wall_time_s": round(time.perf_counter() - started, 3),
     }
 
 
