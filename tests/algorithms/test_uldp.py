@@ -35,7 +35,6 @@ from silodp.algorithms.uldp import (
     UldpNaive,
     UldpSgd,
     check_weights,
-    plan_subject_batches,
     record_weights,
     uniform_weights,
 )
@@ -44,7 +43,7 @@ from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
 from silodp.models import MLP
 from silodp.privacy.gradients import batch_gradient, tree_norm
-from silodp.privacy.per_subject import per_subject_deltas_loop
+from silodp.privacy.per_subject import per_subject_deltas_loop, subject_batches
 from silodp.privacy.randomness import Coins
 
 ALPHA = 1e-6
@@ -368,7 +367,7 @@ def test_message_is_weighted_sum_of_clipped_per_subject_deltas(name) -> None:
     single = name == "uldp_sgd"
     present = torch.unique(silo.subject)
     order = present[torch.from_numpy(weights[0])[present] > 0]
-    plan = plan_subject_batches(
+    plan = subject_batches(
         silo.subject,
         order,
         epochs=1 if single else 3,

@@ -75,7 +75,7 @@ from silodp.data import FederatedDataset
 from silodp.privacy.ghost import clipper_for
 from silodp.privacy.gradients import Params, clip_factors, tree_norm
 from silodp.privacy.noise import gaussian_mechanism, grid_exponent
-from silodp.privacy.per_subject import SubjectBatches, per_subject_deltas, subject_batches
+from silodp.privacy.per_subject import per_subject_deltas, subject_batches
 from silodp.privacy.randomness import Coins
 
 __all__ = [
@@ -158,19 +158,6 @@ def sampling_note(*, rate: float, sampler: str, protocol: bool) -> str | None:
         "only for the released model; against the server and the silos, who know the "
         "sample, the known-sample ε (no amplification)"
     )
-
-
-def plan_subject_batches(
-    subjects: torch.Tensor,
-    order: torch.Tensor,
-    *,
-    epochs: int,
-    batch_size: int | None,
-    coins: Coins,
-) -> SubjectBatches:
-    """Every trained subject's batches for a round, shuffled from ``coins`` (only the order in
-    which a subject's own records are visited depends on it)."""
-    return subject_batches(subjects, order, epochs=epochs, batch_size=batch_size, coins=coins)
 
 
 def _gaussian_share(
@@ -561,7 +548,7 @@ class UldpAvg(Algorithm):
         if order.numel() and self.single_step and self._fast(model):
             total = self._single_step_sum(model, params, silo, order, row)
         elif order.numel():
-            batches = plan_subject_batches(
+            batches = subject_batches(
                 silo.subject,
                 order,
                 epochs=1 if self.single_step else cfg.local_epochs,
@@ -819,7 +806,7 @@ class UldpAvgW(UldpAvg):
             order = present  # a server's sample is hidden in the encrypted weights
         vectors: dict[int, np.ndarray] = {}
         if order.numel():
-            batches = plan_subject_batches(
+            batches = subject_batches(
                 silo.subject, order, epochs=cfg.local_epochs, batch_size=cfg.batch_size, coins=coins
             )
             for rows, deltas in per_subject_deltas(
