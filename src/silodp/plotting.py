@@ -145,7 +145,8 @@ def plot_comparison(
     right.set_xlabel("round")
     right.set_ylabel(f"{unit}-level ε at δ={delta:g}")
     if right.lines:
-        right.set_yscale("log")
+        if any(v > 0 for line in right.lines for v in line.get_ydata()):
+            right.set_yscale("log")
         right.legend()
     else:
         right.text(0.5, 0.5, "no private run", ha="center", va="center", transform=right.transAxes)

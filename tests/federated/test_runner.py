@@ -58,7 +58,7 @@ def test_run_writes_every_output(tmp_path: Path) -> None:
             assert len(diag["largest_group_per_batch"]) == 3 * 2  # silos x local steps
         done = json.loads((run_dir / "summary.json").read_text())
         assert "dropped_records" not in done and "wall_time_s" not in done
-        assert done["outputs"]["covered_by_epsilon"] == ["model.pt"]
+        assert done["outputs"]["covered_by_epsilon"][0] == "model.pt"
         assert "silo_private/" in done["outputs"]["silo_private"][0]
         assert done["noise"]["mode"] == "seeded"
         if done["units"]:
