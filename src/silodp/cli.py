@@ -125,7 +125,12 @@ def run(
                 f"personalised accuracy {item['personalised_accuracy']:.3f}, "
                 f"global {item['test_accuracy']:.3f}"
             )
-        against = f" against {item['adversary']}" if item.get("adversary") else ""
+        who = item.get("adversary")
+        against = (
+            ""
+            if not who
+            else (" against every party" if who == "strongest" else f" against {WHO[who]}")
+        )
         typer.echo(
             f"  {item['algorithm']:>15}: {acc}  ε({eps}){against}"
             + (f" at δ={item['delta']:g}" if item["delta"] else "")
