@@ -422,7 +422,6 @@ def _summary(
     run: PreparedRun,
     results: list[RoundResult],
     status: str,
-    started: float,
     by_adversary: Sequence[dict[str, dict[str, float | None]]] = (),
 ) -> dict[str, Any]:
     last = results[-1] if results else None
@@ -650,7 +649,7 @@ def _train(
         lambda: simulator.params,
         results,
         run_dir,
-        lambda status: _summary(run, results, status, started, by_adversary),
+        lambda status: _summary(run, results, status, by_adversary),
         progress(run.name, run.training.rounds) if progress is not None else None,
         extra=adversaries,
     )
@@ -662,7 +661,7 @@ def _train(
             private_rows, run_dir / PRIVATE_DIR / "batch_histograms.png", title
         )
     _write_private(run_dir, run, time.perf_counter() - started)
-    summary = _summary(run, results, "complete", started, by_adversary)
+    summary = _summary(run, results, "complete", by_adversary)
     write_json(run_dir / "summary.json", summary)
     return rows, summary
 
@@ -809,7 +808,6 @@ def _prifedsync_summary(
     run: PreparedPriFedSync,
     results: Sequence[PersonalisedRoundResult],
     status: str,
-    started: float,
     target: SweepConfig | None,
 ) -> dict[str, Any]:
     last = results[-1] if results else None
@@ -870,7 +868,6 @@ def _train_prifedsync(
     progress: ProgressFactory | None,
     sweep: SweepConfig | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    started = time.perf_counter()
     resolved = dataclasses.replace(
         config,
         algorithms=("prifedsync",),
@@ -919,7 +916,7 @@ def _train_prifedsync(
         lambda: simulator.params,
         results,
         run_dir,
-        lambda status: _prifedsync_summary(run, results, status, started, sweep),
+        lambda status: _prifedsync_summary(run, results, status, sweep),
         progress(run.name, run.training.rounds) if progress is not None else None,
         extra=adversaries,
     )
@@ -932,7 +929,7 @@ def _train_prifedsync(
         title,
         target=sweep.target_accuracy if sweep else None,
     )
-    summary = _prifedsync_summary(run, results, "complete", started, sweep)
+    summary = _prifedsync_summary(run, results, "complete", sweep)
     write_json(run_dir / "summary.json", summary)
     return rows, summary
 
