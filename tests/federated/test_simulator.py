@@ -95,9 +95,9 @@ def test_seeded_runs_repeat_and_secure_runs_differ(name) -> None:
     assert any(not torch.equal(c.params[k], d.params[k]) for k in c.params)
 
 
-def test_secure_silo_sampling_is_uniform() -> None:
-    train, test = _federation(silos=4)
-    sim = Simulator(
+def _fedavg_simulator(silos: int = 4, **kwargs) -> Simulator:
+    train, test = _federation(silos=silos)
+    return Simulator(
         algorithm=make_algorithm("fedavg", AlgorithmConfig()),
         model=build_model("mlp", (4,), 3),
         train=train,
@@ -105,25 +105,20 @@ def test_secure_silo_sampling_is_uniform() -> None:
         accountant=None,
         silos_per_round=1,
         seed=0,
+        **kwargs,
     )
+
+
+def test_secure_silo_sampling_is_uniform() -> None:
+    sim = _fedavg_simulator(silos=4)
     picks = [sim.sample_silos(r)[0] for r in range(2000)]
     assert stats.chisquare(np.bincount(picks, minlength=4)).pvalue > ALPHA
     assert len(set(picks)) == 4
 
 
 def test_simulator_refuses_an_unknown_noise_mode() -> None:
-    train, test = _federation()
     with pytest.raises(ValueError, match="noise='float'"):
-        Simulator(
-            algorithm=make_algorithm("fedavg", AlgorithmConfig()),
-            model=build_model("mlp", (4,), 3),
-            train=train,
-            test=test,
-            accountant=None,
-            silos_per_round=1,
-            seed=0,
-            noise="float",
-        )
+        _fedavg_simulator(noise="float")
 
 
 def _personalised(noise: str) -> PersonalisedSimulator:
