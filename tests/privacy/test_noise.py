@@ -14,7 +14,9 @@ import pytest
 import torch
 from scipy import stats
 
+import silodp.privacy.cdf_table as table_module
 import silodp.privacy.noise as noise_module
+import silodp.privacy.rounded_gaussian as sampler_module
 from silodp.privacy.noise import (
     _draw,
     _Lazy,
@@ -208,7 +210,7 @@ def test_fallback_positions_alone_have_the_exact_cell_probabilities() -> None:
 def test_fallback_acceptance_alone_has_the_exact_fine_law(monkeypatch) -> None:
     """Force every acceptance through mpmath (float margin 1): within a cell, the accepted
     points must follow the exact masses."""
-    monkeypatch.setattr(noise_module, "FLOAT_MARGIN", 1.0)
+    monkeypatch.setattr(table_module, "FLOAT_MARGIN", 1.0)
     noise_module._table.cache_clear()
     try:
         scale = 130.0  # M = 2: cells of two points
@@ -418,7 +420,7 @@ def test_wide_scales_through_the_exact_path_only(monkeypatch) -> None:
 
     from silodp.privacy import noise
 
-    monkeypatch.setattr(noise, "FAST_ACCEPT", 0)  # every fine proposal decided exactly
+    monkeypatch.setattr(sampler_module, "FAST_ACCEPT", 0)  # every fine proposal decided exactly
     scale = Fraction(2**200) * Fraction(5, 9)
     samples = noise.rounded_gaussian(300, scale=scale, coins=Coins.seeded(14))
     assert stats.kstest(_standardised(samples, scale), "norm").pvalue > 1e-3
