@@ -360,6 +360,77 @@ def _dense_ids(values: Any) -> tuple[np.ndarray, list[Any]]:
     return ids.astype(np.int64).reshape(-1), [_to_python(v) for v in uniques]
 
 
+def _select_features(
+    frame: Any, path: Path, feature_columns: Sequence[str], id_columns: list[str]
+) -> list[str]:
+    """The feature columns asked for, or every column other than the id columns."""
+    features = list(feature_columns) or [c for c in frame.columns if c not in id_columns]
+    if not features:
+        raise ValueError(f"Table {str(path)!r} has no feature columns besides {id_columns}.")
+    return features
+
+
+def _check_columns(frame: Any, path: Path, wanted: list[str]) -> None:
+    """Refuses a table lacking one of the ``wanted`` columns or a value in one of them."""
+    absent = [c for c in wanted if c not in frame.columns]
+    if absent:
+        raise ValueError(
+            f"Table {str(path)!r} lacks column(s) {absent}; it has {list(frame.columns)}."
+        )
+    for column in wanted:
+        missing = int(frame[column].isna().sum())
+        if missing:
+            raise ValueError(
+                f"Column {column!r} of table {str(path)!r} has {missing} missing value(s)."
+            )
+
+
+def _feature_matrix(frame: Any, path: Path, features: list[str]) -> np.ndarray:
+    """The ``features`` as float32 ``(n, len(features))``; refuses non-numeric columns and
+    infinite values."""
+    non_numeric = [c for c in features if frame[c].dtype.kind not in "biuf"]
+    if non_numeric:
+        raise ValueError(
+            f"Expected numeric feature columns in {str(path)!r}; {non_numeric} are not numeric."
+        )
+    x = frame[features].to_numpy(dtype=np.float32)
+    bad = ~np.isfinite(x)
+    if bad.any():
+        col = features[int(np.nonzero(bad)[1][0])]
+        raise ValueError(
+            f"Table {str(path)!r} has {int(bad.sum())} infinite feature value(s) "
+            f"(first in column {col!r})."
+        )
+    return x
+
+
+def _encode_labels(
+    raw_labels: np.ndarray, path: Path, label_column: str, label_values: Sequence[Any] | None
+) -> tuple[np.ndarray, list[Any]]:
+    """Dense labels and the original value of each: the sorted distinct values, or the given
+    ``label_values`` (a label outside them is an error)."""
+    if label_values is None:
+        return _dense_ids(raw_labels)
+    values = list(label_values)
+    lookup = {v: i for i, v in enumerate(values)}
+    unknown = sorted({_to_python(v) for v in raw_labels if _to_python(v) not in lookup}, key=str)
+    if unknown:
+        raise ValueError(
+            f"Column {label_column!r} of {str(path)!r} has label(s) {unknown[:10]} not in "
+            f"the given label_values {values[:10]}."
+        )
+    return np.asarray([lookup[_to_python(v)] for v in raw_labels], dtype=np.int64), values
+
+
+def _id_column(frame: Any, column: str | None) -> tuple[np.ndarray | None, list[str] | None]:
+    """Dense ids of ``column``'s values (as strings, sorted) and the values; ``None`` without
+    a column."""
+    if column is None:
+        return None, None
+    ids, names = _dense_ids(frame[column].astype(str).to_numpy())
+    return ids, [str(n) for n in names]
+
+
 def load_table(
     path: str | os.PathLike[str],
     *,
@@ -384,56 +455,12 @@ def load_table(
     if len(frame) == 0:
         raise ValueError(f"Table {str(path)!r} has no rows.")
     id_columns = [c for c in (label_column, silo_column, subject_column) if c is not None]
-    features = list(feature_columns) or [c for c in frame.columns if c not in id_columns]
-    if not features:
-        raise ValueError(f"Table {str(path)!r} has no feature columns besides {id_columns}.")
-    wanted = features + id_columns
-    absent = [c for c in wanted if c not in frame.columns]
-    if absent:
-        raise ValueError(
-            f"Table {str(path)!r} lacks column(s) {absent}; it has {list(frame.columns)}."
-        )
-    for column in wanted:
-        missing = int(frame[column].isna().sum())
-        if missing:
-            raise ValueError(
-                f"Column {column!r} of table {str(path)!r} has {missing} missing value(s)."
-            )
-    non_numeric = [c for c in features if frame[c].dtype.kind not in "biuf"]
-    if non_numeric:
-        raise ValueError(
-            f"Expected numeric feature columns in {str(path)!r}; {non_numeric} are not numeric."
-        )
-    x = frame[features].to_numpy(dtype=np.float32)
-    bad = ~np.isfinite(x)
-    if bad.any():
-        col = features[int(np.nonzero(bad)[1][0])]
-        raise ValueError(
-            f"Table {str(path)!r} has {int(bad.sum())} infinite feature value(s) "
-            f"(first in column {col!r})."
-        )
-    raw_labels = frame[label_column].to_numpy()
-    if label_values is None:
-        y, values = _dense_ids(raw_labels)
-    else:
-        values = list(label_values)
-        lookup = {v: i for i, v in enumerate(values)}
-        unknown = sorted(
-            {_to_python(v) for v in raw_labels if _to_python(v) not in lookup}, key=str
-        )
-        if unknown:
-            raise ValueError(
-                f"Column {label_column!r} of {str(path)!r} has label(s) {unknown[:10]} not in "
-                f"the given label_values {values[:10]}."
-            )
-        y = np.asarray([lookup[_to_python(v)] for v in raw_labels], dtype=np.int64)
-    silo = silo_names = subject = subject_names = None
-    if silo_column is not None:
-        silo, names = _dense_ids(frame[silo_column].astype(str).to_numpy())
-        silo_names = [str(n) for n in names]
-    if subject_column is not None:
-        subject, names = _dense_ids(frame[subject_column].astype(str).to_numpy())
-        subject_names = [str(n) for n in names]
+    features = _select_features(frame, path, feature_columns, id_columns)
+    _check_columns(frame, path, features + id_columns)
+    x = _feature_matrix(frame, path, features)
+    y, values = _encode_labels(frame[label_column].to_numpy(), path, label_column, label_values)
+    silo, silo_names = _id_column(frame, silo_column)
+    subject, subject_names = _id_column(frame, subject_column)
     return TableArrays(
         x=x,
         y=y,
