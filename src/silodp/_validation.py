@@ -1,7 +1,8 @@
 """Shared input checks for public boundaries.
 
-Each helper raises ``ValueError`` naming the parameter, the value received and what was
-expected, e.g. ``Expected noise_multiplier=-1.0 in [0, inf).``
+Each helper raises :class:`~silodp.errors.InvalidValueError` (a ``ValueError``) naming the
+parameter, the value received and what was expected, e.g.
+``Expected noise_multiplier=-1.0 in [0, inf).``
 """
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from silodp.errors import InvalidValueError
+
 
 def check_finite(name: str, value: float) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise ValueError(f"Expected {name}={value!r} to be a finite number.")
+        raise InvalidValueError(f"Expected {name}={value!r} to be a finite number.")
     return float(value)
 
 
@@ -27,13 +30,13 @@ def check_in_range(
 ) -> float:
     """Checks ``lo <= value <= hi`` (open ends where asked) and returns ``float(value)``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"Expected {name}={value!r} to be a number.")
+        raise InvalidValueError(f"Expected {name}={value!r} to be a number.")
     below = value <= lo if lo_open else value < lo
     above = value >= hi if hi_open else value > hi
     if below or above:
         left = "(" if lo_open else "["
         right = ")" if hi_open else "]"
-        raise ValueError(f"Expected {name}={value!r} in {left}{lo}, {hi}{right}.")
+        raise InvalidValueError(f"Expected {name}={value!r} in {left}{lo}, {hi}{right}.")
     return float(value)
 
 
@@ -59,15 +62,16 @@ def check_int(name: str, value: int, lo: int = 0, hi: int | None = None) -> int:
             else:
                 raise TypeError
         except TypeError:
-            raise ValueError(f"Expected {name}={value!r} to be an integer.") from None
+            raise InvalidValueError(f"Expected {name}={value!r} to be an integer.") from None
     if value < lo or (hi is not None and value > hi):
         upper = "inf" if hi is None else str(hi)
-        raise ValueError(f"Expected {name}={value!r} to be an integer in [{lo}, {upper}].")
+        raise InvalidValueError(f"Expected {name}={value!r} to be an integer in [{lo}, {upper}].")
     return int(value)
 
 
 def check_choice(name: str, value: str, choices: Iterable[str]) -> str:
     options = tuple(choices)
     if value not in options:
-        raise ValueError(f"Expected {name}={value!r} to be one of {', '.join(map(repr, options))}.")
+        expected = ", ".join(map(repr, options))
+        raise InvalidValueError(f"Expected {name}={value!r} to be one of {expected}.")
     return value
