@@ -442,6 +442,10 @@ class FederatedAccountant:
                 out[unit] = Estimate(math.inf, "none", routes)
         return out
 
+    def labelled_estimates(self) -> dict[str, float]:
+        """Non-rigorous estimates reported beside ε (none: every number here is a bound)."""
+        return {}
+
     def epsilons(self, adversary: str | None = None) -> dict[str, float]:
         return {unit: est.epsilon for unit, est in self.estimates(adversary).items()}
 

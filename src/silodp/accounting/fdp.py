@@ -36,13 +36,12 @@ What is computed (see ``docs/accounting-fdp.md``):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
 
-import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
-from scipy import optimize, stats
 
 from silodp._validation import (
     check_choice,
@@ -51,10 +50,31 @@ from silodp._validation import (
     check_positive,
     check_probability,
 )
-from silodp.accounting.conversions import RDP_ORDERS, gdp_epsilon, rdp_curve, rdp_epsilon
+from silodp.accounting.accountant import ADVERSARIES, Estimate, SiloPrivacy
+from silodp.accounting.calibrate import calibrate_noise
+from silodp.accounting.conversions import RDP_ORDERS, rdp_epsilon
+from silodp.accounting.plan import PrivacyPlan
+from silodp.accounting.tradeoff import (
+    BATCH_SAMPLING,
+    DISCRETIZATION,
+    ESTIMATE_DISCRETIZATION,
+    MAX_ESTIMATE_MU,
+    _gdp_epsilon_or_zero,
+    _round_pld,
+    _step_pld,  # noqa: F401  (one step's PLD, compared with closed forms by tests)
+    _step_rdp,
+    client_sampled_epsilon,
+    client_sampled_tradeoff,
+    clt_mu,
+    composed_client_sampled_tradeoff,
+    subsampled_tradeoff,
+    tradeoff_gaussian,
+    tradeoff_pld,
+)
 
 __all__ = [
     "BATCH_SAMPLING",
+    "FdpAccountant",
     "FdpReport",
     "PriFedSyncPlan",
     "account_prifedsync",
@@ -63,22 +83,13 @@ __all__ = [
     "client_sampled_tradeoff",
     "clt_mu",
     "composed_client_sampled_tradeoff",
+    "step_events",
     "subsampled_tradeoff",
     "tradeoff_gaussian",
     "tradeoff_pld",
 ]
 
-BATCH_SAMPLING = ("uniform", "poisson")
-DISCRETIZATION = 1e-3
 CALIBRATION_DISCRETIZATION = 5e-3
-# the CLT estimates' per-round losses are small (μ/√R), so they need a finer grid to stay close
-ESTIMATE_DISCRETIZATION = 1e-4
-MAX_TANGENTS = 20_000
-FLOAT_SLACK = 1e-12
-MAX_NOISE_MULTIPLIER = 1e3
-MIN_NOISE_MULTIPLIER = 0.05
-# beyond this μ, G_μ is (numerically) no privacy at any useful δ; estimates report inf
-MAX_ESTIMATE_MU = 40.0
 THREAT_MODEL = (
     "record-level, replacement adjacency; the rigorous ε holds against the server and any "
     "coalition of the other clients (strong, hence also weak, federated f-DP); noise is added "
@@ -152,384 +163,191 @@ class FdpReport:
     estimates: dict[str, float] = field(default_factory=dict)
 
 
-# ----------------------------------------------------------------------------- CLT μ
+# ----------------------------------------------------------------------------- events
 
 
-def clt_mu(
-    noise_multiplier: float, sample_rate: float, steps: int, *, batch_sampling: str = "uniform"
-) -> float:
-    """CLT μ of ``steps`` sub-sampled NoisySGD steps (an estimate, not a bound).
-
-    Uniform batches (DRS19 Cor. 5.4, the paper's Theorem 2):
-    ``√2·c·sqrt(e^{σ^-2}Φ(1.5/σ) + 3Φ(-0.5/σ) - 2)``; Poisson batches (Bu et al. 2020):
-    ``c·sqrt(e^{σ^-2} - 1)``; ``c = q·√steps``. Same values as Opacus' ``compute_mu_uniform`` /
-    ``compute_mu_poisson``.
-    """
-    sigma = check_positive("noise_multiplier", noise_multiplier)
-    q = check_probability("sample_rate", sample_rate, allow_zero=True)
-    check_int("steps", steps, 0)
+def step_events(
+    noise_multiplier: float, sample_rate: float, steps: int, batch_sampling: str = "uniform"
+) -> SiloPrivacy:
+    """One client's round as DP events: ``steps`` NoisySGD steps (Gaussian with noise
+    multiplier σ relative to the replacement sensitivity ``2C``) on batches drawn at
+    ``sample_rate``: fixed-size without replacement (``uniform``) or Poisson."""
     check_choice("batch_sampling", batch_sampling, BATCH_SAMPLING)
-    c = q * math.sqrt(steps)
+    check_probability("sample_rate", sample_rate)
+    gaussian = dp_event.GaussianDpEvent(noise_multiplier)
     if batch_sampling == "poisson":
-        return c * math.sqrt(math.expm1(sigma**-2))
-    inner = (
-        math.exp(sigma**-2) * stats.norm.cdf(1.5 / sigma) + 3.0 * stats.norm.cdf(-0.5 / sigma) - 2.0
-    )
-    return math.sqrt(2.0) * c * math.sqrt(max(inner, 0.0))
+        step: dp_event.DpEvent = dp_event.PoissonSampledDpEvent(sample_rate, gaussian)
+    else:
+        # the exact ratio: ``sample_size / source_dataset_size`` gives back ``sample_rate``
+        rate = Fraction(sample_rate)
+        step = dp_event.SampledWithoutReplacementDpEvent(rate.denominator, rate.numerator, gaussian)
+    return SiloPrivacy({"record": dp_event.SelfComposedDpEvent(step, steps)})
 
 
-def _gdp_epsilon_or_zero(mu: float, delta: float) -> float:
-    if mu <= 0.0:
-        return 0.0
-    return math.inf if mu > MAX_ESTIMATE_MU else gdp_epsilon(mu, delta)
-
-
-# ----------------------------------------------------------------------------- trade-off functions
-
-
-def tradeoff_gaussian(mu: float, alphas: np.ndarray) -> np.ndarray:
-    """``G_μ(α) = Φ(Φ^{-1}(1-α) - μ)``, the trade-off of ``N(0,1)`` vs ``N(μ,1)``."""
-    check_in_range("mu", mu, 0.0, math.inf, hi_open=True)
-    a = np.clip(np.asarray(alphas, dtype=np.float64), 0.0, 1.0)
-    return np.asarray(stats.norm.cdf(stats.norm.isf(a) - mu), dtype=np.float64)
-
-
-def client_sampled_tradeoff(mu: float, p: float, alphas: np.ndarray) -> np.ndarray:
-    """One round with client sampling, the paper's Lemma 3.8: ``max(G_μ(α), 1 - α - p²)``."""
-    check_probability("p", p, allow_zero=True)
-    a = np.clip(np.asarray(alphas, dtype=np.float64), 0.0, 1.0)
-    return np.maximum(tradeoff_gaussian(mu, a), 1.0 - a - p * p)
-
-
-def subsampled_tradeoff(noise_multiplier: float, q: float, alphas: np.ndarray) -> np.ndarray:
-    """``C_q(G_{1/σ})(α)``: one NoisySGD step on a fixed-size batch (DRS19, Thm 4.2).
-
-    ``f_q = q·G_{1/σ} + (1-q)·Id`` on ``[0, α*]`` with ``α* = Φ(-1/(2σ))`` (where its slope
-    is -1), the segment of slope -1 to the mirror point, and ``f_q^{-1}`` after it.
-    """
-    sigma = check_positive("noise_multiplier", noise_multiplier)
-    q = check_probability("q", q, allow_zero=True)
-    mu0 = 1.0 / sigma
-    a = np.clip(np.asarray(alphas, dtype=np.float64), 0.0, 1.0)
-
-    def f_q(x: np.ndarray) -> np.ndarray:
-        return np.asarray(q * tradeoff_gaussian(mu0, x) + (1.0 - q) * (1.0 - x))
-
-    a_star = float(stats.norm.cdf(-mu0 / 2.0))
-    b_star = float(f_q(np.array([a_star]))[0])
-    out = np.empty_like(a)
-    left = a <= a_star
-    right = a >= b_star
-    mid = ~left & ~right
-    out[left] = f_q(a[left])
-    out[mid] = a_star + b_star - a[mid]
-    # f_q^{-1}(α) = the t with f_q(t) = α; f_q is strictly decreasing on [0, α*]
-    for i in np.flatnonzero(right):
-        target = a[i]
-        if target >= 1.0:
-            out[i] = 0.0
-            continue
-        out[i] = optimize.brentq(
-            lambda x, level=target: float(f_q(np.array([x]))[0]) - level, 0.0, a_star
-        )
-    return out
-
-
-# ----------------------------------------------------------------------------- trade-off → PLD
-
-
-@dataclass(frozen=True)
-class _Tangents:
-    """Supporting lines ``y = b + s(x - a)`` of a symmetric trade-off, ``s = -e^{label·d}``.
-
-    ``labels`` are the privacy losses ``log(-s)`` in units of the PLD grid ``d``: the lines sit
-    exactly on the grid, so building the PLD needs no rounding (this is dp-accounting's
-    "connect the dots" discretisation, seen from the trade-off side: ``δ(kd)`` is exact).
-    """
-
-    a: np.ndarray
-    b: np.ndarray
-    labels: np.ndarray
-
-
-def _loss_grid(l_max: float, spacing: float) -> np.ndarray:
-    """Integer losses ``0, k, 2k, …`` (units of ``spacing``) reaching ``l_max``, at most
-    ``MAX_TANGENTS`` of them."""
-    n = math.ceil(l_max / spacing)
-    stride = max(1, math.ceil(n / MAX_TANGENTS))
-    return np.arange(0, n + stride, stride, dtype=np.int64)
-
-
-def _gaussian_tangents(mu: float, spacing: float) -> _Tangents:
-    """Tangents of ``G_μ`` at thresholds ``t ≥ μ/2`` (the test rejects N(0,1) when x > t)."""
-    t_max = mu + 9.0
-    labels = _loss_grid(mu * t_max - mu * mu / 2.0, spacing)
-    t = (labels * spacing + mu * mu / 2.0) / mu
-    return _Tangents(stats.norm.sf(t), stats.norm.cdf(t - mu), labels)
-
-
-def _subsampled_tangents(noise_multiplier: float, q: float, spacing: float) -> _Tangents:
-    """Tangents of ``f_q`` (hence of ``C_q(G_{1/σ})``) where its slope is ≤ -1."""
-    mu0 = 1.0 / noise_multiplier
-    t_max = mu0 + 9.0
-    l_max = float(np.logaddexp(math.log1p(-q), math.log(q) + mu0 * t_max - mu0 * mu0 / 2.0))
-    labels = _loss_grid(l_max, spacing)
-    losses = labels * spacing
-    # e^l = (1-q) + q e^{μ0 t - μ0²/2}, solved for t without overflow
-    log_excess = losses + np.log1p(-(1.0 - q) * np.exp(-losses)) - math.log(q)
-    t = (np.maximum(log_excess, 0.0) + mu0 * mu0 / 2.0) / mu0
-    beta = (1.0 - q) * stats.norm.cdf(t) + q * stats.norm.cdf(t - mu0)
-    return _Tangents(stats.norm.sf(t), beta, labels)
-
-
-@dataclass(frozen=True)
-class _Envelope:
-    """Vertices ``(xs, ys)`` of a piecewise-linear trade-off on ``[0, 1]``; segment ``j`` has
-    privacy loss ``labels[j]·d`` (``None`` on ``y = 0``, where only the null distribution
-    has mass)."""
-
-    xs: np.ndarray
-    ys: np.ndarray
-    labels: list[int | None]
-
-
-def _upper_envelope(
-    slopes: np.ndarray, intercepts: np.ndarray, labels: list[int | None]
-) -> _Envelope:
-    """``max_i (slopes_i·x + intercepts_i)`` on ``[0, 1]`` (convex hull trick)."""
-    order = np.lexsort((intercepts, slopes))
-    stack: list[int] = []
-    for i in order.tolist():
-        m, c = slopes[i], intercepts[i]
-        if stack and slopes[stack[-1]] == m:
-            stack.pop()  # same slope: the later one in the sort has the larger intercept
-        while len(stack) >= 2:
-            m1, c1 = slopes[stack[-2]], intercepts[stack[-2]]
-            m2, c2 = slopes[stack[-1]], intercepts[stack[-1]]
-            # the top line is redundant if the new one overtakes line 1 before it does
-            if (c - c1) * (m2 - m1) >= (c2 - c1) * (m - m1):
-                stack.pop()
-            else:
-                break
-        stack.append(i)
-    ms, cs = slopes[stack], intercepts[stack]
-    # line i of the stack is on top between cross[i-1] and cross[i]; crossings increase
-    cross = (cs[:-1] - cs[1:]) / (ms[1:] - ms[:-1])
-    first = int(np.searchsorted(cross, 0.0, side="right"))  # on top at x = 0
-    last = int(np.searchsorted(cross, 1.0, side="left"))  # on top at x = 1
-    inner = np.arange(first, last)
-    xs = np.concatenate([[0.0], cross[inner], [1.0]])
-    ys = np.concatenate([[cs[first]], ms[inner] * cross[inner] + cs[inner], [ms[last] + cs[last]]])
-    return _Envelope(xs, np.maximum(ys, 0.0), [labels[stack[j]] for j in range(first, last + 1)])
-
-
-def _envelope(
-    tangents: _Tangents, spacing: float, extra_intercept: float | None = None
-) -> _Envelope:
-    """The symmetric piecewise-linear lower bound built from ``tangents``.
-
-    Uses the tangents, their mirror images (tangents of the inverse function, loss ``-l``), the
-    line ``1 - α - extra`` when given (slope -1, loss 0) and ``y = 0``. Every line lies below
-    the trade-off function, so their maximum does too: the bound errs on the pessimistic side.
-    """
-    a, b = tangents.a, tangents.b
-    s = -np.exp(tangents.labels * spacing)
-    slopes = [s, 1.0 / s]
-    intercepts = [b - s * a, a - b / s]
-    labels: list[int | None] = [*tangents.labels.tolist(), *(-tangents.labels).tolist()]
-    if extra_intercept is not None:
-        slopes.append(np.array([-1.0]))
-        intercepts.append(np.array([extra_intercept]))
-        labels.append(0)
-    slopes.append(np.array([0.0]))
-    intercepts.append(np.array([0.0]))
-    labels.append(None)
-    return _upper_envelope(np.concatenate(slopes), np.concatenate(intercepts), labels)
-
-
-def _pair_pld(envelope: _Envelope, discretization: float) -> pld_lib.PrivacyLossDistribution:
-    """PLD of the discrete pair ``(P, Q)`` whose trade-off is the envelope.
-
-    Segment ``j`` is one outcome with ``P = Δx``, ``Q = -Δy`` and loss ``log(Q/P) = label·d``;
-    the gap ``1 - y_0`` at α = 0 is an outcome only ``Q`` produces and the segment on ``y = 0``
-    one only ``P`` produces. ``T(P, Q)`` is exactly the envelope (Neyman–Pearson). Both
-    directions are kept, so nothing relies on the envelope being symmetric.
-    """
-    dx = np.diff(envelope.xs)
-    dy = -np.diff(envelope.ys)
-    remove: dict[int, float] = {}
-    add: dict[int, float] = {}
-    # FLOAT_SLACK absorbs floating-point error in the vertices (it only raises δ)
-    infinity_remove = max(0.0, 1.0 - float(envelope.ys[0])) + FLOAT_SLACK
-    infinity_add = FLOAT_SLACK
-    for px, qy, label in zip(dx.tolist(), dy.tolist(), envelope.labels, strict=True):
-        if label is None:
-            infinity_add += px
-            continue
-        remove[label] = remove.get(label, 0.0) + qy
-        add[-label] = add.get(-label, 0.0) + px
-    return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
-        remove,
-        infinity_remove,
-        discretization,
-        pessimistic_estimate=True,
-        rounded_probability_mass_function_add=add,
-        infinity_mass_add=infinity_add,
-        symmetric=False,
-    )
-
-
-def tradeoff_pld(
-    mu: float, *, p: float = 1.0, discretization: float = DISCRETIZATION
-) -> pld_lib.PrivacyLossDistribution:
-    """Pessimistic PLD of ``max(G_μ, 1 - α - p²)`` (``G_μ`` when ``p = 1``)."""
-    check_positive("mu", mu)
-    check_probability("p", p, allow_zero=True)
-    extra = 1.0 - p * p if p < 1.0 else None
-    envelope = _envelope(_gaussian_tangents(mu, discretization), discretization, extra)
-    return _pair_pld(envelope, discretization)
-
-
-def composed_client_sampled_tradeoff(
-    mu: float, p: float, rounds: int, alphas: np.ndarray, *, discretization: float = DISCRETIZATION
-) -> np.ndarray:
-    """A lower bound on ``max(G_μ, 1 - α - p²)^{⊗R}`` at ``alphas`` (Theorem 1's trade-off).
-
-    The ``R``-fold composition of the pessimistic PLD gives ``δ(ε)``; each ``ε`` yields the
-    valid line ``1 - δ(ε) - e^ε α``; their maximum over a grid of ε is returned.
-    """
-    check_int("rounds", rounds, 1)
-    pld = tradeoff_pld(mu, p=p, discretization=discretization).self_compose(rounds)
-    a = np.clip(np.asarray(alphas, dtype=np.float64), 0.0, 1.0)
-    positive = np.geomspace(1e-4, 30.0, 200)
-    eps_grid = np.concatenate([-positive[::-1], [0.0], positive])
-    best = np.zeros_like(a)
-    for eps in eps_grid:
-        delta = float(pld.get_delta_for_epsilon(float(eps)))
-        best = np.maximum(best, 1.0 - delta - math.exp(eps) * a)
-    return np.minimum(best, 1.0 - a)
-
-
-def client_sampled_epsilon(
-    mu: float, p: float, rounds: int, delta: float, *, discretization: float = DISCRETIZATION
-) -> float:
-    """ε at ``delta`` of ``max(G_μ, 1 - α - p²)^{⊗R}`` (Theorem 1 with CLT per-round μ)."""
-    check_int("rounds", rounds, 1)
-    check_in_range("delta", delta, 0.0, 1.0, lo_open=True, hi_open=True)
-    pld = tradeoff_pld(mu, p=p, discretization=discretization).self_compose(rounds)
-    return float(pld.get_epsilon_for_delta(delta))
-
-
-# ----------------------------------------------------------------------------- rigorous steps
-
-
-@lru_cache(maxsize=64)
-def _step_pld(
-    noise_multiplier: float, q: float, batch_sampling: str, discretization: float
-) -> pld_lib.PrivacyLossDistribution:
-    """Pessimistic PLD of one local step (replacement adjacency)."""
-    if batch_sampling == "poisson":
-        # noise std 2Cσ; with Poisson sampling the replaced record's gradient moves the sum by
-        # at most C from the rest of the batch in either dataset (dp-accounting REPLACE_ONE)
-        return pld_lib.from_gaussian_mechanism(
-            standard_deviation=2.0 * noise_multiplier,
-            sensitivity=1.0,
-            sampling_prob=q,
-            value_discretization_interval=discretization,
-            neighboring_relation=pld_lib.NeighborRel.REPLACE_ONE,
-        )
-    if q >= 1.0:
-        return pld_lib.from_gaussian_mechanism(
-            standard_deviation=noise_multiplier, value_discretization_interval=discretization
-        )
-    envelope = _envelope(_subsampled_tangents(noise_multiplier, q, discretization), discretization)
-    return _pair_pld(envelope, discretization)
-
-
-@lru_cache(maxsize=64)
-def _round_pld(
-    noise_multiplier: float, q: float, steps: int, batch_sampling: str, discretization: float
-) -> pld_lib.PrivacyLossDistribution:
-    return _step_pld(noise_multiplier, q, batch_sampling, discretization).self_compose(steps)
-
-
-@lru_cache(maxsize=64)
-def _step_rdp(noise_multiplier: float, q: float, batch_sampling: str) -> np.ndarray | None:
-    """RDP of one step from dp-accounting (uniform batches only), or None."""
-    if batch_sampling != "uniform":
-        return None
-    # source size / sample size only matter through their ratio
-    event = dp_event.SampledWithoutReplacementDpEvent(
-        1_000_000, round(q * 1_000_000), dp_event.GaussianDpEvent(noise_multiplier)
-    )
-    return rdp_curve(event, replace_one=True)
+def _parse(event: dp_event.DpEvent) -> tuple[float, float, int, str]:
+    """(σ, sampling rate, steps, batch sampling) of one client's round of NoisySGD."""
+    if not isinstance(event, dp_event.SelfComposedDpEvent):
+        raise ValueError(f"Expected a self-composed NoisySGD step, got {event!r}.")
+    step, steps = event.event, event.count
+    if isinstance(step, dp_event.SampledWithoutReplacementDpEvent):
+        inner, rate, sampling = step.event, step.sample_size / step.source_dataset_size, "uniform"
+    elif isinstance(step, dp_event.PoissonSampledDpEvent):
+        inner, rate, sampling = step.event, step.sampling_probability, "poisson"
+    else:
+        raise ValueError(f"Expected a sub-sampled Gaussian step, got {step!r}.")
+    if not isinstance(inner, dp_event.GaussianDpEvent):
+        raise ValueError(f"Expected a Gaussian mechanism in each step, got {inner!r}.")
+    return inner.noise_multiplier, rate, steps, sampling
 
 
 # ----------------------------------------------------------------------------- the accountant
 
 
+class FdpAccountant:
+    """PriFedSync's accountant: f-DP per client, composed round by round, with the same
+    interface as :class:`~silodp.accounting.FederatedAccountant`.
+
+    Each round composes the round of the most exposed client (largest sampling rate) among the
+    silos' events it is given, mixed with the identity at the client rate ``p`` (a client's
+    records influence what anybody sees only in rounds in which it is sampled), whichever
+    clients the round actually sampled: the server draws that sample, and the mixture is what
+    accounts it. ε is reported at ``record`` (the guarantee, with client sampling) and
+    ``record_every_round`` (the client takes part in every round); the same values hold against
+    every adversary. :meth:`mu` and :meth:`labelled_estimates` are CLT estimates, never
+    guarantees.
+
+    Args:
+      clients: m, the number of clients (the strong federated μ is ``√(m-1)·μmax``).
+      client_rate: p, the Poisson client-sampling rate per round.
+      delta: δ of every reported ε.
+      discretization: PLD grid of the rigorous routes.
+      rigorous_only: compute only the rigorous ``record`` ε on the PLD route (calibration).
+    """
+
+    units: tuple[str, ...] = ("record",)
+
+    def __init__(
+        self,
+        *,
+        clients: int,
+        client_rate: float,
+        delta: float,
+        discretization: float = DISCRETIZATION,
+        rigorous_only: bool = False,
+    ) -> None:
+        self.clients = check_int("clients", clients, 1)
+        self.client_rate = check_probability("client_rate", client_rate)
+        self.delta = check_in_range("delta", delta, 0.0, 1.0, lo_open=True, hi_open=True)
+        self.discretization = discretization
+        self.rigorous_only = rigorous_only
+        self.rounds = 0
+        self._mechanism: tuple[float, float, int, str] | None = None
+        self._all: pld_lib.PrivacyLossDistribution | None = None
+        self._sampled: pld_lib.PrivacyLossDistribution | None = None
+        self._paper: pld_lib.PrivacyLossDistribution | None = None
+
+    def _set_mechanism(self, silos: Sequence[SiloPrivacy]) -> tuple[float, float, int, str]:
+        parsed = [_parse(s.events["record"]) for s in silos if "record" in s.events]
+        if not parsed:
+            raise ValueError("Expected each client's record-level events, got none.")
+        if len({(sigma, k, b) for sigma, _, k, b in parsed}) > 1:
+            raise ValueError("Expected every client to run the same σ, steps and batch sampling.")
+        sigma, _, steps, sampling = parsed[0]
+        mechanism = (sigma, max(rate for _, rate, _, _ in parsed), steps, sampling)
+        if self._mechanism is not None and mechanism != self._mechanism:
+            raise ValueError(
+                f"Expected the same clients' mechanism every round: {self._mechanism} then "
+                f"{mechanism}."
+            )
+        self._mechanism = mechanism
+        return mechanism
+
+    def compose_round(
+        self, silos: Sequence[SiloPrivacy], *, count: int = 1, participants: int | None = None
+    ) -> None:
+        """Adds ``count`` rounds of the most exposed client's events among ``silos``."""
+        check_int("count", count, 1)
+        sigma, q, steps, sampling = self._set_mechanism(silos)
+        round_pld = _round_pld(sigma, q, steps, sampling, self.discretization)
+        p = self.client_rate
+        if p < 1.0:
+            identity = pld_lib.identity(value_discretization_interval=self.discretization)
+            self._sampled = _advance(self._sampled, round_pld.compute_mixture(identity, p), count)
+        if not self.rigorous_only or p >= 1.0:
+            self._all = _advance(self._all, round_pld, count)
+        if not self.rigorous_only and p < 1.0:
+            mu_round = clt_mu(sigma, q, steps, batch_sampling=sampling)
+            if mu_round <= MAX_ESTIMATE_MU:
+                paper = tradeoff_pld(mu_round, p=p, discretization=ESTIMATE_DISCRETIZATION)
+                self._paper = _advance(self._paper, paper, count)
+        self.rounds += count
+
+    def compose_release(self, silos: Sequence[SiloPrivacy]) -> None:
+        raise ValueError(
+            "Expected no release before training with PriFedSync: its replace-one record "
+            "guarantee does not compose with the add/remove events of a release."
+        )
+
+    def report(self) -> FdpReport:
+        """Everything this accountant knows after the rounds composed so far."""
+        if self._mechanism is None:
+            raise ValueError("Expected at least one composed round, got none.")
+        sigma, q, steps, sampling = self._mechanism
+        r, delta = self.rounds, self.delta
+        epsilon: dict[str, float] = {}
+        route: dict[str, str] = {}
+        if self._all is not None:
+            every = {"pld": _epsilon(self._all, delta)}
+            rdp = _step_rdp(sigma, q, sampling)
+            if rdp is not None:
+                every["rdp"] = rdp_epsilon(RDP_ORDERS, rdp * steps * r, delta)
+            best = min(every, key=lambda key: every[key])
+            epsilon["record_every_round"], route["record_every_round"] = every[best], best
+        sampled = _epsilon(self._sampled, delta) if self._sampled is not None else math.inf
+        if "record_every_round" in epsilon and epsilon["record_every_round"] <= sampled:
+            epsilon["record"], route["record"] = (
+                epsilon["record_every_round"],
+                route["record_every_round"],
+            )
+        else:
+            epsilon["record"], route["record"] = sampled, "pld-client-sampling"
+        if self.rigorous_only:
+            return FdpReport(round=r, mu={}, epsilon=epsilon, epsilon_route=route)
+        mu_max = clt_mu(sigma, q, steps * r, batch_sampling=sampling)
+        mu = {
+            "client_max": mu_max,
+            "weak": mu_max,
+            "strong": math.sqrt(self.clients - 1) * mu_max,
+        }
+        estimates = {
+            "record_clt_weak": _gdp_epsilon_or_zero(mu["weak"], delta),
+            "record_clt_strong": _gdp_epsilon_or_zero(mu["strong"], delta),
+        }
+        if self._paper is not None:
+            estimates["record_clt_weak_client_sampling"] = _epsilon(self._paper, delta)
+        return FdpReport(round=r, mu=mu, epsilon=epsilon, epsilon_route=route, estimates=estimates)
+
+    def estimates(self, adversary: str | None = None) -> dict[str, Estimate]:
+        report = self.report()
+        return {
+            key: Estimate(value, report.epsilon_route[key], {report.epsilon_route[key]: value})
+            for key, value in report.epsilon.items()
+        }
+
+    def estimates_by_adversary(self) -> dict[str, dict[str, Estimate]]:
+        """The same ε against every adversary: the client sample is accounted as known."""
+        estimates = self.estimates()
+        return {adversary: dict(estimates) for adversary in ADVERSARIES}
+
+    def mu(self, adversary: str | None = None) -> dict[str, float]:
+        return dict(self.report().mu)
+
+    def labelled_estimates(self) -> dict[str, float]:
+        return dict(self.report().estimates)
+
+
 def _epsilon(pld: pld_lib.PrivacyLossDistribution, delta: float) -> float:
     return float(pld.get_epsilon_for_delta(delta))
-
-
-def account_prifedsync(plan: PriFedSyncPlan, *, per_round: bool = False) -> list[FdpReport]:
-    """Privacy of a PriFedSync plan: the final report (``[last]``) or one per round ``1..R``.
-
-    The rigorous ε is that of the most exposed client (largest ``B_j/n_j``); for
-    ``epsilon["record_every_round"]`` it takes part in every round, for ``epsilon["record"]``
-    in each round with probability ``p`` (the two agree when ``p = 1``). Per-round reports
-    compose one more round onto the kept state, so ``per_round=True`` costs about R PLD
-    compositions, not R accountings.
-    """
-    sigma, p = plan.noise_multiplier, plan.client_rate
-    q_max = max(plan.sample_rates)
-    round_pld = _round_pld(sigma, q_max, plan.local_steps, plan.batch_sampling, DISCRETIZATION)
-    sampled_round = _client_sampled(round_pld, p)
-    step_rdp = _step_rdp(sigma, q_max, plan.batch_sampling)
-    mu_round = clt_mu(sigma, q_max, plan.local_steps, batch_sampling=plan.batch_sampling)
-    paper_round = None
-    if p < 1.0 and mu_round <= MAX_ESTIMATE_MU:
-        paper_round = tradeoff_pld(mu_round, p=p, discretization=ESTIMATE_DISCRETIZATION)
-
-    wanted = range(1, plan.rounds + 1) if per_round else [plan.rounds]
-    reports: list[FdpReport] = []
-    state_all: pld_lib.PrivacyLossDistribution | None = None
-    state_sampled: pld_lib.PrivacyLossDistribution | None = None
-    state_paper: pld_lib.PrivacyLossDistribution | None = None
-    done = 0
-    for r in wanted:
-        count = r - done
-        state_all = _advance(state_all, round_pld, count)
-        if sampled_round is not None:
-            state_sampled = _advance(state_sampled, sampled_round, count)
-        if paper_round is not None:
-            state_paper = _advance(state_paper, paper_round, count)
-        done = r
-        reports.append(_report(plan, r, state_all, state_sampled, state_paper, step_rdp, q_max))
-    return reports
-
-
-def _client_sampled(
-    round_pld: pld_lib.PrivacyLossDistribution,
-    p: float,
-    discretization: float = DISCRETIZATION,
-) -> pld_lib.PrivacyLossDistribution | None:
-    """``p·PLD_round + (1-p)·PLD_identity``: the round's dominating pair mixed with ``⊥``."""
-    if p >= 1.0:
-        return None
-    identity = pld_lib.identity(value_discretization_interval=discretization)
-    return round_pld.compute_mixture(identity, p)
-
-
-def _record_epsilon(plan: PriFedSyncPlan, discretization: float = DISCRETIZATION) -> float:
-    """The rigorous record ε of ``plan`` by the PLD route only (what calibration needs)."""
-    q_max = max(plan.sample_rates)
-    round_pld = _round_pld(
-        plan.noise_multiplier, q_max, plan.local_steps, plan.batch_sampling, discretization
-    )
-    sampled_round = _client_sampled(round_pld, plan.client_rate, discretization)
-    composed = (round_pld if sampled_round is None else sampled_round).self_compose(plan.rounds)
-    return _epsilon(composed, plan.delta)
 
 
 def _advance(
@@ -541,82 +359,91 @@ def _advance(
     return step if state is None else state.compose(step)
 
 
-def _report(
-    plan: PriFedSyncPlan,
-    r: int,
-    state_all: pld_lib.PrivacyLossDistribution,
-    state_sampled: pld_lib.PrivacyLossDistribution | None,
-    state_paper: pld_lib.PrivacyLossDistribution | None,
-    step_rdp: np.ndarray | None,
-    q_max: float,
-) -> FdpReport:
-    delta, m = plan.delta, plan.clients
-    mu_max = clt_mu(
-        plan.noise_multiplier, q_max, plan.local_steps * r, batch_sampling=plan.batch_sampling
+def _plan_events(plan: PriFedSyncPlan) -> list[SiloPrivacy]:
+    return [
+        step_events(plan.noise_multiplier, q, plan.local_steps, plan.batch_sampling)
+        for q in plan.sample_rates
+    ]
+
+
+def _privacy_plan(plan: PriFedSyncPlan) -> PrivacyPlan:
+    return PrivacyPlan(
+        sampling_rates=plan.sample_rates,
+        rounds=plan.rounds,
+        silos_per_round=plan.clients,
+        span=1,
+        delta=plan.delta,
     )
-    mu = {"client_max": mu_max, "weak": mu_max, "strong": math.sqrt(m - 1) * mu_max}
-    every: dict[str, float] = {"pld": _epsilon(state_all, delta)}
-    if step_rdp is not None:
-        every["rdp"] = rdp_epsilon(RDP_ORDERS, step_rdp * plan.local_steps * r, delta)
-    every_route = min(every, key=lambda key: every[key])
-    epsilon = {"record_every_round": every[every_route]}
-    route = {"record_every_round": every_route}
-    if state_sampled is not None:
-        sampled = _epsilon(state_sampled, delta)
-        if sampled < every[every_route]:
-            epsilon["record"], route["record"] = sampled, "pld-client-sampling"
-        else:
-            epsilon["record"], route["record"] = every[every_route], every_route
-    else:
-        epsilon["record"], route["record"] = every[every_route], every_route
-    estimates = {
-        "record_clt_weak": _gdp_epsilon_or_zero(mu["weak"], delta),
-        "record_clt_strong": _gdp_epsilon_or_zero(mu["strong"], delta),
-    }
-    if state_paper is not None:
-        estimates["record_clt_weak_client_sampling"] = _epsilon(state_paper, delta)
-    return FdpReport(round=r, mu=mu, epsilon=epsilon, epsilon_route=route, estimates=estimates)
+
+
+def account_prifedsync(plan: PriFedSyncPlan, *, per_round: bool = False) -> list[FdpReport]:
+    """Privacy of a PriFedSync plan: the final report (``[last]``) or one per round ``1..R``.
+
+    The rigorous ε is that of the most exposed client (largest ``B_j/n_j``); for
+    ``epsilon["record_every_round"]`` it takes part in every round, for ``epsilon["record"]``
+    in each round with probability ``p`` (the two agree when ``p = 1``). Per-round reports
+    compose one more round onto the kept state, so ``per_round=True`` costs about R PLD
+    compositions, not R accountings.
+    """
+    accountant = FdpAccountant(clients=plan.clients, client_rate=plan.client_rate, delta=plan.delta)
+    events = _plan_events(plan)
+    if not per_round:
+        accountant.compose_round(events, count=plan.rounds)
+        return [accountant.report()]
+    reports = []
+    for _ in range(plan.rounds):
+        accountant.compose_round(events)
+        reports.append(accountant.report())
+    return reports
+
+
+def accountant_for(clients: int, client_rate: float, delta: float):  # type: ignore[no-untyped-def]
+    """The accountant factory of :func:`~silodp.accounting.calibrate.calibrate_noise`: the
+    rigorous PLD route on a coarse grid while searching, every route when reporting."""
+
+    def make(stage: str, units: Sequence[str]) -> FdpAccountant:
+        if stage == "report":
+            return FdpAccountant(clients=clients, client_rate=client_rate, delta=delta)
+        return FdpAccountant(
+            clients=clients,
+            client_rate=client_rate,
+            delta=delta,
+            discretization=CALIBRATION_DISCRETIZATION,
+            rigorous_only=True,
+        )
+
+    return make
 
 
 def calibrate_prifedsync(plan: PriFedSyncPlan, *, target_epsilon: float) -> float:
-    """Smallest σ (bisection, relative tolerance 1e-3) whose rigorous record ε is ≤ the target.
+    """Smallest σ (relative tolerance 1e-3) whose rigorous record ε is at most the target:
+    :func:`~silodp.accounting.calibrate.calibrate_noise` on these events and this accountant.
 
-    ``plan.noise_multiplier`` is ignored; σ is searched in ``[MIN_NOISE_MULTIPLIER,
-    MAX_NOISE_MULTIPLIER]`` (a target met already at the lower end returns that end). The
-    bisection runs on a coarser PLD grid; the result is then checked on the reporting grid and
-    raised until ``account_prifedsync(...)[-1].epsilon["record"] <= target_epsilon``. Raises
-    ``ValueError`` naming the target when even ``MAX_NOISE_MULTIPLIER`` does not reach it.
+    ``plan.noise_multiplier`` is ignored. The search runs on a coarser PLD grid; the result is
+    confirmed on the reporting grid, so ``account_prifedsync(...)[-1].epsilon["record"] <=
+    target_epsilon``.
+
+    Raises:
+      CalibrationError: the target is not positive or is unreachable.
     """
-    target = check_positive("target_epsilon", target_epsilon)
+    return calibrate_noise(
+        lambda sigma: _plan_events(_with_sigma(plan, sigma)),
+        accountant_for(plan.clients, plan.client_rate, plan.delta),
+        _privacy_plan(plan),
+        target_epsilon=target_epsilon,
+        unit="record",
+        rel_tol=1e-3,
+        what="'prifedsync'",
+    )
 
-    def eps(sigma: float, discretization: float = CALIBRATION_DISCRETIZATION) -> float:
-        return _record_epsilon(replace(plan, noise_multiplier=sigma), discretization)
 
-    hi = 1.0
-    if eps(hi) <= target:
-        lo = hi / 2.0
-        while eps(lo) <= target:
-            hi = lo
-            lo /= 2.0
-            if lo < MIN_NOISE_MULTIPLIER:
-                return MIN_NOISE_MULTIPLIER if eps(MIN_NOISE_MULTIPLIER) <= target else hi
-    else:
-        while eps(hi) > target:
-            hi *= 2.0
-            if hi > MAX_NOISE_MULTIPLIER:
-                raise ValueError(
-                    f"Expected target_epsilon={target_epsilon!r} to be reachable with "
-                    f"noise_multiplier <= {MAX_NOISE_MULTIPLIER:g}; it is not."
-                )
-        lo = hi / 2.0
-    while hi - lo > 1e-3 * hi:
-        mid = 0.5 * (lo + hi)
-        if eps(mid) <= target:
-            hi = mid
-        else:
-            lo = mid
-    for _ in range(100):  # confirm on the reporting grid
-        if eps(hi, DISCRETIZATION) <= target:
-            return hi
-        hi *= 1.001
-    raise ValueError(f"Expected target_epsilon={target_epsilon!r} to be reachable; it is not.")
+def _with_sigma(plan: PriFedSyncPlan, sigma: float) -> PriFedSyncPlan:
+    return PriFedSyncPlan(
+        noise_multiplier=sigma,
+        sample_rates=plan.sample_rates,
+        local_steps=plan.local_steps,
+        rounds=plan.rounds,
+        client_rate=plan.client_rate,
+        delta=plan.delta,
+        batch_sampling=plan.batch_sampling,
+    )
