@@ -1,17 +1,31 @@
-"""Federated algorithms by name (SPEC §2)."""
+"""Federated algorithms as plug-ins (SPEC §2).
+
+Each algorithm is one module that defines an :class:`Algorithm` subclass with its own
+``Config`` dataclass and registers it (:func:`register`); importing this package registers
+the built-in ones. The experiment, the command line and the accounting reach an algorithm only
+through :data:`ALGORITHMS` and the methods of :class:`Algorithm`.
+"""
 
 from __future__ import annotations
 
-from silodp._validation import check_choice
+from silodp.algorithms import (  # noqa: F401  (each module registers its algorithms)
+    dp_sgd,
+    fedavg,
+    higradavg,
+    prifedsync,
+    uldp_avg,
+    uldp_naive,
+    uldp_protocol,
+    user_ldp,
+)
 from silodp.algorithms.base import Algorithm, AlgorithmConfig, SiloData, SiloUpdate
-from silodp.algorithms.dp_sgd import LocalGroupDP, LocalItemDP
-from silodp.algorithms.fedavg import FedAvg
-from silodp.algorithms.higradavg import HiGradAvgDP
-from silodp.algorithms.prifedsync import PriFedSync
-from silodp.algorithms.uldp import UldpAvg, UldpAvgW, UldpGroup, UldpNaive, UldpSgd
-from silodp.algorithms.user_ldp import UserLDP
-from silodp.data import FederatedDataset
-from silodp.privacy.randomness import Coins
+from silodp.algorithms.registry import (
+    ALGORITHMS,
+    algorithm_class,
+    hyperparameter_tables,
+    make_algorithm,
+    register,
+)
 
 __all__ = [
     "ALGORITHMS",
@@ -19,36 +33,8 @@ __all__ = [
     "AlgorithmConfig",
     "SiloData",
     "SiloUpdate",
+    "algorithm_class",
+    "hyperparameter_tables",
     "make_algorithm",
+    "register",
 ]
-
-ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls
-    for cls in (
-        FedAvg,
-        LocalItemDP,
-        LocalGroupDP,
-        HiGradAvgDP,
-        UserLDP,
-        UldpNaive,
-        UldpGroup,
-        UldpAvg,
-        UldpSgd,
-        UldpAvgW,
-        PriFedSync,
-    )
-}
-
-
-def make_algorithm(
-    name: str,
-    config: AlgorithmConfig,
-    train: FederatedDataset | None = None,
-    *,
-    coins: Coins | None = None,
-) -> Algorithm:
-    """The algorithm registered as ``name`` with ``config`` (set up for ``train`` if given,
-    with ``coins`` as the set-up's randomness)."""
-    check_choice("algorithm", name, ALGORITHMS)
-    cls = ALGORITHMS[name]
-    return cls(config) if train is None else cls.for_data(config, train, coins=coins)

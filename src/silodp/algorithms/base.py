@@ -9,8 +9,8 @@ those events only.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -19,106 +19,112 @@ from torch import nn
 
 from silodp._validation import (
     check_choice,
-    check_in_range,
     check_int,
     check_non_negative,
     check_positive,
-    check_probability,
 )
-from silodp.accounting import SiloPrivacy
-from silodp.data import FederatedDataset
+from silodp.accounting import FederatedAccountant, PrivacyPlan, SiloPrivacy
+from silodp.accounting.interface import Accountant
+from silodp.accounting.plan import CALIBRATION_DISCRETIZATION
+from silodp.data import FederatedDataset, TestSplit
+from silodp.errors import InvalidValueError
+from silodp.evaluation import evaluate
 from silodp.privacy.gradients import Params, batch_gradient
 from silodp.privacy.randomness import Coins
 
-__all__ = ["Algorithm", "AlgorithmConfig", "SiloData", "SiloUpdate", "average_params"]
+__all__ = [
+    "Algorithm",
+    "AlgorithmConfig",
+    "SiloData",
+    "SiloUpdate",
+    "average_params",
+    "hyperparameter",
+]
+
+
+def hyperparameter(default: Any, table: str | None, doc: str = "", *, account: bool = False) -> Any:
+    """A config field: its default, the TOML table it is read from (``training`` or
+    ``privacy``; ``None`` for what the experiment resolves, e.g. σ or the group bound), a
+    one-line help, and whether the accounting depends on it (``account``: ``silodp account``
+    then has an option for it)."""
+    return field(default=default, metadata={"table": table, "doc": doc, "account": account})
 
 
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:
-    """Public hyperparameters of a local update.
+    """The public hyperparameters every algorithm has; each algorithm's ``Config`` extends it.
+
+    A field's metadata says which TOML table it is read from (``[training]``, ``[privacy]``
+    or ``[algorithm.NAME]``), so the config file maps onto these dataclasses directly. Every
+    field is validated once, here, with its table-qualified name in the message.
 
     Attributes:
       local_steps: T, local steps per round.
       batch_size: expected mini-batch size (records; subjects for subject-level sampling).
       lr: local learning rate η.
       server_lr: global learning rate η_g applied to the averaged update.
-      clip: clipping bound C.
-      noise_multiplier: σ; the noise added to a sum is ``N(0, σ² C² I)``.
-      group_size: public bound k on one subject's records inside one silo (group conversion).
-      sampling: HiGradAvgDP batch selection, ``record`` (Poisson records) or ``subject``
-        (Poisson subjects, up to ``subject_records`` records each).
-      subject_records: records used per sampled subject with ``sampling="subject"``.
-      local_epochs: Q, epochs of per-subject (ULDP-AVG) or per-silo (ULDP-NAIVE) training.
-      subject_rate: ULDP subject-level Poisson sub-sampling rate q (1: every subject).
-      subject_sampler: who draws the ULDP subject sample: ``silos`` (from a secret the silos
-        share and the server never sees; amplification holds against the server, not against
-        the silos) or ``server`` (the server draws it: no amplification against the server).
       grad_method: per-example clipping path: ``auto`` (activation/gradient contractions where
         every layer supports them, else ``vmap``), or ``vmap`` (materialised per-example
         gradients; exact reference).
-      weighting: ``uldp_avg_w`` weights ``n_{s,a}/n_a``: ``protocol`` (the private weighting
-        protocol; no party sees another silo's histogram) or ``clear`` (computed from the
-        histograms in the clear).
-      num_silos: S, the number of silos (public). The ULDP methods split their noise over the
-        silos, and one curious silo knows its own share: accounting that adversary needs S.
-      key_bits: Paillier modulus size of the weighting protocol (at least 2048).
-      n_max: public bound on a subject's records in the federation for the weighting protocol.
-      client_rate: PriFedSync Poisson client-sampling rate p per round.
-      optimizer: PriFedSync local optimizer applied to the noisy gradient: ``sgd``,
-        ``momentum`` or ``adam``.
-      momentum: momentum (and Adam's β1) of the local optimizer.
-      helper: PriFedSync helper model ``identity`` (FedAvg) or ``interpolate``.
-      alpha: interpolation weight α_i of the helper model, one for all clients or one per client.
+      clip: clipping bound C.
+      noise_multiplier: σ; the noise added to a sum is ``N(0, σ² C² I)`` (resolved by the
+        experiment: given or calibrated).
+      num_silos: S, the number of silos (public; set from the data). The ULDP methods split
+        their noise over the silos, and one curious silo knows its own share.
     """
 
-    local_steps: int = 10
-    batch_size: int = 32
-    lr: float = 0.1
-    server_lr: float = 1.0
-    clip: float = 1.0
-    noise_multiplier: float = 1.0
-    group_size: int = 1
-    sampling: str = "record"
-    subject_records: int = 8
-    local_epochs: int = 1
-    subject_rate: float = 1.0
-    subject_sampler: str = "silos"
-    grad_method: str = "auto"
-    weighting: str = "protocol"
-    key_bits: int = 3072
-    n_max: int = 2000
-    num_silos: int | None = None
-    client_rate: float = 1.0
-    optimizer: str = "sgd"
-    momentum: float = 0.9
-    helper: str = "identity"
-    alpha: float | tuple[float, ...] = 0.5
+    local_steps: int = hyperparameter(10, "training", "Local steps per round T.")
+    batch_size: int = hyperparameter(32, "training", "Expected batch size B.")
+    lr: float = hyperparameter(0.1, "training", "Local learning rate.")
+    server_lr: float = hyperparameter(1.0, "training", "Server learning rate.")
+    grad_method: str = hyperparameter("auto", "training", "Per-example gradients: auto or vmap.")
+    clip: float = hyperparameter(1.0, "privacy", "Clipping bound C.")
+    noise_multiplier: float = hyperparameter(1.0, None)
+    num_silos: int | None = hyperparameter(None, None)
 
     def __post_init__(self) -> None:
-        check_choice("weighting", self.weighting, ("protocol", "clear"))
-        check_int("key_bits", self.key_bits, 1)
-        check_int("n_max", self.n_max, 1)
         if self.num_silos is not None:
             check_int("num_silos", self.num_silos, 1)
-        check_probability("client_rate", self.client_rate)
-        check_choice("optimizer", self.optimizer, ("sgd", "momentum", "adam"))
-        check_in_range("momentum", self.momentum, 0.0, 1.0, hi_open=True)
-        check_choice("helper", self.helper, ("identity", "interpolate"))
-        for a in self.alpha if isinstance(self.alpha, tuple) else (self.alpha,):
-            check_in_range("alpha", a, 0.0, 1.0)
-        check_int("local_steps", self.local_steps, 1)
-        check_int("local_epochs", self.local_epochs, 1)
-        check_probability("subject_rate", self.subject_rate)
-        check_choice("subject_sampler", self.subject_sampler, ("silos", "server"))
-        check_choice("grad_method", self.grad_method, ("auto", "vmap"))
-        check_int("batch_size", self.batch_size, 1)
-        check_positive("lr", self.lr)
-        check_positive("server_lr", self.server_lr)
-        check_positive("clip", self.clip)
+        check_int(self.key("local_steps"), self.local_steps, 1)
+        check_choice(self.key("grad_method"), self.grad_method, ("auto", "vmap"))
+        check_int(self.key("batch_size"), self.batch_size, 1)
+        check_positive(self.key("lr"), self.lr)
+        check_positive(self.key("server_lr"), self.server_lr)
+        check_positive(self.key("clip"), self.clip)
         check_non_negative("noise_multiplier", self.noise_multiplier)
-        check_int("group_size", self.group_size, 1)
-        check_choice("sampling", self.sampling, ("record", "subject"))
-        check_int("subject_records", self.subject_records, 1)
+
+    @classmethod
+    def key(cls, name: str) -> str:
+        """``name`` as it is written in a config file, e.g. ``training.lr``."""
+        table = cls.__dataclass_fields__[name].metadata.get("table")
+        return f"{table}.{name}" if table else name
+
+    @classmethod
+    def tables(cls) -> dict[str, str]:
+        """``{field: table}`` of the fields read from a config file's tables."""
+        return {
+            f.name: f.metadata["table"] for f in fields(cls) if f.metadata.get("table") is not None
+        }
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> AlgorithmConfig:
+        """This config from the keys of ``settings`` it declares (the others belong to other
+        algorithms or to the experiment and are left alone)."""
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in settings.items() if k in names}
+        for name, value in values.items():
+            if isinstance(value, list):
+                values[name] = tuple(value)
+        return cls(**values)
+
+    @classmethod
+    def accounting_fields(cls) -> dict[str, Any]:
+        """``{name: field}`` of the hyperparameters the accounting depends on."""
+        return {f.name: f for f in fields(cls) if f.metadata.get("account")}
+
+    def settings(self) -> dict[str, Any]:
+        """``{field: value}`` of the fields read from a config file's tables."""
+        return {name: getattr(self, name) for name in self.tables()}
 
 
 @dataclass(frozen=True, eq=False)
@@ -172,22 +178,50 @@ def average_params(
 
 
 class Algorithm(ABC):
-    """A federated algorithm: ``local_update`` in each silo, ``aggregate`` on the server."""
+    """A federated algorithm: ``local_update`` in each silo, ``aggregate`` on the server.
+
+    A subclass registers itself with :func:`~silodp.algorithms.registry.register`, declares its
+    hyperparameters in its own ``Config`` (a subclass of :class:`AlgorithmConfig`) and answers
+    through methods what the experiment asks of it: what it protects (``units``), how it is
+    calibrated (``calibration_unit``, :meth:`make_accountant`, :meth:`plan_events`), which
+    silos take part (:meth:`sample_silos`, :meth:`needs_every_silo`), what it needs from a
+    deployment (:meth:`needs_secure_aggregation`) and what ``silodp account`` reproduces it
+    (:meth:`account_options`). Nothing outside its file names it.
+    """
 
     name: ClassVar[str]
+    #: The dataclass of this algorithm's hyperparameters.
+    Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     #: Units this algorithm's events protect (reported every round).
     units: ClassVar[tuple[str, ...]] = ()
     #: Unit at which a target ε calibrates σ (None: not private).
     calibration_unit: ClassVar[str | None] = None
     #: Threat model statement reported with results.
     threat_model: ClassVar[str] = ""
-    #: Whether the accounting relies on ``config.group_size`` (a bound on a subject's records).
-    uses_group_bound: ClassVar[bool] = False
     #: What ``group_size`` bounds: a subject's records in one silo, or in the federation.
     group_scope: ClassVar[str] = "silo"
+    #: Neighbouring datasets of the guarantee: ``add/remove`` or ``replace-one`` (a record).
+    adjacency: ClassVar[str] = "add/remove"
+    #: Relative tolerance of σ when calibrating to a target ε.
+    calibration_tolerance: ClassVar[float] = 1e-2
 
-    def __init__(self, config: AlgorithmConfig) -> None:
-        self.config = config
+    def __init__(self, config: AlgorithmConfig | Mapping[str, Any]) -> None:
+        self.config = self.configure(config)
+
+    @classmethod
+    def configure(cls, config: AlgorithmConfig | Mapping[str, Any]) -> Any:
+        """``config`` as this algorithm's ``Config``: as is, or built from a mapping of
+        hyperparameters (the keys it declares).
+
+        Raises:
+          InvalidValueError: a config of another algorithm, or a value out of range."""
+        if isinstance(config, Mapping):
+            return cls.Config.from_settings(config)
+        if not isinstance(config, cls.Config):
+            raise InvalidValueError(
+                f"Expected a {cls.Config.__name__} for {cls.name!r}, got {type(config).__name__}."
+            )
+        return config
 
     def run_notes(self) -> list[str]:
         """Caveats a reviewer must read beside this algorithm's reported ε (in summaries)."""
@@ -197,6 +231,104 @@ class Algorithm(ABC):
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy | None:
         """The events one round runs in a silo whose batches are drawn at ``sampling_rate``."""
 
+    # --- policy: what the experiment asks ------------------------------------------------
+    @property
+    def private(self) -> bool:
+        """Whether the algorithm has a DP guarantee (and a σ to calibrate)."""
+        return self.calibration_unit is not None
+
+    def group_bound_scope(self) -> str | None:
+        """What the public bound ``group_size`` counts, ``silo`` (a subject's records in one
+        silo) or ``federation`` (in all silos), or ``None`` when the accounting does not use
+        one (the experiment then caps nothing)."""
+        return None
+
+    def uses_span(self) -> bool:
+        """Whether the guarantee relies on the public span bound (silos per subject), so that
+        the experiment caps the data to it."""
+        return True
+
+    def needs_every_silo(self) -> bool:
+        """Whether every silo must take part in every round (noise split over all silos)."""
+        privacy = self.silo_privacy(sampling_rate=1.0) if self.private else None
+        return privacy is not None and privacy.scope == "aggregate"
+
+    def needs_secure_aggregation(self) -> bool:
+        """Whether the guarantee against the server needs it to see only the silos' sum."""
+        return self.needs_every_silo()
+
+    def check_schedule(self, silos_per_round: int | None, num_silos: int) -> int:
+        """The silos taking part per round for a configured ``silos_per_round`` (``None``:
+        all of them). Raises:
+          InvalidValueError: the schedule does not fit the algorithm or the federation."""
+        chosen = silos_per_round or num_silos
+        if chosen > num_silos:
+            raise InvalidValueError(
+                f"Expected training.silos_per_round={chosen} <= {num_silos} silos."
+            )
+        if self.needs_every_silo() and chosen != num_silos:
+            raise InvalidValueError(
+                f"{self.name} splits its noise over all {num_silos} silos; expected "
+                f"training.silos_per_round={chosen} to be {num_silos}."
+            )
+        return chosen
+
+    def sample_silos(self, num_silos: int, silos_per_round: int, coins: Coins) -> list[int]:
+        """This round's silos: ``silos_per_round`` uniformly without replacement (every silo
+        if that is all of them)."""
+        if silos_per_round == num_silos:
+            return list(range(num_silos))
+        return sorted(int(s) for s in coins.permutation(num_silos)[:silos_per_round])
+
+    # --- accounting ---------------------------------------------------------------------
+    def make_accountant(
+        self,
+        *,
+        span: int,
+        delta: float,
+        target: str = "strongest",
+        stage: str = "report",
+        units: Sequence[str] | None = None,
+    ) -> Accountant:
+        """A fresh accountant of this algorithm's events (``stage``: see
+        :data:`~silodp.accounting.interface.STAGES`)."""
+        extra: dict[str, Any] = {}
+        if stage == "fast":
+            extra = {"routes": ("rdp", "rdp-group"), "discretization": CALIBRATION_DISCRETIZATION}
+        elif stage == "calibrate":
+            extra = {"discretization": CALIBRATION_DISCRETIZATION}
+        return FederatedAccountant(
+            units=units or self.units, span=span, delta=delta, target=target, **extra
+        )
+
+    def with_noise(self, noise_multiplier: float) -> Algorithm:
+        """The same algorithm at another σ, for planning (no data set-up)."""
+        return type(self)(replace(self.config, noise_multiplier=noise_multiplier))
+
+    def plan_events(self, plan: PrivacyPlan) -> list[SiloPrivacy]:
+        """The events one round runs in each silo of ``plan`` (from their sampling rates)."""
+        algorithm = self
+        if self.config.num_silos is None:  # the ULDP methods need S to account a curious silo
+            algorithm = type(self)(replace(self.config, num_silos=len(plan.sampling_rates)))
+        events = [algorithm.silo_privacy(sampling_rate=rate) for rate in plan.sampling_rates]
+        return [e for e in events if e is not None]
+
+    def accounted_events(
+        self, updates: Sequence[SiloUpdate], planned: Sequence[SiloPrivacy]
+    ) -> list[SiloPrivacy]:
+        """The events a round charges: those of the silos that ran (``planned``: every silo's
+        events, for algorithms whose accounting does not depend on who took part)."""
+        return [u.privacy for u in updates if u.privacy is not None]
+
+    def account_options(self) -> dict[str, Any]:
+        """The ``silodp account`` options, beyond the plan's, that reproduce this algorithm's
+        accounting (e.g. ``{"group_size": 3}``)."""
+        return {}
+
+    def summary_fields(self) -> dict[str, Any]:
+        """Algorithm-specific facts for a run's summary."""
+        return {}
+
     @classmethod
     def for_data(
         cls, config: AlgorithmConfig, train: FederatedDataset, *, coins: Coins | None = None
@@ -205,6 +337,12 @@ class Algorithm(ABC):
 
         ``coins``: the set-up's randomness (e.g. a secret the silos share); default secure."""
         return cls(config)
+
+    # --- one round ----------------------------------------------------------------------
+    def initial_state(self, params: Params) -> Any:
+        """What a silo keeps between rounds (``None``: nothing; personalised algorithms keep
+        their models here)."""
+        return None
 
     def configure_round(self, round_index: int, coins: Coins) -> Any:
         """Server step before a round: what it sends every silo besides the model (e.g. this
@@ -220,16 +358,28 @@ class Algorithm(ABC):
         silo: SiloData,
         coins: Coins,
         instructions: Any = None,
+        state: Any = None,
     ) -> SiloUpdate:
         """Runs one round of local training from ``params`` on ``silo``.
 
         ``coins`` is the silo's randomness for this round (batch sampling and noise: secret
-        in secure mode); ``instructions`` is what :meth:`configure_round` returned.
+        in secure mode); ``instructions`` is what :meth:`configure_round` returned; ``state``
+        what the silo kept (:meth:`initial_state`).
         """
 
-    def aggregate(self, params: Params, updates: Sequence[SiloUpdate]) -> Params:
-        """Server step: average of the sampled silos' models (post-processing)."""
+    def aggregate(
+        self, params: Params, updates: Sequence[SiloUpdate], states: Sequence[Any] = ()
+    ) -> Params:
+        """Server step: average of the sampled silos' models (post-processing). ``states``:
+        every silo's state, which personalised algorithms update."""
         return average_params(params, updates, server_lr=self.config.server_lr)
+
+    def evaluate(
+        self, model: nn.Module, params: Params, states: Sequence[Any], test: TestSplit
+    ) -> dict[str, float]:
+        """Utility on the held-out ``test`` split: ``test_accuracy`` and ``test_loss``."""
+        accuracy, loss = evaluate(model, params, test)
+        return {"test_accuracy": accuracy, "test_loss": loss}
 
     def sampling_rate(self, *, num_records: int, num_subjects: int) -> float:
         """Poisson sampling rate of a silo's batches: ``q = min(1, B / n_s)`` for records."""

@@ -20,11 +20,13 @@ Guarantees hold against the server and the other silos (noise is added locally).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from silodp._validation import check_int
 from silodp.accounting import SiloPrivacy
 from silodp.accounting.events import poisson_gaussian_steps, subject_mixture_steps
 from silodp.algorithms.base import (
@@ -33,8 +35,10 @@ from silodp.algorithms.base import (
     SiloData,
     SiloUpdate,
     check_group_bound,
+    hyperparameter,
     poisson_mask,
 )
+from silodp.algorithms.registry import register
 from silodp.privacy.ghost import clipper_for
 from silodp.privacy.gradients import (
     Params,
@@ -46,7 +50,32 @@ from silodp.privacy.gradients import (
 from silodp.privacy.noise import gaussian_mechanism
 from silodp.privacy.randomness import Coins
 
-__all__ = ["LocalGroupDP", "LocalItemDP", "clipped_noisy_step", "clipped_sum", "noisy_sum"]
+__all__ = [
+    "GroupBoundConfig",
+    "LocalGroupDP",
+    "LocalItemDP",
+    "clipped_noisy_step",
+    "clipped_sum",
+    "noisy_sum",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupBoundConfig(AlgorithmConfig):
+    """Hyperparameters of the algorithms whose accounting uses a bound on a subject's records.
+
+    Attributes:
+      group_size: public bound k on one subject's records (in one silo; in the federation for
+        ``uldp_group``), resolved by the experiment from ``privacy.group_size``.
+    """
+
+    group_size: int = hyperparameter(
+        1, None, "Bound k on one subject's records in one silo.", account=True
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("group_size", self.group_size, 1)
 
 
 def clipped_sum(
@@ -116,6 +145,7 @@ def clipped_noisy_step(
     }
 
 
+@register
 class LocalItemDP(Algorithm):
     """DP-SGD per silo; record-level (ε, δ)-DP, subject level derived by group conversion."""
 
@@ -123,7 +153,14 @@ class LocalItemDP(Algorithm):
     units = ("record", "subject")
     calibration_unit = "record"
     threat_model = "local noise: holds against the server and other silos"
-    uses_group_bound = True
+    Config = GroupBoundConfig
+    config: GroupBoundConfig
+
+    def group_bound_scope(self) -> str | None:
+        return self.group_scope
+
+    def account_options(self) -> dict[str, Any]:
+        return {"group_size": self.config.group_size}
 
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
         cfg = self.config
@@ -144,6 +181,7 @@ class LocalItemDP(Algorithm):
         silo: SiloData,
         coins: Coins,
         instructions: Any = None,
+        state: Any = None,
     ) -> SiloUpdate:
         cfg = self.config
         check_group_bound(silo, cfg.group_size)
@@ -164,6 +202,7 @@ class LocalItemDP(Algorithm):
         )
 
 
+@register
 class LocalGroupDP(LocalItemDP):
     """DP-SGD per silo with σ calibrated for subject-level (ε, δ) through group privacy."""
 

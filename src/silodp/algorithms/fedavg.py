@@ -8,12 +8,14 @@ from torch import nn
 
 from silodp.accounting import SiloPrivacy
 from silodp.algorithms.base import Algorithm, SiloData, SiloUpdate, sgd_step, uniform_batch
+from silodp.algorithms.registry import register
 from silodp.privacy.gradients import Params
 from silodp.privacy.randomness import Coins
 
 __all__ = ["FedAvg"]
 
 
+@register
 class FedAvg(Algorithm):
     """Non-private baseline: T steps of mini-batch SGD (batches drawn without replacement)."""
 
@@ -32,6 +34,7 @@ class FedAvg(Algorithm):
         silo: SiloData,
         coins: Coins,
         instructions: Any = None,
+        state: Any = None,
     ) -> SiloUpdate:
         cfg = self.config
         return self.run_steps(

@@ -19,11 +19,13 @@ public, as ``n_s`` is in DP-SGD.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from silodp._validation import check_choice, check_int
 from silodp.accounting import SiloPrivacy
 from silodp.accounting.events import poisson_gaussian_steps
 from silodp.algorithms.base import (
@@ -31,13 +33,36 @@ from silodp.algorithms.base import (
     SiloData,
     SiloUpdate,
     check_group_bound,
+    hyperparameter,
     poisson_mask,
 )
-from silodp.algorithms.dp_sgd import clipped_noisy_step
+from silodp.algorithms.dp_sgd import GroupBoundConfig, clipped_noisy_step
+from silodp.algorithms.registry import register
 from silodp.privacy.gradients import Params, subject_average_weights
 from silodp.privacy.randomness import Coins
 
-__all__ = ["HiGradAvgDP", "select_subject_batch"]
+__all__ = ["HiGradAvgConfig", "HiGradAvgDP", "select_subject_batch"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HiGradAvgConfig(GroupBoundConfig):
+    """HiGradAvgDP's hyperparameters.
+
+    Attributes:
+      sampling: batch selection, ``record`` (Poisson records) or ``subject`` (Poisson
+        subjects, up to ``subject_records`` records each).
+      subject_records: records used per sampled subject with ``sampling="subject"``.
+    """
+
+    sampling: str = hyperparameter(
+        "record", "privacy", "higradavg_dp: record or subject sampling.", account=True
+    )
+    subject_records: int = hyperparameter(8, "privacy", "Records per sampled subject.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice(self.key("sampling"), self.sampling, ("record", "subject"))
+        check_int(self.key("subject_records"), self.subject_records, 1)
 
 
 def select_subject_batch(
@@ -60,6 +85,7 @@ def select_subject_batch(
     return torch.sort(order[keep]).values
 
 
+@register
 class HiGradAvgDP(Algorithm):
     """Subject-level DP by averaging each subject's clipped gradients before noising."""
 
@@ -67,7 +93,15 @@ class HiGradAvgDP(Algorithm):
     units = ("subject",)
     calibration_unit = "subject"
     threat_model = "local noise: holds against the server and other silos"
-    uses_group_bound = True  # the record-sampling inclusion rate 1-(1-q)^k
+    Config = HiGradAvgConfig
+    config: HiGradAvgConfig
+
+    def group_bound_scope(self) -> str | None:
+        """``silo`` with record sampling (its inclusion rate 1-(1-q)^k uses the bound k)."""
+        return "silo" if self.config.sampling == "record" else None
+
+    def account_options(self) -> dict[str, Any]:
+        return {"group_size": self.config.group_size, "sampling": self.config.sampling}
 
     def sampling_rate(self, *, num_records: int, num_subjects: int) -> float:
         """Record rate ``B/n_s``, or subject rate ``B/(subjects in silo)`` with subject sampling."""
@@ -95,6 +129,7 @@ class HiGradAvgDP(Algorithm):
         silo: SiloData,
         coins: Coins,
         instructions: Any = None,
+        state: Any = None,
     ) -> SiloUpdate:
         cfg = self.config
         n, subjects = silo.num_records, silo.num_subjects

@@ -41,11 +41,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
-from dp_accounting import dp_event
 from torch import nn
 
+from silodp._validation import check_choice, check_in_range
 from silodp.accounting import SiloPrivacy
+from silodp.accounting.fdp import accountant_for, step_events
+from silodp.accounting.interface import Accountant
 from silodp.algorithms.base import (
     Algorithm,
     AlgorithmConfig,
@@ -53,9 +56,14 @@ from silodp.algorithms.base import (
     SiloUpdate,
     average_params,
     batch_diagnostics,
+    hyperparameter,
     uniform_batch,
 )
 from silodp.algorithms.dp_sgd import noisy_sum
+from silodp.algorithms.registry import register
+from silodp.data import TestSplit
+from silodp.errors import InvalidValueError
+from silodp.evaluation import client_tests, evaluate
 from silodp.privacy.ghost import clipper_for
 from silodp.privacy.gradients import (
     Params,
@@ -66,13 +74,52 @@ from silodp.privacy.gradients import (
 )
 from silodp.privacy.randomness import Coins
 
-__all__ = ["BATCH_SAMPLING", "ClientState", "PriFedSync", "noisy_gradient"]
+__all__ = ["BATCH_SAMPLING", "ClientState", "PriFedSync", "PriFedSyncConfig", "noisy_gradient"]
 
 #: How local batches are drawn; the accountant must be given the same value.
 BATCH_SAMPLING = "uniform"
 _ADAM_BETA2, _ADAM_EPS = 0.999, 1e-8
 #: One record replaced moves the clipped sum by at most 2C.
 REPLACEMENT_SENSITIVITY = 2.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PriFedSyncConfig(AlgorithmConfig):
+    """PriFedSync's hyperparameters.
+
+    Attributes:
+      client_rate: p, the Poisson client-sampling rate per round.
+      optimizer: local optimizer applied to the noisy gradient: ``sgd``, ``momentum`` or
+        ``adam``.
+      momentum: momentum (and Adam's β1) of the local optimizer.
+      helper: helper model ``identity`` (FedAvg) or ``interpolate``.
+      alpha: interpolation weight α_i of the helper model, one for all clients or one per
+        client.
+    """
+
+    client_rate: float = hyperparameter(
+        1.0, "training", "prifedsync: Poisson sampling rate p of clients per round.", account=True
+    )
+    optimizer: str = hyperparameter("sgd", "training", "Local optimizer: sgd, momentum or adam.")
+    momentum: float = hyperparameter(0.9, "training", "Momentum (Adam's beta1).")
+    helper: str = hyperparameter("identity", "training", "Helper model: identity or interpolate.")
+    alpha: float | tuple[float, ...] = hyperparameter(0.5, "training", "Interpolation weight.")
+    batch_sampling: str = hyperparameter(
+        BATCH_SAMPLING,
+        None,
+        "prifedsync: uniform (fixed-size batches, as trained) or poisson (accounting only).",
+        account=True,
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_in_range(self.key("client_rate"), self.client_rate, 0.0, 1.0, lo_open=True)
+        check_choice(self.key("optimizer"), self.optimizer, ("sgd", "momentum", "adam"))
+        check_in_range(self.key("momentum"), self.momentum, 0.0, 1.0, hi_open=True)
+        check_choice(self.key("helper"), self.helper, ("identity", "interpolate"))
+        for a in self.alpha if isinstance(self.alpha, tuple) else (self.alpha,):
+            check_in_range(self.key("alpha"), a, 0.0, 1.0)
+        check_choice("batch_sampling", self.batch_sampling, ("uniform", "poisson"))
 
 
 @dataclass
@@ -123,6 +170,7 @@ def noisy_gradient(
     return {name: noisy[name].to(value.dtype) / scale for name, value in params.items()}
 
 
+@register
 class PriFedSync(Algorithm):
     """Personalised FedAvg with local NoisySGD/NoisyAdam and Poisson client sampling."""
 
@@ -131,6 +179,61 @@ class PriFedSync(Algorithm):
     calibration_unit = "record"
     threat_model = "local noise: holds against the server and other clients"
     batch_sampling = BATCH_SAMPLING
+    adjacency = "replace-one"
+    calibration_tolerance = 1e-3
+    Config = PriFedSyncConfig
+    config: PriFedSyncConfig
+
+    # --- policy -------------------------------------------------------------------------
+    def uses_span(self) -> bool:
+        """No: the guarantee is per record inside one client."""
+        return False
+
+    def check_schedule(self, silos_per_round: int | None, num_silos: int) -> int:
+        if silos_per_round is not None:
+            raise InvalidValueError(
+                f"Expected training.silos_per_round unset for prifedsync (clients are Poisson-"
+                f"sampled at training.client_rate), got {silos_per_round}."
+            )
+        self.check_clients(num_silos)
+        return num_silos
+
+    def sample_silos(self, num_silos: int, silos_per_round: int, coins: Coins) -> list[int]:
+        return self.sample_clients(num_silos, coins)
+
+    def make_accountant(
+        self,
+        *,
+        span: int,
+        delta: float,
+        target: str = "strongest",
+        stage: str = "report",
+        units: Sequence[str] | None = None,
+    ) -> Accountant:
+        """The f-DP accountant (client sampling at p; the same ε against every adversary)."""
+        clients = self.config.num_silos or 1
+        return accountant_for(clients, self.config.client_rate, delta)(stage, units or self.units)
+
+    def accounted_events(
+        self, updates: Sequence[SiloUpdate], planned: Sequence[SiloPrivacy]
+    ) -> list[SiloPrivacy]:
+        """Every client's events, whoever was sampled: the accountant's mixture at rate p
+        accounts the (server-drawn) client sample, and an empty round still counts."""
+        return list(planned)
+
+    def account_options(self) -> dict[str, Any]:
+        return {"client_rate": self.config.client_rate, "clients": self.config.num_silos}
+
+    def summary_fields(self) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "client_rate": cfg.client_rate,
+            "clients": cfg.num_silos,
+            "batch_sampling": self.batch_sampling,
+            "helper": cfg.helper,
+            "optimizer": cfg.optimizer,
+            "adjacency": self.adjacency,
+        }
 
     # --- server side --------------------------------------------------------------------
     def sample_clients(self, num_clients: int, coins: Coins) -> list[int]:
@@ -166,16 +269,15 @@ class PriFedSync(Algorithm):
         a = self.alpha_for(client)
         return {k: (1.0 - a) * local[k] + a * global_params[k] for k in global_params}
 
-    def aggregate(self, params: Params, updates: Sequence[SiloUpdate]) -> Params:
-        """``(1-η) w_g + η·mean(w̃_j)``; an empty round returns ``w_g`` unchanged."""
-        return average_params(params, updates, server_lr=self.config.server_lr)
-
-    def sync(
-        self, global_params: Params, updates: Sequence[SiloUpdate], states: Sequence[ClientState]
+    def aggregate(
+        self, params: Params, updates: Sequence[SiloUpdate], states: Sequence[Any] = ()
     ) -> Params:
-        """Server step of a round: the new global model, and each sampled client's new local
-        and personalised (helper) models written into ``states``."""
-        new_global = self.aggregate(global_params, updates)
+        """``(1-η) w_g + η·mean(w̃_j)`` (an empty round returns ``w_g`` unchanged), and, given
+        the clients' ``states``, each sampled client's new local and personalised (helper)
+        models written into them."""
+        new_global = average_params(params, updates, server_lr=self.config.server_lr)
+        if not states:
+            return new_global
         for update in updates:
             state = states[update.silo]
             state.local = update.params
@@ -201,6 +303,11 @@ class PriFedSync(Algorithm):
         """``K`` private steps from the client's helper model; updates the optimiser state in
         ``state`` and returns ``w̃_j`` as the message to the server."""
         cfg = self.config
+        if cfg.batch_sampling != BATCH_SAMPLING:
+            raise InvalidValueError(
+                f"Expected batch_sampling={BATCH_SAMPLING!r} to train prifedsync (fixed-size "
+                f"batches); got {cfg.batch_sampling!r}, which only the accountant supports."
+            )
         local = {k: v.clone() for k, v in state.personal.items()}
         groups, distinct = [], []
         for _ in range(cfg.local_steps):
@@ -242,10 +349,28 @@ class PriFedSync(Algorithm):
         silo: SiloData,
         coins: Coins,
         instructions: Any = None,
+        state: Any = None,
     ) -> SiloUpdate:
-        """One client's round from ``params`` as its helper and a fresh optimiser (the
-        stateless form of :meth:`local_train`)."""
-        return self.local_train(model, silo, self.initial_state(params), coins)
+        """One client's round from its ``state`` (:meth:`local_train`); without a state, from
+        ``params`` as its helper and a fresh optimiser."""
+        return self.local_train(model, silo, state or self.initial_state(params), coins)
+
+    def evaluate(
+        self, model: nn.Module, params: Params, states: Sequence[Any], test: TestSplit
+    ) -> dict[str, float]:
+        """Means over clients, each on its own test split: the global model's accuracy and
+        loss (``test_accuracy``/``global_accuracy``, ``test_loss``) and the personalised
+        models' accuracy (``personalised_accuracy``)."""
+        tests = client_tests(test, len(states))
+        glob = [evaluate(model, params, t) for t in tests]
+        personal = [evaluate(model, s.personal, t)[0] for s, t in zip(states, tests, strict=True)]
+        accuracy = float(np.mean([a for a, _ in glob]))
+        return {
+            "test_accuracy": accuracy,
+            "test_loss": float(np.mean([loss for _, loss in glob])),
+            "global_accuracy": accuracy,
+            "personalised_accuracy": float(np.mean(personal)),
+        }
 
     # --- privacy ------------------------------------------------------------------------
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
@@ -253,11 +378,7 @@ class PriFedSync(Algorithm):
         with noise multiplier σ relative to the replacement sensitivity ``2C``. A description
         of what ran; the federated guarantee comes from :mod:`silodp.accounting.fdp`."""
         cfg = self.config
-        n = max(cfg.batch_size, round(cfg.batch_size / sampling_rate))
-        step = dp_event.SampledWithoutReplacementDpEvent(
-            n, min(cfg.batch_size, n), dp_event.GaussianDpEvent(cfg.noise_multiplier)
-        )
-        return SiloPrivacy({"record": dp_event.SelfComposedDpEvent(step, cfg.local_steps)})
+        return step_events(cfg.noise_multiplier, sampling_rate, cfg.local_steps, cfg.batch_sampling)
 
     def run_notes(self) -> list[str]:
         notes = [
@@ -268,6 +389,8 @@ class PriFedSync(Algorithm):
             "replacement adjacency inside a client: noise std 2·C·σ on the clipped sum",
             "μ (weak, strong, client_max) is the CLT limit of Theorem 2; ε['record'] is the "
             "accountant's rigorous bound",
+            "ε is for replace-one adjacency (a record replaced), unlike the add/remove "
+            "adjacency of the other algorithms: it is not directly comparable with their ε",
         ]
         if self.config.helper == "interpolate":
             notes.append("a client receives only its helper (1-α)w̃ + α·w_g, never w_g alone")

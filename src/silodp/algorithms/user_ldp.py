@@ -21,6 +21,7 @@ from silodp.accounting import SiloPrivacy
 from silodp.accounting.events import gaussian_steps
 from silodp.algorithms.base import Algorithm, SiloData, SiloUpdate, uniform_batch
 from silodp.algorithms.dp_sgd import noisy_sum
+from silodp.algorithms.registry import register
 from silodp.privacy.gradients import Params, batch_gradient, tree_norm
 from silodp.privacy.randomness import Coins
 
@@ -30,6 +31,7 @@ __all__ = ["UserLDP"]
 REPLACEMENT_FACTOR = 2.0
 
 
+@register
 class UserLDP(Algorithm):
     """Local DP for each silo's whole dataset (sensitivity 2C, no sampling amplification)."""
 
@@ -50,6 +52,7 @@ class UserLDP(Algorithm):
         silo: SiloData,
         coins: Coins,
         instructions: Any = None,
+        state: Any = None,
     ) -> SiloUpdate:
         cfg = self.config
 

@@ -2,8 +2,8 @@
 
 Calibration: the smallest σ meeting a target ε, with the fast RDP routes only (``rdp``,
 ``rdp-group``: the same bisection as the first phase of
-:func:`~silodp.accounting.plan.calibrate_noise`) and with every route
-(:func:`~silodp.accounting.plan.calibrate_noise` itself: RDP bisection, then a bisection on
+:func:`~silodp.algorithms.planning.calibrate`) and with every route
+(:func:`~silodp.algorithms.planning.calibrate` itself: RDP bisection, then a bisection on
 every route including PLD). One ε evaluation of the plan on each route alone is timed too.
 
 Per round: a :class:`~silodp.accounting.FederatedAccountant` (all routes) has already
@@ -56,15 +56,18 @@ def _plan(
     calibration: Calibration, *, rounds: int, batch_size: int, local_steps: int, delta: float
 ) -> tuple[Any, Any]:
     from silodp.accounting.plan import PrivacyPlan
-    from silodp.algorithms import AlgorithmConfig, make_algorithm
+    from silodp.algorithms import make_algorithm
 
-    config = AlgorithmConfig(
-        local_steps=local_steps,
-        batch_size=batch_size,
-        group_size=calibration.group_size,
-        num_silos=len(SILO_RECORDS),
+    probe = make_algorithm(
+        calibration.algorithm,
+        {
+            "local_steps": local_steps,
+            "batch_size": batch_size,
+            "group_size": calibration.group_size,
+            "num_silos": len(SILO_RECORDS),
+        },
     )
-    probe = make_algorithm(calibration.algorithm, config)
+    config = probe.config
     rates = tuple(
         probe.sampling_rate(num_records=n, num_subjects=m)
         for n, m in zip(SILO_RECORDS, SILO_SUBJECTS, strict=True)
@@ -82,8 +85,9 @@ def _plan(
 def _epsilon(
     calibration: Calibration, config: Any, plan: Any, sigma: float, routes: Sequence[str]
 ) -> tuple[float, str]:
-    from silodp.accounting.plan import CALIBRATION_DISCRETIZATION, account_plan
+    from silodp.accounting.plan import CALIBRATION_DISCRETIZATION
     from silodp.algorithms import make_algorithm
+    from silodp.algorithms.planning import account_plan
 
     algorithm = make_algorithm(calibration.algorithm, replace(config, noise_multiplier=sigma))
     est = account_plan(
@@ -99,9 +103,8 @@ def _epsilon(
 def calibrate_rdp(
     calibration: Calibration, config: Any, plan: Any, target: float, rel_tol: float = 1e-2
 ) -> tuple[float, int]:
-    """σ on the fast RDP routes only (the first phase of ``calibrate_noise``); (σ, ε
-    evaluations)."""
-    from silodp.accounting.plan import find_sigma
+    """σ on the fast RDP routes only (the first phase of calibration); (σ, ε evaluations)."""
+    from silodp.accounting import find_sigma
 
     calls = 0
 
@@ -132,11 +135,11 @@ def _clear_caches() -> None:
 
 @contextmanager
 def _phases() -> Iterator[dict[str, list[float]]]:
-    """Times every ``account_plan`` call made by ``calibrate_noise``, split by whether the
-    call computes the PLD route (``pld``) or only the RDP ones (``rdp``)."""
-    from silodp.accounting import plan as plan_module
+    """Times every accounting made by calibration, split by whether the accountant computes
+    the PLD route (``pld``) or only the RDP ones (``rdp``)."""
+    from silodp.accounting import calibrate as calibrate_module
 
-    original = plan_module.account_plan
+    original = calibrate_module.account_events
     spent: dict[str, list[float]] = {"rdp": [], "pld": []}
 
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -144,14 +147,14 @@ def _phases() -> Iterator[dict[str, list[float]]]:
         try:
             return original(*args, **kwargs)
         finally:
-            routes = kwargs.get("routes", ALL_ROUTES)
+            routes = getattr(args[0], "routes", ALL_ROUTES)
             spent["pld" if "pld" in routes else "rdp"].append(time.perf_counter() - start)
 
-    plan_module.account_plan = timed  # type: ignore[assignment]
+    calibrate_module.account_events = timed  # type: ignore[assignment]
     try:
         yield spent
     finally:
-        plan_module.account_plan = original  # type: ignore[assignment]
+        calibrate_module.account_events = original  # type: ignore[assignment]
 
 
 def calibration_rows(
@@ -164,7 +167,8 @@ def calibration_rows(
     calibrations: Sequence[Calibration] = CALIBRATIONS,
 ) -> list[Row]:
     """One row per calibration: σ and seconds with RDP routes only and with all routes."""
-    from silodp.accounting.plan import calibrate_noise
+    from silodp.algorithms import make_algorithm
+    from silodp.algorithms.planning import calibrate
 
     rows: list[Row] = []
     for cal in calibrations:
@@ -177,9 +181,8 @@ def calibration_rows(
         with _phases() as spent:
             sigma_all, all_s = _timed(
                 partial(
-                    calibrate_noise,
-                    cal.algorithm,
-                    config,
+                    calibrate,
+                    make_algorithm(cal.algorithm, config),
                     plan,
                     target_epsilon=target_epsilon,
                     unit=cal.unit,

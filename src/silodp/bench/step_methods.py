@@ -217,9 +217,9 @@ def _fedavg_step(model: nn.Module, data: StepData) -> Callable[[], object]:
 
 
 def _config(batch: int, **overrides: Any) -> Any:
-    from silodp.algorithms import AlgorithmConfig
+    from silodp.algorithms.dp_sgd import GroupBoundConfig
 
-    return AlgorithmConfig(
+    return GroupBoundConfig(
         local_steps=1,
         batch_size=batch,
         lr=LR,

@@ -85,9 +85,9 @@ def build_federation(source: str, num_subjects: int, *, num_silos: int = 5) -> F
 
 
 def _config(setting: UldpSetting, algorithm: str) -> Any:
-    from silodp.algorithms import AlgorithmConfig
+    from silodp.algorithms.uldp import UldpConfig
 
-    return AlgorithmConfig(
+    return UldpConfig(
         local_epochs=setting.local_epochs,
         batch_size=setting.batch_size,
         lr=setting.sgd_lr if algorithm == "uldp_sgd" else setting.lr,

@@ -1,0 +1,297 @@
+"""ULDP-AVG-w: weights ``n_{s,a}/n_a`` through the private weighting protocol (see
+:mod:`silodp.algorithms.uldp` for the family)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from silodp.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    SiloData,
+    SiloUpdate,
+)
+from silodp.algorithms.registry import register
+from silodp.algorithms.uldp_avg import UldpAvg
+from silodp.algorithms.uldp_common import (
+    OWN_NOISE_NOTE,
+    PROTOCOL_AGGREGATION_NOTE,
+    UldpAvgWConfig,
+    apply_total,
+    record_weights,
+)
+from silodp.crypto.messages import EncryptedWeights, MaskedWeightedSum
+from silodp.crypto.protocol import ProtocolConfig, WeightingSession, with_identities
+from silodp.crypto.randomness import RandomSource
+from silodp.crypto.sampling import SharedSampleKey
+from silodp.data import FederatedDataset
+from silodp.privacy.gradients import Params
+from silodp.privacy.per_subject import per_subject_deltas, subject_batches
+from silodp.privacy.randomness import Coins
+
+NOISE_BOUND_STDS = 40.0
+#: fixed-point precision of the weighting protocol (decimal digits after the point)
+PROTOCOL_PRECISION = 1e-10
+
+
+@dataclass(frozen=True)
+class ProtocolRound:
+    """What the server sends every silo in a protocol round: the encrypted weights only (a
+    weight for every subject when the silos sample; ``Enc(0)`` for those outside the server's
+    sample otherwise, which the silos cannot tell apart)."""
+
+    message: EncryptedWeights
+
+
+def _rounded_gaussian(n: int, scale: Fraction, coins: Coins) -> np.ndarray:
+    """``n`` exact samples of ``round(N(0, scale²))`` (zeros for ``scale = 0``)."""
+    if scale == 0:
+        return np.zeros(n, dtype=np.int64)
+    from silodp.privacy.noise import rounded_gaussian
+
+    return rounded_gaussian(n, scale=scale, coins=coins)
+
+
+@register
+class UldpAvgW(UldpAvg):
+    """ULDP-AVG-w: weights ``n_{s,a}/n_a`` (Kato et al., ULDP-FL, Eq. (4)).
+
+    ``weighting="protocol"`` (default): :meth:`for_data` runs the set-up of the private
+    weighting protocol (Protocol 1) from each silo's own histogram - Paillier keys, X25519
+    pairwise keys, shared seed, blinded masked histograms and the server's inverses. Each round
+    the server sends ``Enc((r_a n_a)^-1)``; every silo trains and clips its subjects, returns
+    its masked encrypted weighted sum plus its noise (:attr:`SiloUpdate.payload`), and the
+    server decrypts only the sum over all silos. Sub-sampling by the silos (default): each silo
+    derives the round's sample from the protocol's shared seed, trains only its sampled
+    subjects and leaves the others out of its encrypted sum; the server encrypts every weight
+    and learns nothing about the sample. By the server: ``Enc(0)`` for the subjects outside
+    its sample, and every silo trains all its subjects (it cannot tell which were sampled).
+    Guarantee: as ``uldp_avg`` at the subject level; the weighting reveals no histogram (see
+    the README section on what each party learns). ``weighting="clear"``: the weights are
+    computed from the histograms in the clear.
+
+    Encoding: each clipped delta is clipped to ``C - sqrt(P) h / 2`` (``h`` the fixed-point
+    step, ``P`` the parameter count) so that its rounded encoding still has norm ``<= C``: the
+    sensitivity ``C`` of the accounting holds for what is actually summed. Each silo's noise
+    is drawn exactly as rounded-Gaussian integers on the aggregate's grid
+    (:meth:`~silodp.crypto.encoding.WeightingEncoding.silo_noise_scale`), so the decrypted sum
+    is a post-processing of the Gaussian mechanism with noise multiplier σ.
+    """
+
+    name = "uldp_avg_w"
+    Config = UldpAvgWConfig
+    config: UldpAvgWConfig
+
+    def account_options(self) -> dict[str, Any]:
+        options = super().account_options()
+        if options and self.config.weighting == "protocol":
+            options["weighting"] = "protocol"
+        return options
+
+    def __init__(
+        self,
+        config: AlgorithmConfig,
+        *,
+        weights: np.ndarray | None = None,
+        protocol: WeightingSession | None = None,
+        num_subjects: int | None = None,
+        sample_key: SharedSampleKey | None = None,
+    ) -> None:
+        super().__init__(config, weights=weights, sample_key=sample_key)
+        if protocol is not None and num_subjects is None:
+            num_subjects = len(protocol.config.subject_ids)
+        self.protocol = protocol
+        self._num_subjects = num_subjects
+        self._dim: int | None = None
+        self.weights_private = protocol is not None
+
+    @classmethod
+    def make_weights(cls, train: FederatedDataset) -> np.ndarray:
+        return record_weights(train.histogram())
+
+    @classmethod
+    def for_data(
+        cls,
+        config: AlgorithmConfig,
+        train: FederatedDataset,
+        *,
+        insecure_test_key_bits: int | None = None,
+        source: RandomSource | None = None,
+        coins: Coins | None = None,
+    ) -> Algorithm:
+        """Clear weights (and the silos' sample key from ``coins``), or the protocol set up
+        from each silo's histogram with the parties' cryptographic randomness from ``source``,
+        else ``coins`` (the OS CSPRNG by default); small keys only through
+        ``insecure_test_key_bits``."""
+        cfg: UldpAvgWConfig = cls.configure(config)
+        coins = coins if coins is not None else Coins.secure()
+        if cfg.weighting == "clear":
+            return cls(
+                cfg,
+                weights=cls.make_weights(train),
+                sample_key=cls.shared_sample_key(cfg, coins),
+            )
+        root: RandomSource = source if source is not None else coins
+        hist = train.histogram()
+        histograms = {
+            s: {a: int(c) for a, c in enumerate(hist[s]) if c} for s in range(train.num_silos)
+        }
+        std = cfg.noise_multiplier * cfg.clip / math.sqrt(train.num_silos)
+        protocol_config = ProtocolConfig(
+            silo_ids=tuple(range(train.num_silos)),
+            subject_ids=tuple(range(train.num_subjects)),
+            n_max=cfg.n_max,
+            delta_bound=cfg.clip,
+            noise_bound=NOISE_BOUND_STDS * std,
+            precision=PROTOCOL_PRECISION,
+            key_bits=cfg.key_bits,
+            insecure_test_key_bits=insecure_test_key_bits,
+        )
+        # identity keys registered "out of band": here, by the process that plays every party
+        protocol_config, identities = with_identities(protocol_config, root)
+        session = WeightingSession(protocol_config, histograms, source=root, identities=identities)
+        return cls(cfg, protocol=session, num_subjects=train.num_subjects)
+
+    def _silo_count(self) -> int:
+        if self.config.num_silos is None and self.protocol is not None:
+            return len(self.protocol.config.silo_ids)
+        return super()._silo_count()
+
+    @property
+    def num_subjects(self) -> int:
+        if self.protocol is not None and self._num_subjects is not None:
+            return self._num_subjects
+        return super().num_subjects
+
+    @property
+    def _server_sample_hidden_from_silos(self) -> bool:
+        if self.protocol is not None:
+            return True
+        if self.weights is not None:
+            return False
+        return self.config.weighting == "protocol"  # no data yet: as it will be set up
+
+    def run_notes(self) -> list[str]:
+        if self.protocol is None:
+            return super().run_notes()
+        return [PROTOCOL_AGGREGATION_NOTE, *self._sampling_notes(), OWN_NOISE_NOTE]
+
+    def silo_sample(self, round_index: int) -> torch.Tensor:
+        """Silo side: round ``round_index``'s subject sample (through the protocol, from the
+        key every silo derives from the shared seed)."""
+        if self.protocol is None:
+            return super().silo_sample(round_index)
+        silo = self.protocol.silos[self.protocol.config.silo_ids[0]]
+        chosen = silo.subject_sample(round_index, self.config.subject_rate)
+        return torch.tensor([a in chosen for a in self.protocol.config.subject_ids])
+
+    def configure_round(self, round_index: int, coins: Coins) -> Any:
+        """Server: as ``uldp_avg``; with the protocol, encrypts ``(r_a n_a)^-1`` for every
+        subject, except ``Enc(0)`` outside its own sample when the server samples."""
+        if self.protocol is None:
+            return super().configure_round(round_index, coins)
+        cfg = self.config
+        chosen = None
+        if cfg.subject_sampler == "server" and cfg.subject_rate < 1.0:
+            sampled = coins.bernoulli(self.num_subjects, cfg.subject_rate)
+            chosen = {int(a) for a in torch.nonzero(sampled).flatten()}
+        message = self.protocol.server.open_round(round_index, self._dim, sampled=chosen)
+        return ProtocolRound(message)
+
+    def local_update(
+        self,
+        model: nn.Module,
+        params: Params,
+        silo: SiloData,
+        coins: Coins,
+        instructions: Any = None,
+        state: Any = None,
+    ) -> SiloUpdate:
+        if self.protocol is None:
+            return super().local_update(model, params, silo, coins, instructions)
+        if not isinstance(instructions, ProtocolRound):
+            raise ValueError(f"{self.name} needs this round's ProtocolRound from configure_round.")
+        cfg = self.config
+        party = self.protocol.silos[silo.silo]
+        names = list(params)
+        dim = sum(int(params[k].numel()) for k in names)
+        clip = cfg.clip - math.sqrt(dim) * PROTOCOL_PRECISION / 2
+        present = torch.unique(silo.subject)
+        at_silos = self._samples_at_silos()
+        if at_silos:
+            chosen = party.subject_sample(instructions.message.round_index, cfg.subject_rate)
+            order = present[torch.tensor([int(a) in chosen for a in present.tolist()])]
+        else:
+            order = present  # a server's sample is hidden in the encrypted weights
+        vectors: dict[int, np.ndarray] = {}
+        if order.numel():
+            batches = subject_batches(
+                silo.subject, order, epochs=cfg.local_epochs, batch_size=cfg.batch_size, coins=coins
+            )
+            for rows, deltas in per_subject_deltas(
+                model, params, silo.x, silo.y, batches, lr=cfg.lr
+            ):
+                flat = torch.cat([deltas[k].reshape(deltas[k].shape[0], -1) for k in names], dim=1)
+                factors = torch.clamp(clip / (flat.norm(dim=1) + 1e-12), max=1.0)
+                clipped = (flat * factors[:, None]).detach().cpu().numpy().astype(np.float64)
+                for a, vector in zip(order[rows].tolist(), clipped, strict=True):
+                    vectors[int(a)] = vector
+        scale = party.encoding.silo_noise_scale(
+            noise_multiplier=cfg.noise_multiplier, sensitivity=cfg.clip
+        )
+        reply = party.weighted_sum(
+            instructions.message,
+            vectors,
+            dim=dim,
+            encoded_noise=_rounded_gaussian(dim, scale, coins),
+            sampling_rate=cfg.subject_rate if at_silos else None,
+        )
+        return SiloUpdate(
+            silo.silo,
+            {},
+            silo.num_records,
+            self.silo_privacy(sampling_rate=cfg.subject_rate),
+            subjects_per_batch=[] if at_silos else [int(order.numel())],
+            payload=reply,
+        )
+
+    def aggregate(
+        self, params: Params, updates: Sequence[SiloUpdate], states: Sequence[Any] = ()
+    ) -> Params:
+        """As ``uldp_avg``; with the protocol the sum is decrypted from the silos' masked
+        encrypted messages (all silos must answer, else ``SiloDropoutError``)."""
+        if self.protocol is None:
+            return super().aggregate(params, updates)
+        server = self.protocol.server
+        for update in updates:
+            if not isinstance(update.payload, MaskedWeightedSum):
+                raise ValueError(
+                    f"{self.name}: silo {update.silo} sent no MaskedWeightedSum payload."
+                )
+            server.receive_weighted_sum(update.payload)
+        result = server.finish_round()
+        self._dim = int(result.aggregate.shape[0])
+        total = _unflatten(torch.from_numpy(result.aggregate), params)
+        scale = self.config.subject_rate * self.num_subjects
+        return apply_total(params, total, self.config.server_lr / scale)
+
+
+def _unflatten(vector: torch.Tensor, like: Params) -> Params:
+    """Splits a flat vector into tensors shaped like ``like`` (in its key order)."""
+    out: Params = {}
+    start = 0
+    for k, v in like.items():
+        size = int(v.numel())
+        out[k] = vector[start : start + size].reshape(v.shape)
+        start += size
+    if start != vector.numel():
+        raise ValueError(f"Expected {start} values, got {vector.numel()}.")
+    return out
