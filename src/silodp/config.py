@@ -27,8 +27,9 @@ from silodp._validation import (
     check_positive,
 )
 from silodp.accounting.accountant import TARGETS
-from silodp.algorithms import ALGORITHMS
+from silodp.algorithms import ALGORITHMS, AlgorithmConfig, hyperparameter_tables
 from silodp.data.build import DataConfig
+from silodp.errors import ConfigError
 from silodp.models import MODELS
 from silodp.privacy.randomness import MODES
 
@@ -47,10 +48,6 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
-    """A config file is malformed: unknown key, wrong type or value out of range."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     name: str = "mlp"
@@ -61,67 +58,43 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingConfig:
-    """Federated training schedule (public).
+    """The federated training schedule (public), shared by every algorithm of a config.
 
-    ``silos_per_round`` defaults to every silo. ``local_steps`` are the mini-batch steps of
-    the DP-SGD family; ``local_epochs`` the epochs of ULDP's per-subject (and ULDP-NAIVE's
-    per-silo) training. ``client_rate``, ``optimizer``, ``momentum``, ``helper`` and ``alpha``
-    are PriFedSync's (see :class:`~silodp.algorithms.AlgorithmConfig`).
+    ``silos_per_round`` defaults to every silo. The algorithms' own training
+    hyperparameters (``local_steps``, ``batch_size``, ``lr``, ...) sit in the same
+    ``[training]`` table; each algorithm's ``Config`` declares and validates them.
     """
 
     rounds: int = 20
     silos_per_round: int | None = None
-    local_steps: int = 10
-    local_epochs: int = 1
-    batch_size: int = 32
-    lr: float = 0.1
-    server_lr: float = 1.0
     seed: int = 0
     eval_every: int = 1
-    grad_method: str = "auto"
-    client_rate: float = 1.0
-    optimizer: str = "sgd"
-    momentum: float = 0.9
-    helper: str = "identity"
-    alpha: float | list[float] | tuple[float, ...] = 0.5
 
     def __post_init__(self) -> None:
-        check_choice("training.grad_method", self.grad_method, ("auto", "vmap"))
-        check_in_range("training.client_rate", self.client_rate, 0.0, 1.0, lo_open=True)
-        check_choice("training.optimizer", self.optimizer, ("sgd", "momentum", "adam"))
-        check_in_range("training.momentum", self.momentum, 0.0, 1.0, hi_open=True)
-        check_choice("training.helper", self.helper, ("identity", "interpolate"))
-        for a in self.alpha if isinstance(self.alpha, list | tuple) else [self.alpha]:
-            check_in_range("training.alpha", a, 0.0, 1.0)
         check_int("training.rounds", self.rounds, 1)
         if self.silos_per_round is not None:
             check_int("training.silos_per_round", self.silos_per_round, 1)
-        check_int("training.local_steps", self.local_steps, 1)
-        check_int("training.local_epochs", self.local_epochs, 1)
-        check_int("training.batch_size", self.batch_size, 1)
-        check_positive("training.lr", self.lr)
-        check_positive("training.server_lr", self.server_lr)
         check_int("training.seed", self.seed, 0)
         check_int("training.eval_every", self.eval_every, 1)
 
 
 @dataclass(frozen=True, kw_only=True)
 class PrivacyConfig:
-    """Privacy target and mechanism parameters.
+    """The privacy target and the public bounds, shared by every algorithm of a config.
+
+    The algorithms' own privacy hyperparameters (``clip``, ``subject_rate``, ``sampling``,
+    ``weighting``, ...) sit in the same ``[privacy]`` table; each algorithm's ``Config``
+    declares and validates them.
 
     Attributes:
       epsilon: target ε at each algorithm's calibration unit (``local_item_dp``: record; the
         subject-level algorithms: subject). Ignored when ``noise_multiplier`` is set.
       delta: δ of every reported ε.
       noise_multiplier: σ to use as is (skips calibration).
-      clip: clipping bound C.
       span: public bound on silos per subject (default: number of silos, the worst case).
       group_size: public bound k on one subject's records in one silo (default: the largest
         count in the data after any cap); for ``uldp_group`` the bound on a subject's records
         in the whole federation, a number or ``"max"``/``"median"`` of the subjects' counts.
-      subject_rate: ULDP subject-level Poisson sub-sampling rate q (1: every subject).
-      sampling: HiGradAvgDP batch selection (``record`` or ``subject``).
-      subject_records: records per sampled subject for subject-level sampling.
       noise: where every privacy-relevant coin and the noise come from: ``secure`` (default;
         the OS CSPRNG: nothing can be recomputed from the config) or ``seeded`` (reproducible
         from ``training.seed``; for tests and experiments only, never for production: anyone
@@ -129,37 +102,19 @@ class PrivacyConfig:
       adversary: whom the calibrated (and headline) ε holds against: ``strongest`` (default;
         every party of the threat model), ``released`` (outsiders who see only the model),
         ``server`` or ``silos``. ε against each is reported either way.
-      subject_sampler: who draws the ULDP subject sample when ``subject_rate < 1``: ``silos``
-        (default; from a secret the server never sees) or ``server``.
-      weighting: ``uldp_avg_w`` weights: ``protocol`` (private weighting protocol) or
-        ``clear``.
-      key_bits: Paillier modulus bits of the weighting protocol (at least 2048).
-      n_max: public bound on one subject's records in the federation (weighting protocol).
     """
 
     epsilon: float | None = 4.0
     delta: float = 1e-5
     noise_multiplier: float | None = None
-    clip: float = 1.0
     span: int | None = None
     group_size: int | str | None = None
-    subject_rate: float = 1.0
-    sampling: str = "record"
-    subject_records: int = 8
     noise: str = "secure"
     adversary: str = "strongest"
-    subject_sampler: str = "silos"
-    weighting: str = "protocol"
-    key_bits: int = 3072
-    n_max: int = 2000
 
     def __post_init__(self) -> None:
         check_choice("privacy.noise", self.noise, MODES)
         check_choice("privacy.adversary", self.adversary, TARGETS)
-        check_choice("privacy.subject_sampler", self.subject_sampler, ("silos", "server"))
-        check_choice("privacy.weighting", self.weighting, ("protocol", "clear"))
-        check_int("privacy.key_bits", self.key_bits, 2048)
-        check_int("privacy.n_max", self.n_max, 1)
         if self.epsilon is not None:
             check_positive("privacy.epsilon", self.epsilon)
         check_in_range("privacy.delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
@@ -167,16 +122,12 @@ class PrivacyConfig:
             check_in_range("privacy.noise_multiplier", self.noise_multiplier, 0.0, math.inf)
         if self.epsilon is None and self.noise_multiplier is None:
             raise ConfigError("Expected privacy.epsilon or privacy.noise_multiplier, got neither.")
-        check_positive("privacy.clip", self.clip)
         if self.span is not None:
             check_int("privacy.span", self.span, 1)
         if isinstance(self.group_size, str):
             check_choice("privacy.group_size", self.group_size, ("max", "median"))
         elif self.group_size is not None:
             check_int("privacy.group_size", self.group_size, 1)
-        check_in_range("privacy.subject_rate", self.subject_rate, 0.0, 1.0, lo_open=True)
-        check_choice("privacy.sampling", self.sampling, ("record", "subject"))
-        check_int("privacy.subject_records", self.subject_records, 1)
 
 
 @dataclass(frozen=True)
@@ -188,16 +139,26 @@ class SweepCell:
     batch_size: int | None = None
     local_steps: int | None = None
 
-    def label(self, training: TrainingConfig, privacy: PrivacyConfig) -> str:
-        """A directory-safe name of the cell, e.g. ``p0.5_sigma0.9_B16_K38``."""
-        p = self.client_rate if self.client_rate is not None else training.client_rate
+    def label(self, settings: Mapping[str, Any], privacy: PrivacyConfig) -> str:
+        """A directory-safe name of the cell, e.g. ``p0.5_sigma0.9_B16_K38``, from the
+        algorithm's ``settings`` (its config's fields) and the privacy table."""
+        p = self.client_rate if self.client_rate is not None else settings["client_rate"]
         sigma = (
             self.noise_multiplier if self.noise_multiplier is not None else privacy.noise_multiplier
         )
-        b = self.batch_size or training.batch_size
-        k = self.local_steps or training.local_steps
+        b = self.batch_size or settings["batch_size"]
+        k = self.local_steps or settings["local_steps"]
         noise = f"sigma{sigma:g}" if sigma is not None else f"eps{privacy.epsilon:g}"
         return f"p{p:g}_{noise}_B{b}_K{k}"
+
+    def settings(self) -> dict[str, Any]:
+        """The algorithm hyperparameters this cell sets."""
+        values = {
+            "client_rate": self.client_rate,
+            "batch_size": self.batch_size,
+            "local_steps": self.local_steps,
+        }
+        return {k: v for k, v in values.items() if v is not None}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,12 +222,20 @@ class SweepConfig:
         ]
 
 
-_OVERRIDABLE = {f.name for f in fields(TrainingConfig)} | {f.name for f in fields(PrivacyConfig)}
+#: keys of the [training] and [privacy] tables that the experiment (not an algorithm) reads
+RUN_KEYS = {"training": {f.name for f in fields(TrainingConfig)}} | {
+    "privacy": {f.name for f in fields(PrivacyConfig)}
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class ExperimentConfig:
-    """A whole experiment: data, model, schedule, privacy, and the algorithms to compare."""
+    """A whole experiment: data, model, schedule, privacy, and the algorithms to compare.
+
+    ``hyperparameters`` holds the algorithm keys of the ``[training]`` and ``[privacy]``
+    tables (each algorithm takes those its ``Config`` declares); ``overrides`` the
+    ``[algorithm.NAME]`` tables, which may set run keys and the algorithm's own keys.
+    """
 
     name: str = "experiment"
     algorithms: tuple[str, ...] = ("fedavg",)
@@ -274,6 +243,7 @@ class ExperimentConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    hyperparameters: Mapping[str, Any] = field(default_factory=dict)
     overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     sweep: SweepConfig | None = None
 
@@ -289,17 +259,22 @@ class ExperimentConfig:
             check_choice("algorithms", name, ALGORITHMS)
         if len(set(self.algorithms)) != len(self.algorithms):
             raise ConfigError(f"Expected distinct algorithms, got {list(self.algorithms)}.")
+        unknown = set(self.hyperparameters) - set(hyperparameter_tables())
+        if unknown:
+            raise ConfigError(f"Unknown hyperparameter(s) {sorted(unknown)}.")
         for name, table in self.overrides.items():
             if name not in self.algorithms:
                 raise ConfigError(
                     f"Expected [algorithm.{name}] to name one of the listed algorithms "
                     f"{list(self.algorithms)}."
                 )
-            unknown = set(table) - _OVERRIDABLE
+            own = set(ALGORITHMS[name].Config.tables())
+            allowed = RUN_KEYS["training"] | RUN_KEYS["privacy"] | own
+            unknown = set(table) - allowed
             if unknown:
                 raise ConfigError(
                     f"Unknown key(s) {sorted(unknown)} in [algorithm.{name}]; expected keys of "
-                    "[training] or [privacy]."
+                    f"[training] or [privacy] that {name} reads: {sorted(allowed)}."
                 )
         if (
             self.training.silos_per_round is not None
@@ -310,42 +285,56 @@ class ExperimentConfig:
                 f"Expected training.silos_per_round={self.training.silos_per_round} <= "
                 f"data.num_silos={self.data.num_silos}."
             )
-        for name in self.algorithms:  # validate every override now, not mid-run
+        # validate every value now, not mid-run: the shared keys for every algorithm that
+        # reads them, and each listed algorithm with its overrides
+        for cls in ALGORITHMS.values():
+            if set(cls.Config.tables()) & set(self.hyperparameters):
+                cls.Config.from_settings(self.hyperparameters)
+        for name in self.algorithms:
             self.for_algorithm(name)
+            self.algorithm_config(name)
         for cell in self.sweep.cells() if self.sweep is not None else ():
             self.for_cell(cell)
 
-    def for_cell(self, cell: SweepCell) -> tuple[TrainingConfig, PrivacyConfig]:
-        """PriFedSync's training and privacy settings with a sweep cell's values applied."""
+    def for_cell(self, cell: SweepCell) -> ExperimentConfig:
+        """This (PriFedSync) config with a sweep cell's values applied and no sweep."""
         training, privacy = self.for_algorithm("prifedsync")
-        values: dict[str, Any] = {
-            k: v
-            for k, v in (
-                ("client_rate", cell.client_rate),
-                ("batch_size", cell.batch_size),
-                ("local_steps", cell.local_steps),
-            )
-            if v is not None
-        }
-        training = dataclasses.replace(training, **values)
         if cell.noise_multiplier is not None:
             privacy = dataclasses.replace(
                 privacy, noise_multiplier=cell.noise_multiplier, epsilon=None
             )
-        return training, privacy
+        return dataclasses.replace(
+            self,
+            training=training,
+            privacy=privacy,
+            hyperparameters={**self.algorithm_settings("prifedsync"), **cell.settings()},
+            overrides={},
+            sweep=None,
+        )
 
     def for_algorithm(self, name: str) -> tuple[TrainingConfig, PrivacyConfig]:
-        """Training and privacy settings of ``name`` with its overrides applied."""
+        """The run settings (schedule, target, bounds) of ``name`` with its overrides."""
         table = dict(self.overrides.get(name, {}))
-        train_keys = {f.name for f in fields(TrainingConfig)}
         training = dataclasses.replace(
-            self.training, **{k: v for k, v in table.items() if k in train_keys}
+            self.training, **{k: v for k, v in table.items() if k in RUN_KEYS["training"]}
         )
-        privacy_table = {k: v for k, v in table.items() if k not in train_keys}
+        privacy_table = {k: v for k, v in table.items() if k in RUN_KEYS["privacy"]}
         if "noise_multiplier" in privacy_table and "epsilon" not in privacy_table:
             privacy_table["epsilon"] = None
         privacy = dataclasses.replace(self.privacy, **privacy_table)
         return training, privacy
+
+    def algorithm_settings(self, name: str) -> dict[str, Any]:
+        """The hyperparameters ``name`` reads: the shared keys, then its overrides."""
+        own = ALGORITHMS[name].Config.tables()
+        merged = {k: v for k, v in self.hyperparameters.items() if k in own}
+        merged.update({k: v for k, v in self.overrides.get(name, {}).items() if k in own})
+        return merged
+
+    def algorithm_config(self, name: str, **resolved: Any) -> AlgorithmConfig:
+        """``name``'s ``Config`` from this file, with ``resolved`` values (σ, the group bound,
+        the number of silos) that the experiment determines."""
+        return ALGORITHMS[name].Config.from_settings({**self.algorithm_settings(name), **resolved})
 
 
 #: keys that were replaced, with what to write instead
@@ -355,14 +344,30 @@ RENAMED = {
 }
 
 
+def _split_table(table: Any, section: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A [training] or [privacy] table split into (run keys, algorithm hyperparameters)."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"Expected [{section}] to be a table, got {type(table).__name__}.")
+    algorithm_keys = {k for k, t in hyperparameter_tables().items() if t == section}
+    run = {k: v for k, v in table.items() if k in RUN_KEYS[section]}
+    hyper = {k: v for k, v in table.items() if k in algorithm_keys}
+    unknown = set(table) - set(run) - set(hyper)
+    for old, new in RENAMED.items():
+        if old in unknown:
+            raise ConfigError(f"[{section}] {old} is no longer a key; use {new}.")
+    if unknown:
+        raise ConfigError(
+            f"Unknown key(s) {sorted(unknown)} in [{section}]; expected some of "
+            f"{sorted(RUN_KEYS[section] | algorithm_keys)}."
+        )
+    return run, {k: tuple(v) if isinstance(v, list) else v for k, v in hyper.items()}
+
+
 def _build(cls: type, table: Any, section: str) -> Any:
     if not isinstance(table, Mapping):
         raise ConfigError(f"Expected [{section}] to be a table, got {type(table).__name__}.")
     names = {f.name for f in fields(cls)}
     unknown = set(table) - names
-    for old, new in RENAMED.items():
-        if old in unknown:
-            raise ConfigError(f"[{section}] {old} is no longer a key; use {new}.")
     if unknown:
         raise ConfigError(
             f"Unknown key(s) {sorted(unknown)} in [{section}]; expected some of {sorted(names)}."
@@ -378,7 +383,12 @@ def _build(cls: type, table: Any, section: str) -> Any:
 
 
 def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
-    """Builds an :class:`ExperimentConfig` from a parsed TOML mapping."""
+    """Builds an :class:`ExperimentConfig` from a parsed TOML mapping.
+
+    Raises:
+      ConfigError: an unknown key, a value of the wrong type or out of range (the message
+        names the key as written in the file and the value).
+    """
     top = {"name", "algorithms", "data", "model", "training", "privacy", "algorithm", "sweep"}
     unknown = set(raw) - top
     if unknown:
@@ -392,19 +402,22 @@ def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
     if not isinstance(overrides, Mapping):
         raise ConfigError("Expected [algorithm.NAME] tables.")
     try:
+        training, training_hyper = _split_table(raw.get("training", {}), "training")
+        privacy, privacy_hyper = _split_table(raw.get("privacy", {}), "privacy")
         return ExperimentConfig(
             name=str(raw.get("name", "experiment")),
             algorithms=tuple(algorithms),
             data=_build(DataConfig, raw.get("data", {}), "data"),
             model=_build(ModelConfig, raw.get("model", {}), "model"),
-            training=_build(TrainingConfig, raw.get("training", {}), "training"),
-            privacy=_build(PrivacyConfig, raw.get("privacy", {}), "privacy"),
+            training=_build(TrainingConfig, training, "training"),
+            privacy=_build(PrivacyConfig, privacy, "privacy"),
+            hyperparameters={**training_hyper, **privacy_hyper},
             overrides={k: dict(v) for k, v in overrides.items()},
             sweep=_build(SweepConfig, raw["sweep"], "sweep") if "sweep" in raw else None,
         )
     except ConfigError:
         raise
-    except ValueError as err:
+    except (ValueError, TypeError) as err:
         raise ConfigError(str(err)) from err
 
 
@@ -442,6 +455,10 @@ def _clean(value: Any) -> Any:
 def to_toml_dict(config: ExperimentConfig) -> dict[str, Any]:
     """A TOML-serialisable mapping that :func:`parse_config` reads back to ``config``."""
     out = _clean(config)
+    hyper = out.pop("hyperparameters", {})
+    tables = hyperparameter_tables()
+    for key, value in hyper.items():
+        out.setdefault(tables[key], {})[key] = value
     overrides = out.pop("overrides", {})
     if overrides:
         out["algorithm"] = overrides
