@@ -14,64 +14,35 @@ Every silo update's DP events go to the accountant in the same round they were p
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call
-from torch.nn import functional as F
 
 from silodp._validation import check_choice, check_int
-from silodp.accounting import FederatedAccountant
+from silodp.accounting.interface import Accountant
 from silodp.algorithms import Algorithm, SiloData, SiloUpdate
 from silodp.data import FederatedDataset, TestSplit
+from silodp.evaluation import evaluate
+from silodp.federated.engine import RoundCallback, RoundResult, StopRule
 from silodp.privacy.gradients import Params
 from silodp.privacy.randomness import MODES, Coins
 
-__all__ = ["RoundResult", "SimulationCallback", "Simulator", "round_coins", "silo_tensors"]
+__all__ = [
+    "RoundResult",
+    "SimulationCallback",
+    "Simulator",
+    "evaluate",
+    "round_coins",
+    "silo_tensors",
+]
+
+#: Called with each round's result as soon as the round ends.
+SimulationCallback = RoundCallback
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RoundResult:
-    """What one round produced: utility, privacy spent so far, diagnostics."""
-
-    round: int
-    test_accuracy: float | None
-    test_loss: float | None
-    epsilon: dict[str, float]
-    epsilon_route: dict[str, str]
-    mu: dict[str, float]
-    wall_time_s: float
-    silos: list[int]
-    largest_group_per_batch: list[int] = field(default_factory=list)
-    subjects_per_batch: list[int] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, object]:
-        def finite(v: float | None) -> float | None:
-            return v if v is not None and math.isfinite(v) else None
-
-        return {
-            "round": self.round,
-            "test_accuracy": self.test_accuracy,
-            "test_loss": finite(self.test_loss),
-            "epsilon": {k: finite(v) for k, v in self.epsilon.items()},
-            "epsilon_route": self.epsilon_route,
-            "mu": self.mu,
-            "wall_time_s": self.wall_time_s,
-            "silos": self.silos,
-            "largest_group_per_batch": self.largest_group_per_batch,
-            "subjects_per_batch": self.subjects_per_batch,
-        }
-
-
-#: Called with each round's result as soon as the round ends (progress, checkpoints, logs).
-SimulationCallback = Callable[[RoundResult], None]
 
 
 def silo_tensors(train: FederatedDataset) -> list[SiloData]:
@@ -90,21 +61,6 @@ def silo_tensors(train: FederatedDataset) -> list[SiloData]:
     return out
 
 
-def evaluate(
-    model: nn.Module, params: Params, test: TestSplit, *, batch_size: int = 1024
-) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of ``params`` on ``test``."""
-    correct, loss_sum = 0, 0.0
-    x_all, y_all = torch.from_numpy(test.x), torch.from_numpy(test.y)
-    with torch.no_grad():
-        for start in range(0, len(test), batch_size):
-            x, y = x_all[start : start + batch_size], y_all[start : start + batch_size]
-            logits = functional_call(model, params, (x,))
-            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-            correct += int((logits.argmax(dim=1) == y).sum())
-    return correct / len(test), loss_sum / len(test)
-
-
 #: Independent random streams of one round.
 SILO_STREAM, SAMPLING_STREAM, SERVER_STREAM = 0, 1, 2
 
@@ -117,16 +73,23 @@ def round_coins(noise: str, seed: int, round_index: int, stream: int, silo: int 
 
 
 class Simulator:
-    """Runs an algorithm over silos in one process.
+    """The in-process engine: runs an algorithm over silos in one process.
+
+    One round: the algorithm samples the silos (:meth:`Algorithm.sample_silos`), configures the
+    round, each sampled silo runs its local update from its own state, the accountant composes
+    the round's events (:meth:`Algorithm.accounted_events`), the server aggregates (updating
+    the silos' states where the algorithm keeps any, e.g. PriFedSync's personalised models)
+    and the model is evaluated (:meth:`Algorithm.evaluate`).
 
     Args:
       algorithm: the local update and aggregation to run.
       model: the module whose parameters are trained (used functionally).
       train: the federated training records.
       test: held-out records for evaluation.
-      accountant: receives every silo's DP events each round (None for non-private runs).
-      silos_per_round: silos sampled uniformly without replacement each round.
+      accountant: receives every round's DP events (None for non-private runs).
+      silos_per_round: silos taking part per round (the algorithm may sample its own way).
       seed: run seed (of the data set-up; of the coins only with ``noise="seeded"``).
+      eval_every: evaluate every this many rounds (and after the last).
       noise: where the coins come from: ``secure`` (OS CSPRNG; nothing privacy-relevant can be
         recomputed) or ``seeded`` (from ``seed``; reproducible, for tests and experiments).
     """
@@ -138,8 +101,8 @@ class Simulator:
         model: nn.Module,
         train: FederatedDataset,
         test: TestSplit,
-        accountant: FederatedAccountant | None,
-        silos_per_round: int,
+        accountant: Accountant | None,
+        silos_per_round: int | None = None,
         seed: int,
         eval_every: int = 1,
         noise: str = "secure",
@@ -150,22 +113,36 @@ class Simulator:
         self.silos = silo_tensors(train)
         self.test = test
         self.accountant = accountant
-        self.silos_per_round = check_int("silos_per_round", silos_per_round, 1, len(self.silos))
+        self.silos_per_round = check_int(
+            "silos_per_round", silos_per_round or len(self.silos), 1, len(self.silos)
+        )
         self.seed = check_int("seed", seed, 0)
-        self.eval_every = eval_every
+        self.eval_every = check_int("eval_every", eval_every, 1)
         self.params: Params = {k: v.detach().clone() for k, v in model.named_parameters()}
+        self.states = [algorithm.initial_state(self.params) for _ in self.silos]
+        #: every silo's events of one round (from its public size)
+        self.planned = [
+            p for p in (algorithm.silo_privacy_for(silo) for silo in self.silos) if p is not None
+        ]
 
     def coins(self, round_index: int, stream: int, silo: int = 0) -> Coins:
         """The coins of ``stream`` (and ``silo``) in round ``round_index``."""
         return round_coins(self.noise, self.seed, round_index, stream, silo)
 
     def sample_silos(self, round_index: int) -> list[int]:
-        """``silos_per_round`` silos uniformly without replacement (every silo if that is all)."""
-        if self.silos_per_round == len(self.silos):
-            return list(range(len(self.silos)))
+        """This round's silos, drawn by the algorithm from the round's sampling coins."""
         coins = self.coins(round_index, SAMPLING_STREAM)
-        perm = coins.permutation(len(self.silos))[: self.silos_per_round]
-        return sorted(int(s) for s in perm)
+        return self.algorithm.sample_silos(len(self.silos), self.silos_per_round, coins)
+
+    def _account(self, updates: list[SiloUpdate]) -> tuple[dict, dict, dict, dict | None]:
+        privacy = self.algorithm.accounted_events(updates, self.planned)
+        if self.accountant is None or not privacy:
+            return {}, {}, {}, None
+        self.accountant.compose_round(privacy)
+        epsilon, routes = {}, {}
+        for unit, est in self.accountant.estimates().items():
+            epsilon[unit], routes[unit] = est.epsilon, est.route
+        return epsilon, routes, self.accountant.mu(), self.accountant.labelled_estimates() or None
 
     def run_round(self, round_index: int, *, evaluate_now: bool = True) -> RoundResult:
         """One round: local updates of the sampled silos, accounting, aggregation, evaluation."""
@@ -179,22 +156,15 @@ class Simulator:
             coins = self.coins(round_index, SILO_STREAM, s)
             updates.append(
                 self.algorithm.local_update(
-                    self.model, self.params, self.silos[s], coins, instructions
+                    self.model, self.params, self.silos[s], coins, instructions, self.states[s]
                 )
             )
-        privacy = [u.privacy for u in updates if u.privacy is not None]
-        epsilon: dict[str, float] = {}
-        routes: dict[str, str] = {}
-        mu: dict[str, float] = {}
-        if self.accountant is not None and privacy:
-            self.accountant.compose_round(privacy)
-            for unit, est in self.accountant.estimates().items():
-                epsilon[unit], routes[unit] = est.epsilon, est.route
-            mu = self.accountant.mu()
-        self.params = self.algorithm.aggregate(self.params, updates)
-        accuracy = loss = None
+        epsilon, routes, mu, estimates = self._account(updates)
+        self.params = self.algorithm.aggregate(self.params, updates, self.states)
+        metrics: dict[str, float | None] = {}
         if evaluate_now:
-            accuracy, loss = evaluate(self.model, self.params, self.test)
+            metrics = dict(self.algorithm.evaluate(self.model, self.params, self.states, self.test))
+        accuracy, loss = metrics.pop("test_accuracy", None), metrics.pop("test_loss", None)
         return RoundResult(
             round=round_index,
             test_accuracy=accuracy,
@@ -206,13 +176,30 @@ class Simulator:
             silos=chosen,
             largest_group_per_batch=[g for u in updates for g in u.group_sizes],
             subjects_per_batch=[d for u in updates for d in u.subjects_per_batch],
+            metrics=metrics,
+            estimates=estimates,
         )
 
-    def run(self, rounds: int, callbacks: Sequence[SimulationCallback] = ()) -> list[RoundResult]:
+    def run(
+        self,
+        rounds: int,
+        callbacks: Sequence[RoundCallback] = (),
+        *,
+        stop: StopRule | None = None,
+    ) -> list[RoundResult]:
+        """Runs up to ``rounds`` rounds; ``stop(result)`` returning true ends the run early."""
         results = []
-        for r in range(1, check_int("rounds", rounds, 1) + 1):
+        rounds = check_int("rounds", rounds, 1)
+        for r in range(1, rounds + 1):
             result = self.run_round(r, evaluate_now=r % self.eval_every == 0 or r == rounds)
             for cb in callbacks:
                 cb(result)
             results.append(result)
+            if stop is not None and stop(result):
+                break
         return results
+
+    @property
+    def personal_params(self) -> list[Params]:
+        """Every silo's personalised model, for algorithms that keep one."""
+        return [s.personal for s in self.states]
