@@ -1,0 +1,138 @@
+"""The ``silodp`` command line: run experiments, describe data, account privacy.
+
+Every :class:`~silodp.errors.SilodpError` (and a missing file) ends a command with its message
+and exit code 2; the commands parse, call the library and print, nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from tqdm import tqdm
+
+from silodp.bench.cli import bench_app
+from silodp.cli.common import WHO, differing, fail, fmt
+from silodp.config import default_config_path, load_config
+from silodp.crypto.errors import ProtocolError
+from silodp.errors import SilodpError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Cross-silo federated learning with differential privacy at the record, silo or "
+    "subject level.",
+)
+
+
+app.add_typer(bench_app, name="bench")
+
+
+def _progress(name: str, rounds: int) -> Any:
+    bar = tqdm(total=rounds, desc=f"{name:>15}", unit="round", file=sys.stderr, leave=True)
+
+    def update(row: dict[str, Any]) -> None:
+        postfix = {}
+        if row.get("test_accuracy") is not None:
+            postfix["acc"] = f"{row['test_accuracy']:.3f}"
+        for unit, value in row.get("epsilon", {}).items():
+            postfix[f"ε_{unit}"] = fmt(value)
+        postfix.update({f"ε_{unit}[{who}]": fmt(value) for who, unit, value in differing(row)})
+        bar.set_postfix(postfix)
+        bar.update(1)
+        if row["round"] == rounds:
+            bar.close()
+
+    return update
+
+
+@app.command()
+def run(
+    config: Annotated[
+        Path | None, typer.Argument(help="Experiment TOML; omitted: the built-in demo.")
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("runs/demo"),
+    overwrite: Annotated[bool, typer.Option(help="Replace results already in --out.")] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+) -> None:
+    """Run an experiment: train every listed algorithm, write metrics, summaries and plots."""
+    from silodp.experiment import run_experiment
+
+    path = config or default_config_path()
+    try:
+        cfg = load_config(path)
+    except SilodpError as err:
+        fail(str(err))
+    logging.basicConfig(level=logging.WARNING)
+    typer.echo(f"silodp: running {cfg.name!r} ({', '.join(cfg.algorithms)}) from {path}")
+    try:
+        summary = run_experiment(
+            cfg,
+            out,
+            overwrite=overwrite,
+            progress=None if quiet else _progress,
+            log=typer.echo,
+        )
+    except (SilodpError, ProtocolError, ValueError, FileNotFoundError) as err:
+        fail(str(err))
+    typer.echo(f"\nresults in {out}/")
+    for item in summary["runs"]:
+        eps = (
+            ", ".join(
+                f"{u}={'inf' if v is None else format(v, '.3g')}"
+                for u, v in item["epsilon"].items()
+            )
+            or "not private"
+        )
+        acc = f"accuracy {item['test_accuracy']:.3f}"
+        if item.get("personalised_accuracy") is not None:
+            acc = (
+                f"personalised accuracy {item['personalised_accuracy']:.3f}, "
+                f"global {item['test_accuracy']:.3f}"
+            )
+        who = item.get("adversary")
+        against = (
+            ""
+            if not who
+            else (" against every party" if who == "strongest" else f" against {WHO[who]}")
+        )
+        typer.echo(
+            f"  {item['algorithm']:>15}: {acc}  ε({eps}){against}"
+            + (f" at δ={item['delta']:g}" if item["delta"] else "")
+        )
+        for who, unit, value in differing(item):
+            typer.echo(f"  {'':>15}  against {WHO[who]}: ε({unit}={fmt(value)})")
+        if item.get("noise", {}).get("mode") == "seeded":
+            typer.echo(f"  {'':>15}  seeded: not for production")
+
+
+@app.command()
+def describe(
+    config: Annotated[Path, typer.Argument(help="Experiment TOML whose [data] to describe.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Describe a config's federated data: records per silo and subject, span, subjects."""
+    from silodp.data.build import build_federated_data
+    from silodp.data.describe import describe as describe_data
+    from silodp.data.describe import format_description
+
+    try:
+        cfg = load_config(config)
+        data = build_federated_data(cfg.data)
+    except (SilodpError, FileNotFoundError) as err:
+        fail(str(err))
+    info = describe_data(data)
+    typer.echo(json.dumps(info, indent=2) if as_json else format_description(info))
+
+
+from silodp.cli.account import account  # noqa: E402  (registers the command)
+
+app.command()(account)
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()

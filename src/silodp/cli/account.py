@@ -1,0 +1,286 @@
+"""``silodp account``: the ε a plan spends, or the σ that meets a target, for any algorithm.
+
+One report function (:func:`account_report`) builds the answer as data through the same
+planning code a run uses; one printer shows it. The options an algorithm's accounting depends
+on (``--group-size``, ``--sampling``, ``--client-rate``, ...) are generated from the
+algorithms' config dataclasses, so a new algorithm's option appears without touching this file.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import typing
+from typing import Annotated, Any
+
+import typer
+
+from silodp._validation import check_int
+from silodp.accounting import PrivacyPlan
+from silodp.accounting.accountant import TARGETS
+from silodp.algorithms import ALGORITHMS, make_algorithm
+from silodp.algorithms.planning import account_plan, calibrate
+from silodp.cli.common import WHO, differing, fail
+from silodp.errors import InvalidValueError, SilodpError
+
+__all__ = ["account", "account_report", "print_report"]
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def account_report(
+    algorithm: str,
+    *,
+    noise_multiplier: float | None = None,
+    target_epsilon: float | None = None,
+    delta: float = 1e-5,
+    sample_rate: float = 1.0,
+    steps: int = 1,
+    rounds: int = 1,
+    silos: int = 1,
+    silos_per_round: int | None = None,
+    span: int | None = None,
+    adversary: str = "strongest",
+    unit: str | None = None,
+    per_round: bool = False,
+    settings: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The privacy of a plan of ``algorithm`` as one JSON-ready mapping: ε per unit (against
+    ``adversary`` and against each adversary), the routes, μ where defined, labelled
+    estimates, the plan and the threat model.
+
+    Raises:
+      SilodpError: exactly one of ``noise_multiplier`` and ``target_epsilon`` is not given, a
+        value is out of range, the algorithm is not private or the target is unreachable.
+    """
+    if (noise_multiplier is None) == (target_epsilon is None):
+        raise InvalidValueError("Expected exactly one of --noise-multiplier and --target-epsilon.")
+    values = {"local_steps": steps, "batch_size": 1, "num_silos": silos, **(settings or {})}
+    probe = make_algorithm(algorithm, {**values, "noise_multiplier": noise_multiplier or 0.0})
+    if not probe.private:
+        raise InvalidValueError(
+            f"Algorithm {algorithm!r} is not differentially private; it has no ε."
+        )
+    plan = PrivacyPlan(
+        sampling_rates=(sample_rate,) * silos,
+        rounds=rounds,
+        silos_per_round=silos_per_round or silos,
+        span=span or silos,
+        delta=delta,
+        adversary=adversary,
+    )
+    method = "given"
+    if target_epsilon is not None:
+        noise_multiplier = calibrate(
+            probe,
+            plan,
+            target_epsilon=target_epsilon,
+            unit=unit,
+            rel_tol=probe.calibration_tolerance,
+        )
+        method = "calibrated"
+    assert noise_multiplier is not None
+    algo = probe.with_noise(noise_multiplier)
+    accountant = algo.make_accountant(span=plan.span, delta=delta, target=adversary)
+    curve = account_plan(algo, plan, per_round=per_round, accountant_factory=lambda *_: accountant)
+    by_adversary = accountant.estimates_by_adversary()
+    # the headline comes from the same composition as the per-adversary values
+    final = (
+        {
+            u: max((by[u] for by in by_adversary.values()), key=lambda e: e.epsilon)
+            for u in curve[-1]
+        }
+        if adversary == "strongest"
+        else by_adversary[adversary]
+    )
+    result: dict[str, Any] = {
+        "algorithm": algorithm,
+        "epsilon": {u: _finite(e.epsilon) for u, e in final.items()},
+        "adversary": adversary,
+        "epsilon_by_adversary": {
+            who: {u: _finite(e.epsilon) for u, e in estimates.items()}
+            for who, estimates in by_adversary.items()
+        },
+        "noise_multiplier": noise_multiplier,
+        "noise_multiplier_source": method,
+        "delta": delta,
+        "method": {u: e.route for u, e in final.items()},
+        "routes": {u: {k: _finite(v) for k, v in e.routes.items()} for u, e in final.items()},
+        "epsilon_route": {u: e.route for u, e in final.items()},
+        "plan": {
+            "sample_rate": sample_rate,
+            "steps": steps,
+            "rounds": rounds,
+            "silos": silos,
+            "clients": silos,
+            "silos_per_round": plan.silos_per_round,
+            "span": plan.span,
+            **(settings or {}),
+            **algo.account_options(),
+        },
+        "adjacency": algo.adjacency,
+        "threat_model": algo.threat_model,
+    }
+    mu = {u: m for u, m in accountant.mu().items() if math.isfinite(m)}
+    if mu:
+        result["mu"] = mu
+    estimates = accountant.labelled_estimates()
+    if estimates:
+        result["estimates"] = {k: _finite(v) for k, v in estimates.items()}
+    if per_round:
+        result["per_round"] = [
+            {"round": r, "epsilon": {u: _finite(e.epsilon) for u, e in row.items()}}
+            for r, row in enumerate(curve, start=1)
+        ]
+    return result
+
+
+def print_report(result: dict[str, Any]) -> None:
+    """The report as text: σ, then ε per unit (guarantees), against whom where it differs,
+    μ and labelled estimates."""
+    plan = result["plan"]
+    typer.echo(
+        f"{result['algorithm']}: σ = {result['noise_multiplier']:.6g} "
+        f"({result['noise_multiplier_source']}), δ = {result['delta']:g}, "
+        f"S = {plan['silos']}, R = {plan['rounds']}, ε against {result['adversary']}"
+        + (f", {result['adjacency']} adjacency" if result["adjacency"] != "add/remove" else "")
+    )
+    for u, eps in result["epsilon"].items():
+        routes = ", ".join(
+            f"{k}={'inf' if v is None else format(v, '.4g')}"
+            for k, v in result["routes"][u].items()
+        )
+        value = "inf" if eps is None else f"{eps:.4f}"
+        typer.echo(f"  {u:>20}: ε = {value}  via {result['method'][u]}  (guarantee; {routes})")
+    for who, unit, other in differing(result):
+        typer.echo(
+            f"  {unit:>20}: ε = {'inf' if other is None else format(other, '.4f')} against "
+            f"{WHO[who]}"
+        )
+    for key, eps in result.get("estimates", {}).items():
+        typer.echo(f"  {key:>20}: ε ≈ {eps:.4f}  (CLT estimate, not a guarantee)")
+    for u, m in result.get("mu", {}).items():
+        typer.echo(f"  {u:>20}: μ = {m:.4f} (Gaussian DP; an estimate where labelled)")
+    for row in result.get("per_round", []):
+        text = ", ".join(
+            f"{u}={'inf' if v is None else format(v, '.4f')}" for u, v in row["epsilon"].items()
+        )
+        typer.echo(f"  round {row['round']:>4}: ε({text})")
+    typer.echo(f"  threat model: {result['threat_model']}")
+
+
+def _generated_options() -> dict[str, tuple[type, Any, str]]:
+    """``{name: (type, default, help)}`` of every hyperparameter some algorithm's accounting
+    depends on (the ``account`` metadata of its config field)."""
+    options: dict[str, tuple[type, Any, str]] = {}
+    for cls in ALGORITHMS.values():
+        for name, f in cls.Config.accounting_fields().items():
+            kind = type(f.default)
+            options.setdefault(name, (kind, f.default, f.metadata.get("doc", "")))
+    return options
+
+
+def account(  # noqa: PLR0913 - the command's options
+    algorithm: Annotated[str, typer.Option(help=f"One of: {', '.join(ALGORITHMS)}.")],
+    delta: Annotated[float, typer.Option(help="δ of the reported ε.")] = 1e-5,
+    noise_multiplier: Annotated[
+        float | None, typer.Option(help="σ; report the ε it gives.")
+    ] = None,
+    target_epsilon: Annotated[
+        float | None, typer.Option(help="ε to reach; report the σ it needs.")
+    ] = None,
+    sample_rate: Annotated[
+        float,
+        typer.Option(
+            help="Per-step sampling rate q of each silo (records; subjects for subject "
+            "sampling and ULDP; B/n of every client for prifedsync)."
+        ),
+    ] = 1.0,
+    steps: Annotated[int, typer.Option(help="Local steps per round T (K for prifedsync).")] = 1,
+    rounds: Annotated[int, typer.Option(help="Rounds R.")] = 1,
+    silos: Annotated[int, typer.Option(help="Silos S.")] = 1,
+    clients: Annotated[
+        int | None, typer.Option(help="prifedsync: clients m (an alias of --silos).")
+    ] = None,
+    silos_per_round: Annotated[
+        int | None, typer.Option(help="Silos taking part per round (default S).")
+    ] = None,
+    span: Annotated[
+        int | None, typer.Option(help="Silos one subject may span (default S).")
+    ] = None,
+    adversary: Annotated[
+        str,
+        typer.Option(
+            help="Whom the headline ε (and --target-epsilon) holds against: strongest, "
+            "released, server or silos."
+        ),
+    ] = "strongest",
+    unit: Annotated[
+        str | None,
+        typer.Option(help="Unit of --target-epsilon (default: the algorithm's calibration unit)."),
+    ] = None,
+    per_round: Annotated[bool, typer.Option(help="Also list ε after every round.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    **settings: Any,
+) -> None:
+    """What ε does a plan spend (--noise-multiplier), or what σ reaches an ε (--target-epsilon)?
+
+    --steps is the number of local steps per round and --rounds the number of rounds R, so a
+    silo runs steps × rounds steps in all. Every ε is an upper bound for the worst-case silo
+    taking part in every round.
+    """
+    try:
+        if clients is not None:
+            silos = check_int("clients", clients, 1)
+        if adversary not in TARGETS:
+            raise InvalidValueError(f"Expected adversary={adversary!r} to be one of {TARGETS}.")
+        result = account_report(
+            algorithm,
+            noise_multiplier=noise_multiplier,
+            target_epsilon=target_epsilon,
+            delta=delta,
+            sample_rate=sample_rate,
+            steps=steps,
+            rounds=rounds,
+            silos=silos,
+            silos_per_round=silos_per_round,
+            span=span,
+            adversary=adversary,
+            unit=unit,
+            per_round=per_round,
+            settings={k: v for k, v in settings.items() if v is not None},
+        )
+    except (SilodpError, ValueError) as err:
+        fail(str(err))
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        print_report(result)
+
+
+def _with_generated_options(command: Any) -> Any:
+    """``command`` whose ``**settings`` are the generated hyperparameter options."""
+    signature = inspect.signature(command)
+    hints = typing.get_type_hints(command, include_extras=True)
+    params = [
+        p.replace(annotation=hints.get(p.name, p.annotation))
+        for p in signature.parameters.values()
+        if p.kind != p.VAR_KEYWORD
+    ]
+    for name, (kind, default, doc) in sorted(_generated_options().items()):
+        params.append(
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=Annotated[kind | None, typer.Option(help=f"{doc} [default: {default}]")],
+            )
+        )
+    command.__signature__ = signature.replace(parameters=params)
+    return command
+
+
+account = _with_generated_options(account)

@@ -1,0 +1,321 @@
+"""Preparing one run before anything trains: public bounds on the data, the privacy plan and σ.
+
+Everything that can be wrong with a config (bad values, an unreachable privacy target, a
+schedule the algorithm cannot run) is found here, before the first round, so a failed start
+leaves no results behind. The algorithm answers every question through its methods; nothing
+here names an algorithm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import shlex
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from silodp.accounting import PrivacyPlan, SiloPrivacy, conversions, find_sigma
+from silodp.algorithms import ALGORITHMS, Algorithm, make_algorithm
+from silodp.algorithms.planning import calibrate
+from silodp.config import ExperimentConfig, PrivacyConfig, SweepCell, TrainingConfig
+from silodp.data import FederatedData, FederatedDataset
+from silodp.data.partition import cap_records, cap_span
+from silodp.errors import InvalidValueError
+from silodp.privacy.randomness import Coins
+
+__all__ = ["PreparedRun", "dp_scaling", "prepare_run"]
+
+logger = logging.getLogger(__name__)
+
+NOT_PRIVATE_NOTE = (
+    "noise_multiplier = 0: not private - the algorithm ran without noise and no ε holds; "
+    "a non-private baseline"
+)
+
+#: the stream of the run's set-up randomness (e.g. the secret the silos share)
+SETUP_STREAM = 3
+#: the stream of the DP feature statistics' randomness
+SCALING_STREAM = 4
+
+
+@dataclass
+class PreparedRun:
+    """One algorithm's run (or one sweep cell), fully resolved before training starts."""
+
+    name: str
+    algorithm: Algorithm
+    config: ExperimentConfig
+    training: TrainingConfig
+    privacy: PrivacyConfig
+    train: FederatedDataset
+    group_size: int | None
+    group_size_source: str
+    span: int
+    span_source: str
+    silos_per_round: int
+    plan: PrivacyPlan | None
+    noise_multiplier: float | None
+    calibration: dict[str, Any]
+    notes: list[str] = dataclasses.field(default_factory=list)
+    cell: SweepCell | None = None
+
+    def account_command(self, rounds: int | None = None) -> str | None:
+        """A ``silodp account`` call that reproduces this run's ε after ``rounds`` rounds
+        (default: all), for the worst-case silo taking part in every round."""
+        if self.plan is None or not self.noise_multiplier:
+            return None
+        args = [
+            "silodp",
+            "account",
+            "--algorithm",
+            self.algorithm.name,
+            "--noise-multiplier",
+            repr(self.noise_multiplier),
+            "--delta",
+            repr(self.privacy.delta),
+            "--sample-rate",
+            repr(max(self.plan.sampling_rates)),
+            "--steps",
+            str(self.algorithm.config.local_steps),
+            "--rounds",
+            str(rounds if rounds is not None else self.training.rounds),
+            "--silos",
+            str(self.train.num_silos),
+            "--silos-per-round",
+            str(self.silos_per_round),
+            "--span",
+            str(self.span),
+        ]
+        for option, value in self.algorithm.account_options().items():
+            args += [f"--{option.replace('_', '-')}", str(value)]
+        args += ["--adversary", self.privacy.adversary]
+        return shlex.join(args)
+
+
+def _group_bound(train: FederatedDataset, value: int | str, scope: str) -> int:
+    if isinstance(value, int):
+        return value
+    counts = train.histogram().sum(axis=0) if scope == "federation" else train.histogram()
+    counts = counts[counts > 0]
+    return int(counts.max()) if value == "max" else max(1, int(np.median(counts)))
+
+
+def _bound_data(
+    train: FederatedDataset, privacy: PrivacyConfig, seed: int, algorithm: Algorithm
+) -> tuple[FederatedDataset, int | None, str, int, str]:
+    """Applies the public span and group bounds (dropping excess records, SPEC §1)."""
+    span_source = "config" if privacy.span is not None else "number of silos (worst case)"
+    span = min(privacy.span or train.num_silos, train.num_silos)
+    if algorithm.uses_span():
+        train = cap_span(train, span=span, seed=seed)
+    scope = algorithm.group_bound_scope()
+    if scope is None:
+        return train, None, "not used by this algorithm", span, span_source
+    where = "in one silo" if scope == "silo" else "in the federation"
+    if privacy.group_size is not None:
+        k = _group_bound(train, privacy.group_size, scope)
+        if scope == "federation":
+            train = cap_records(train, total=k, seed=seed)
+        else:
+            train = cap_records(train, per_silo=k, seed=seed)
+        source = (
+            "config"
+            if isinstance(privacy.group_size, int)
+            else f"data ({privacy.group_size} records of a subject {where})"
+        )
+        return train, k, source, span, span_source
+    largest = _group_bound(train, "max", scope)
+    logger.warning(
+        "privacy.group_size is not set: using the data's largest count of one subject's "
+        "records %s (%d) as the bound k. That bound depends on the data; set "
+        "privacy.group_size to a public bound for a strictly valid subject-level guarantee.",
+        where,
+        largest,
+    )
+    return train, largest, f"data (largest {where}; set privacy.group_size)", span, span_source
+
+
+def _delta_notes(
+    name: str, units: Sequence[str], delta: float, train: FederatedDataset
+) -> list[str]:
+    """Warns (and returns a note) when δ is not small against the number of units: an
+    (ε, δ) guarantee with δ ≥ 1/n allows releasing one unit's data outright."""
+    counts = {
+        "record": len(train),
+        "subject": int((train.histogram().sum(axis=0) > 0).sum()),
+        "silo": train.num_silos,
+    }
+    notes = []
+    for unit in units:
+        n = counts[unit]
+        if delta * n >= 1.0:
+            note = (
+                f"delta={delta:g} is not below 1/n = 1/{n} {unit}s: at this δ the guarantee "
+                f"allows revealing one {unit}'s data outright; use δ well below 1/{n}"
+            )
+            logger.warning("%s: %s.", name, note)
+            notes.append(note)
+    return notes
+
+
+def prepare_run(
+    name: str,
+    config: ExperimentConfig,
+    data: FederatedData,
+    *,
+    releases: tuple[SiloPrivacy, ...] = (),
+    cell: SweepCell | None = None,
+) -> PreparedRun:
+    """Resolves bounds, the privacy plan and σ for algorithm ``name``; trains nothing.
+
+    ``releases``: per-silo events of releases made before training (DP feature statistics),
+    composed with the run's rounds in calibration and reporting. ``cell``: a sweep cell
+    applied to ``config``.
+
+    Raises:
+      InvalidValueError: the schedule does not fit the algorithm or the data.
+      CalibrationError: the target ε is unreachable.
+    """
+    if cell is not None:
+        config = config.for_cell(cell)
+    training, privacy = config.for_algorithm(name)
+    probe = make_algorithm(name, config.algorithm_config(name, num_silos=data.train.num_silos))
+    train, group_size, group_source, span, span_source = _bound_data(
+        data.train, privacy, config.data.seed, probe
+    )
+    silos_per_round = probe.check_schedule(training.silos_per_round, train.num_silos)
+    algo_config = config.algorithm_config(
+        name, group_size=group_size or 1, num_silos=train.num_silos
+    )
+    probe = make_algorithm(name, algo_config)
+    plan: PrivacyPlan | None = None
+    sigma: float | None = None
+    calibration: dict[str, Any] = {"method": "not private"}
+    notes: list[str] = []
+    if probe.private and privacy.noise_multiplier == 0:
+        # the same algorithm (clipping, weighting, sampling) without noise: a baseline
+        sigma = 0.0
+        calibration = {"method": "not private (noise_multiplier = 0)"}
+        notes = [NOT_PRIVATE_NOTE]
+    elif probe.private:
+        notes = _delta_notes(name, probe.units, privacy.delta, train)
+        sizes = train.silo_sizes()
+        subjects = (train.histogram() > 0).sum(axis=1)
+        plan = PrivacyPlan(
+            sampling_rates=tuple(
+                probe.sampling_rate(num_records=int(n), num_subjects=int(a))
+                for n, a in zip(sizes, subjects, strict=True)
+            ),
+            rounds=training.rounds,
+            silos_per_round=silos_per_round,
+            span=span,
+            delta=privacy.delta,
+            adversary=privacy.adversary,
+            releases=releases,
+        )
+        if privacy.noise_multiplier is not None:
+            sigma = privacy.noise_multiplier
+            calibration = {"method": "given noise_multiplier"}
+        else:
+            assert privacy.epsilon is not None
+            started = time.perf_counter()
+            sigma = calibrate(
+                probe,
+                plan,
+                target_epsilon=privacy.epsilon,
+                rel_tol=probe.calibration_tolerance,
+            )
+            calibration = {
+                "method": "calibrated",
+                "target_epsilon": privacy.epsilon,
+                "unit": probe.calibration_unit,
+                "adversary": privacy.adversary,
+                "seconds": round(time.perf_counter() - started, 2),
+            }
+    if sigma is not None:
+        algo_config = dataclasses.replace(algo_config, noise_multiplier=sigma)
+    setup_coins = Coins.for_mode(privacy.noise, training.seed, SETUP_STREAM)
+    label = (
+        name if cell is None else f"{name}/{cell.label(config.algorithm_settings(name), privacy)}"
+    )
+    return PreparedRun(
+        name=label,
+        algorithm=make_algorithm(name, algo_config, train, coins=setup_coins),
+        config=config,
+        training=training,
+        privacy=privacy,
+        train=train,
+        group_size=group_size,
+        group_size_source=group_source,
+        span=span,
+        span_source=span_source,
+        silos_per_round=silos_per_round,
+        plan=plan,
+        noise_multiplier=sigma,
+        calibration=calibration,
+        notes=notes,
+        cell=cell,
+    )
+
+
+def dp_scaling(
+    config: ExperimentConfig, data: FederatedData
+) -> tuple[FederatedData, tuple[SiloPrivacy, ...], dict[str, Any]]:
+    """``[data] scaling = "dp"``: per-feature mean/std estimated with DP before training.
+
+    The estimate gets ``scaling_budget`` of ``privacy.epsilon``: its noise multiplier σ_s is
+    the smallest for which its subject-level ε alone (one Gaussian per silo, composed over
+    ``span`` silos: μ = √span/σ_s) is at most that share at ``privacy.delta``. Every run then
+    composes these per-silo events with its rounds (``releases``), so its calibrated and
+    reported ε include the estimate. Returns the scaled data, the events and a summary.
+
+    Raises:
+      InvalidValueError: an algorithm whose guarantee does not compose with the statistics'
+        record- and subject-level events, or no ``privacy.epsilon`` to take a share of.
+    """
+    from silodp.data.scaling import dp_feature_stats
+
+    privacy = config.privacy
+    for name in config.algorithms:
+        cls = ALGORITHMS[name]
+        if cls.adjacency != "add/remove" or "silo" in cls.units:
+            what = "replace-one records" if cls.adjacency != "add/remove" else "silo-level"
+            raise InvalidValueError(
+                f"Expected [data] scaling = 'bounds' or 'standard' with {name}: the DP feature "
+                f"statistics are accounted per record and subject, not for {name}'s "
+                f"{what} guarantee."
+            )
+    if privacy.epsilon is None:
+        raise InvalidValueError(
+            "Expected privacy.epsilon with [data] scaling = 'dp': its budget is a share "
+            "(data.scaling_budget) of that ε."
+        )
+    span = min(privacy.span or data.train.num_silos, data.train.num_silos)
+    share = config.data.scaling_budget * privacy.epsilon
+    sigma = find_sigma(lambda s: conversions.gdp_epsilon(math.sqrt(span) / s, privacy.delta), share)
+    coins = Coins.for_mode(privacy.noise, config.training.seed, SCALING_STREAM)
+    # on the records training will use: a subject then sits in at most ``span`` silos
+    capped = cap_span(data.train, span=span, seed=config.data.seed)
+    stats = dp_feature_stats(
+        capped, bounds=config.data.feature_bounds, noise_multiplier=sigma, coins=coins
+    )
+    event = stats.dp_event
+    releases = tuple(
+        SiloPrivacy({"record": event, "subject": event}) for _ in range(data.train.num_silos)
+    )
+    summary = {
+        "method": "dp",
+        "noise_multiplier": sigma,
+        "budget_fraction": config.data.scaling_budget,
+        "epsilon_alone": conversions.gdp_epsilon(math.sqrt(span) / sigma, privacy.delta),
+        "span": span,
+        "delta": privacy.delta,
+        "mean": stats.mean.tolist(),
+        "std": stats.std.tolist(),
+    }
+    return stats.apply(data), releases, summary

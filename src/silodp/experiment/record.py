@@ -1,0 +1,253 @@
+"""Recording a run: the released files (metrics, summary, model, plots) and the silo-private
+ones, written as each round ends so that an interrupted run keeps an exact record of what it
+spent."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from silodp.config import to_toml_dict
+from silodp.errors import OutputExistsError
+from silodp.experiment.prepare import PreparedRun
+from silodp.federated import Engine, RoundResult
+from silodp.io import write_json, write_jsonl
+
+__all__ = [
+    "OUTPUTS",
+    "PRIVATE_DIR",
+    "check_output",
+    "noise_notes",
+    "noise_record",
+    "record_rounds",
+    "resolved_config",
+    "split_row",
+    "summary",
+    "write_private",
+]
+
+#: silo-local outputs: data-dependent, not covered by any ε; must not leave the silos
+PRIVATE_DIR = "silo_private"
+
+#: per-round diagnostics that depend on the data and are not noised (a round's wall time
+#: grows with the sampled records and subjects, so it is one of them)
+DIAGNOSTIC_KEYS = ("largest_group_per_batch", "subjects_per_batch", "wall_time_s")
+
+#: What each output is, and what the guarantee covers (every summary lists it).
+OUTPUTS: dict[str, Any] = {
+    "covered_by_epsilon": ["model.pt", "feature_scaling.json (with [data] scaling = 'dp')"],
+    "public_plan": [
+        "config.toml",
+        "summary.json and metrics.jsonl: epsilon, epsilon_by_adversary, mu, sigma, bounds "
+        "(functions of the plan: silo sizes, subject counts and the bounds, which silodp "
+        "treats as public; a group_size taken from the data is not public)",
+        "epsilon.png",
+    ],
+    "evaluation": (
+        "test_accuracy/test_loss (metrics.jsonl, summary.json, accuracy_loss.png, "
+        "comparison.png) are computed on the held-out test split, which no ε covers: "
+        "release them only if that split is public or its holders agree"
+    ),
+    "silo_private": [
+        f"{PRIVATE_DIR}/: un-noised, data-dependent diagnostics (records dropped by the "
+        "bounds, subjects and largest group per batch, wall times, the data description); "
+        "no ε covers them and they must not leave the silos"
+    ],
+}
+
+Row = dict[str, Any]
+
+
+def noise_record(mode: str) -> dict[str, Any]:
+    """Where a run's coins and noise came from, for its summary."""
+    if mode == "secure":
+        return {
+            "mode": "secure",
+            "source": "operating system CSPRNG for every sample and noise draw; exact "
+            "(discrete, rounded) Gaussian noise",
+        }
+    return {
+        "mode": "seeded",
+        "source": "PCG64 seeded from training.seed: reproducible, not for production",
+    }
+
+
+def noise_notes(mode: str) -> list[str]:
+    if mode == "seeded":
+        return [
+            "seeded: not for production - every sample and all noise can be recomputed "
+            "from the config's seed, so no ε holds against anyone who knows it"
+        ]
+    return []
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def resolved_config(run: PreparedRun) -> dict[str, Any]:
+    """The run's config as a TOML mapping, with everything the run resolved written in."""
+    algorithm = run.algorithm
+    privacy = dataclasses.replace(
+        run.privacy,
+        noise_multiplier=run.noise_multiplier,
+        epsilon=None if run.cell is not None else run.privacy.epsilon,
+        group_size=run.group_size,
+        span=run.span,
+    )
+    resolved = dataclasses.replace(
+        run.config,
+        algorithms=(algorithm.name,),
+        training=run.training,
+        privacy=privacy,
+        hyperparameters=algorithm.config.settings(),
+        overrides={},
+        sweep=None,
+    )
+    return to_toml_dict(resolved)
+
+
+def _last(results: Sequence[RoundResult], key: str) -> Any:
+    for r in reversed(results):
+        value = getattr(r, key) if hasattr(r, key) else r.metrics.get(key)
+        if value is not None:
+            return value
+    return None
+
+
+def summary(
+    run: PreparedRun,
+    results: Sequence[RoundResult],
+    status: str,
+    by_adversary: Sequence[dict[str, dict[str, float | None]]] = (),
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run's ``summary.json``: outcome, privacy spent (per unit and adversary), bounds,
+    calibration, threat model, notes and what each output is."""
+    last = results[-1] if results else None
+    algorithm = run.algorithm
+    private = run.plan is not None
+    out: dict[str, Any] = {
+        "algorithm": run.name,
+        "status": status,
+        "rounds_completed": len(results),
+        "rounds_planned": run.training.rounds,
+        "test_accuracy": _last(results, "test_accuracy"),
+        "test_loss": _finite(_last(results, "test_loss")),
+        "epsilon": last.to_json()["epsilon"] if last else {},
+        "epsilon_route": last.epsilon_route if last else {},
+        "adversary": run.privacy.adversary if private else None,
+        "epsilon_by_adversary": by_adversary[-1] if by_adversary else {},
+        "mu": last.to_json()["mu"] if last else {},
+        "delta": run.privacy.delta if private else None,
+        "units": list(algorithm.units) if private else [],
+        "noise_multiplier": run.noise_multiplier,
+        "noise": noise_record(run.privacy.noise),
+        "clip": algorithm.config.clip if private else None,
+        "calibration": run.calibration,
+        "group_size": run.group_size,
+        "group_size_source": run.group_size_source,
+        "span": run.span,
+        "span_source": run.span_source,
+        "sampling_rate": (
+            {"min": min(run.plan.sampling_rates), "max": max(run.plan.sampling_rates)}
+            if run.plan
+            else None
+        ),
+        "threat_model": algorithm.threat_model,
+        "weights_private": getattr(algorithm, "weights_private", None),
+        "empty_rounds": sum(1 for r in results if not r.silos),
+        "notes": algorithm.run_notes() + run.notes + noise_notes(run.privacy.noise),
+        "outputs": OUTPUTS,
+        "account_command": run.account_command(),
+    }
+    for key in {k for r in results for k in r.metrics}:
+        out[key] = _last(results, key)
+    if last is not None and last.estimates is not None:
+        out["epsilon_estimates"] = last.to_json()["epsilon_estimates"]
+    out.update(algorithm.summary_fields())
+    out.update(extra or {})
+    return out
+
+
+def write_private(run_dir: Path, run: PreparedRun, wall_time_s: float) -> None:
+    write_json(
+        run_dir / PRIVATE_DIR / "summary.json",
+        {
+            "note": "silo-private: data-dependent, not covered by any ε; keep inside the silos",
+            "dropped_records": run.train.dropped_records,
+            "group_size": run.group_size,
+            "group_size_source": run.group_size_source,
+            "wall_time_s": round(wall_time_s, 3),
+        },
+    )
+
+
+def check_output(out_dir: Path, names: Sequence[str], overwrite: bool) -> None:
+    """Raises:
+    OutputExistsError: a run's results already exist and ``overwrite`` is false."""
+    for name in names:
+        existing = out_dir / name / "summary.json"
+        if existing.exists() and not overwrite:
+            raise OutputExistsError(
+                f"Results already exist at {str(existing)!r}; choose another --out or pass "
+                "--overwrite."
+            )
+
+
+def split_row(result: RoundResult, extra: Row | None = None) -> tuple[Row, Row]:
+    """A round's (released, silo-private) records: the private one keeps the un-noised,
+    data-dependent diagnostics that no ε covers."""
+    public = result.to_json()
+    private = {"round": public["round"]}
+    for key in DIAGNOSTIC_KEYS:
+        if key in public:
+            private[key] = public.pop(key)
+    public.update(extra or {})
+    return public, private
+
+
+def record_rounds(
+    engine: Engine,
+    rounds: int,
+    run_dir: Path,
+    summary_of: Callable[[str, list[RoundResult]], dict[str, Any]],
+    *,
+    bar: Callable[[Row], None] | None = None,
+    extra: Callable[[RoundResult], Row] | None = None,
+    stop: Callable[[RoundResult], bool] | None = None,
+) -> tuple[list[RoundResult], list[Row], list[Row]]:
+    """Runs ``engine`` with a callback that rewrites ``metrics.jsonl`` (released) and
+    ``silo_private/diagnostics.jsonl`` (not covered by ε) after every round; ``summary.json``
+    says "running", or "interrupted" if training raises; the final parameters go to
+    ``model.pt`` (written whole, then renamed). ``extra`` adds fields to a round's released
+    record. Returns the results, the released and the silo-private rows."""
+    results: list[RoundResult] = []
+    rows: list[Row] = []
+    private_rows: list[Row] = []
+
+    def record(result: RoundResult) -> None:
+        results.append(result)
+        public, private = split_row(result, extra(result) if extra is not None else None)
+        rows.append(public)
+        private_rows.append(private)
+        write_jsonl(run_dir / "metrics.jsonl", rows)
+        if any(len(private) > 1 for private in private_rows):
+            write_jsonl(run_dir / PRIVATE_DIR / "diagnostics.jsonl", private_rows)
+        if bar is not None:
+            bar(public)
+
+    write_json(run_dir / "summary.json", summary_of("running", results))
+    try:
+        engine.run(rounds, [record], stop=stop)
+    except BaseException:
+        write_json(run_dir / "summary.json", summary_of("interrupted", results))
+        raise
+    torch.save(engine.params, run_dir / "model.tmp")
+    (run_dir / "model.tmp").replace(run_dir / "model.pt")
+    return results, rows, private_rows

@@ -1,0 +1,235 @@
+"""Running an experiment config: data, preparation, one engine per run, every output file."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from silodp import plotting
+from silodp.accounting import SiloPrivacy
+from silodp.config import ExperimentConfig, SweepConfig
+from silodp.data import FederatedData
+from silodp.data.build import build_federated_data
+from silodp.data.describe import describe
+from silodp.experiment.prepare import PreparedRun, dp_scaling, prepare_run
+from silodp.experiment.record import (
+    PRIVATE_DIR,
+    check_output,
+    record_rounds,
+    resolved_config,
+    summary,
+    write_private,
+)
+from silodp.federated import RoundResult, Simulator
+from silodp.io import write_json, write_text
+from silodp.models import build_model
+
+__all__ = ["ProgressFactory", "run_experiment", "train_run"]
+
+logger = logging.getLogger(__name__)
+
+#: ``progress(name, rounds)`` returns a callback that receives each round's released record
+#: (the row written to ``metrics.jsonl``) as soon as it is written.
+ProgressFactory = Callable[[str, int], Callable[[dict[str, Any]], None]]
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def target_round(results: list[RoundResult], target: SweepConfig | None) -> int | None:
+    """First round whose mean ``target.target_metric`` accuracy reached the target."""
+    if target is None:
+        return None
+    key = f"{target.target_metric}_accuracy"
+    for r in results:
+        value = r.metrics.get(key)
+        if value is not None and value >= target.target_accuracy:
+            return r.round
+    return None
+
+
+def train_run(
+    run: PreparedRun,
+    data: FederatedData,
+    run_dir: Path,
+    progress: ProgressFactory | None,
+    sweep: SweepConfig | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Trains one prepared run on the in-process engine and writes its directory."""
+    started = time.perf_counter()
+    write_text(run_dir / "config.toml", tomli_w.dumps(resolved_config(run)))
+    config = run.config
+    model = build_model(
+        config.model.name, data.train.feature_shape, data.train.num_classes, seed=run.training.seed
+    )
+    accountant = None
+    if run.plan is not None:
+        accountant = run.algorithm.make_accountant(
+            span=run.span, delta=run.privacy.delta, target=run.privacy.adversary
+        )
+        if run.plan.releases:
+            accountant.compose_release(run.plan.releases)
+    engine = Simulator(
+        algorithm=run.algorithm,
+        model=model,
+        train=run.train,
+        test=data.test,
+        accountant=accountant,
+        silos_per_round=run.silos_per_round,
+        seed=run.training.seed,
+        eval_every=run.training.eval_every,
+        noise=run.privacy.noise,
+    )
+    by_adversary: list[dict[str, dict[str, float | None]]] = []
+
+    def adversaries(result: RoundResult) -> dict[str, Any]:
+        if accountant is None or not result.epsilon:
+            return {}
+        by = {
+            adversary: {unit: _finite(est.epsilon) for unit, est in estimates.items()}
+            for adversary, estimates in accountant.estimates_by_adversary().items()
+        }
+        by_adversary.append(by)
+        row: dict[str, Any] = {"adversary": run.privacy.adversary, "epsilon_by_adversary": by}
+        if run.algorithm.adjacency != "add/remove":
+            row["adjacency"] = run.algorithm.adjacency
+        return row
+
+    def summary_of(status: str, results: list[RoundResult]) -> dict[str, Any]:
+        extra = None
+        if sweep is not None:
+            extra = {
+                "target_accuracy": sweep.target_accuracy,
+                "target_round": target_round(results, sweep),
+            }
+        return summary(run, results, status, by_adversary, extra)
+
+    def reached(result: RoundResult) -> bool:
+        return (
+            sweep is not None and sweep.stop_at_target and target_round([result], sweep) is not None
+        )
+
+    results, rows, private_rows = record_rounds(
+        engine,
+        run.training.rounds,
+        run_dir,
+        summary_of,
+        bar=progress(run.name, run.training.rounds) if progress is not None else None,
+        extra=adversaries,
+        stop=reached,
+    )
+    title = f"{config.name}: {run.name}"
+    plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
+    plotting.plot_epsilon(rows, run_dir / "epsilon.png", title, run.privacy.delta)
+    if any(r.metrics.get("personalised_accuracy") is not None for r in results):
+        plotting.plot_personalised(
+            {run.name: rows},
+            run_dir / "personalised_vs_global.png",
+            title,
+            target=sweep.target_accuracy if sweep else None,
+        )
+    if any(r.get("largest_group_per_batch") or r.get("subjects_per_batch") for r in private_rows):
+        plotting.plot_batch_histograms(
+            private_rows, run_dir / PRIVATE_DIR / "batch_histograms.png", title
+        )
+    write_private(run_dir, run, time.perf_counter() - started)
+    final = summary_of("complete", results)
+    write_json(run_dir / "summary.json", final)
+    return rows, final
+
+
+def _log_protocol_estimate(
+    run: PreparedRun, config: ExperimentConfig, data: FederatedData, log: Callable[[str], None]
+) -> None:
+    """Says, before training, what one round of the private weighting protocol will cost."""
+    session = getattr(run.algorithm, "protocol", None)
+    if session is None:
+        return
+    model = build_model(config.model.name, data.train.feature_shape, data.train.num_classes)
+    dim = sum(int(p.numel()) for p in model.parameters())
+    est = session.estimate_round(dim)
+    minutes = est.cpu_seconds / 60
+    log(
+        f"{run.name}: private weighting protocol, {est.pairs} (silo, subject) pairs x {dim} "
+        f"parameters, {est.slots} per ciphertext: about {minutes:.3g} CPU-minutes per round "
+        f"of cryptography on this machine ({run.training.rounds} rounds; estimate)"
+    )
+
+
+def _prepare_data(
+    config: ExperimentConfig, out: Path, log: Callable[[str], None]
+) -> tuple[FederatedData, tuple[SiloPrivacy, ...]]:
+    data = build_federated_data(config.data)
+    releases: tuple[SiloPrivacy, ...] = ()
+    if config.data.scaling == "dp":
+        data, releases, scaling = dp_scaling(config, data)
+        write_json(out / "feature_scaling.json", scaling)
+        log(
+            f"feature scaling: DP mean/std per feature, noise multiplier "
+            f"{scaling['noise_multiplier']:.4g}, subject-level ε {scaling['epsilon_alone']:.3g} "
+            f"alone at δ={config.privacy.delta:g} (composed into every run's ε)"
+        )
+    log(
+        f"data: {len(data.train)} training records, {data.train.num_silos} silos, "
+        f"{data.train.num_subjects} subjects, {len(data.test)} test records"
+    )
+    return data, releases
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    out_dir: str | Path,
+    *,
+    overwrite: bool = False,
+    progress: ProgressFactory | None = None,
+    log: Callable[[str], None] = logger.info,
+) -> dict[str, Any]:
+    """Runs every algorithm of ``config`` (or every cell of its sweep); writes
+    ``out_dir/<algorithm>/...`` and a comparison.
+
+    Returns the experiment summary (also written to ``out_dir/summary.json``).
+
+    Raises:
+      OutputExistsError: results exist in ``out_dir`` and ``overwrite`` is false.
+      SilodpError: bad data, a schedule or target the algorithm cannot meet (found before
+        anything trains).
+    """
+    from silodp.experiment.sweep import run_sweep
+
+    out = Path(out_dir)
+    if config.sweep is None:
+        check_output(out, config.algorithms, overwrite)
+    data, releases = _prepare_data(config, out, log)
+    if config.sweep is not None:
+        return run_sweep(config, data, out, overwrite=overwrite, progress=progress, log=log)
+    runs = []
+    for name in config.algorithms:
+        run = prepare_run(name, config, data, releases=releases)
+        if run.noise_multiplier is not None and run.plan is not None:
+            log(
+                f"{name}: noise multiplier {run.noise_multiplier:.4g} "
+                f"({run.calibration['method']}), "
+                + (f"group size k={run.group_size}, " if run.group_size else "")
+                + f"span={run.span}, "
+                f"{run.train.dropped_records} record(s) dropped by these bounds"
+            )
+        _log_protocol_estimate(run, config, data, log)
+        runs.append(run)
+    write_json(out / PRIVATE_DIR / "data.json", describe(data))
+    all_rows: dict[str, list[dict[str, Any]]] = {}
+    summaries = []
+    for run in runs:
+        rows, run_summary = train_run(run, data, out / run.name, progress)
+        all_rows[run.name] = rows
+        summaries.append(run_summary)
+    plotting.plot_comparison(all_rows, out / "comparison.png", delta=config.privacy.delta)
+    experiment = {"name": config.name, "runs": summaries}
+    write_json(out / "summary.json", experiment)
+    return experiment
