@@ -47,11 +47,13 @@ def test_overrides_apply_per_algorithm() -> None:
                                            "noise_multiplier": 2.0}},
         }
     )
-    training, privacy = cfg.for_algorithm("higradavg_dp")
-    assert training.lr == 0.3 and privacy.sampling == "subject"
+    _, privacy = cfg.for_algorithm("higradavg_dp")
+    hyper = cfg.algorithm_config("higradavg_dp")
+    assert hyper.lr == 0.3 and hyper.sampling == "subject"
     assert privacy.noise_multiplier == 2.0 and privacy.epsilon is None
-    training, privacy = cfg.for_algorithm("local_item_dp")
-    assert training.lr == 0.1 and privacy.sampling == "record"
+    _, privacy = cfg.for_algorithm("local_item_dp")
+    hyper = cfg.algorithm_config("local_item_dp")
+    assert hyper.lr == 0.1 and not hasattr(hyper, "sampling")
 
 
 @pytest.mark.parametrize(

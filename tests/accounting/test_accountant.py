@@ -19,7 +19,7 @@ from silodp.accounting.events import (
     subject_mixture_steps,
 )
 from silodp.accounting.pld import event_pld
-from silodp.algorithms import AlgorithmConfig, make_algorithm
+from silodp.algorithms import make_algorithm
 
 
 def _single(
@@ -157,7 +157,7 @@ def test_record_pld_vs_opacus_prv(q, sigma, steps) -> None:
 def _item_dp_accountant(q, sigma, steps, k, *, rounds=1, span=1, silos=1, **kw):
     algo = make_algorithm(
         "local_item_dp",
-        AlgorithmConfig(local_steps=steps, noise_multiplier=sigma, group_size=k),
+        dict(local_steps=steps, noise_multiplier=sigma, group_size=k),
     )
     acc = FederatedAccountant(units=("record", "subject"), span=span, delta=1e-5, **kw)
     acc.compose_round([algo.silo_privacy(sampling_rate=q)] * silos, count=rounds)
@@ -279,7 +279,7 @@ def test_worst_silo_event_dominates() -> None:
 
 @pytest.mark.parametrize(("sigma", "steps", "rounds", "span"), [(1.0, 3, 5, 2), (4.0, 10, 20, 3)])
 def test_user_ldp_mu(sigma, steps, rounds, span) -> None:
-    algo = make_algorithm("user_ldp", AlgorithmConfig(local_steps=steps, noise_multiplier=sigma))
+    algo = make_algorithm("user_ldp", dict(local_steps=steps, noise_multiplier=sigma))
     acc = FederatedAccountant(units=algo.units, span=span, delta=1e-5)
     acc.compose_round([algo.silo_privacy(sampling_rate=0.3)] * 4, count=rounds)
     mu = acc.mu()
@@ -328,7 +328,7 @@ def test_validation_errors() -> None:
     with pytest.raises(ValueError, match="unit='silos'"):
         SiloPrivacy({"silos": gaussian_steps(1.0, 1)})
     acc = _item_dp_accountant(0.05, 1.0, 3, 2, routes=("rdp", "rdp-group"))
-    other = make_algorithm("local_item_dp", AlgorithmConfig(local_steps=3, group_size=4))
+    other = make_algorithm("local_item_dp", dict(local_steps=3, group_size=4))
     with pytest.raises(ValueError, match="group_size every round, got 4 after 2"):
         acc.compose_round([other.silo_privacy(sampling_rate=0.05)])
 
@@ -340,7 +340,7 @@ def test_a_release_before_training_enters_every_subject_route(name, k) -> None:
     from dp_accounting import dp_event
 
     algo = make_algorithm(
-        name, AlgorithmConfig(local_steps=5, noise_multiplier=1.5, group_size=k, num_silos=8)
+        name, dict(local_steps=5, noise_multiplier=1.5, group_size=k, num_silos=8)
     )
     release = dp_event.GaussianDpEvent(3.0)
 

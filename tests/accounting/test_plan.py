@@ -1,4 +1,4 @@
-"""account_plan and calibrate_noise: calibrated σ meets the target tightly; clear errors."""
+"""account_plan and calibrate: calibrated σ meets the target tightly; clear errors."""
 
 from __future__ import annotations
 
@@ -7,18 +7,25 @@ from dataclasses import replace
 
 import pytest
 
+from silodp.accounting import CalibrationError, PrivacyPlan
 from silodp.accounting.accountant import FederatedAccountant
-from silodp.accounting.plan import CalibrationError, PrivacyPlan, account_plan, calibrate_noise
-from silodp.algorithms import AlgorithmConfig, make_algorithm
+from silodp.algorithms import make_algorithm
+from silodp.algorithms.planning import account_plan, calibrate
+
+
+def _with(settings: dict, **values: object) -> dict:
+    """``settings`` with some hyperparameters changed."""
+    return {**settings, **values}
+
 
 # Equal rates keep calibration fast (no ranking of silo events per σ probed); unequal rates
 # are covered by test_plan_uses_worst_silo_and_participants.
 PLAN = PrivacyPlan(sampling_rates=(0.1, 0.1), rounds=8, silos_per_round=2, span=2, delta=1e-5)
-CONFIG = AlgorithmConfig(local_steps=5, batch_size=10, group_size=2)
+CONFIG = dict(local_steps=5, batch_size=10, group_size=2)
 
 
 def _epsilon(name: str, sigma: float, unit: str, plan: PrivacyPlan = PLAN) -> float:
-    algo = make_algorithm(name, replace(CONFIG, noise_multiplier=sigma))
+    algo = make_algorithm(name, _with(CONFIG, noise_multiplier=sigma))
     return account_plan(algo, plan)[-1][unit].epsilon
 
 
@@ -34,9 +41,8 @@ def _epsilon(name: str, sigma: float, unit: str, plan: PrivacyPlan = PLAN) -> fl
 )
 def test_calibration_is_valid_and_tight(name, unit, target) -> None:
     algo = make_algorithm(name, CONFIG)
-    sigma = calibrate_noise(
-        name,
-        CONFIG,
+    sigma = calibrate(
+        make_algorithm(name, CONFIG),
         PLAN,
         target_epsilon=target,
         unit=None if unit == algo.calibration_unit else unit,
@@ -46,48 +52,50 @@ def test_calibration_is_valid_and_tight(name, unit, target) -> None:
 
 
 def test_calibration_default_unit_is_the_algorithms() -> None:
-    sigma_default = calibrate_noise("local_item_dp", CONFIG, PLAN, target_epsilon=2.0)
-    sigma_record = calibrate_noise("local_item_dp", CONFIG, PLAN, target_epsilon=2.0, unit="record")
+    sigma_default = calibrate(make_algorithm("local_item_dp", CONFIG), PLAN, target_epsilon=2.0)
+    sigma_record = calibrate(
+        make_algorithm("local_item_dp", CONFIG), PLAN, target_epsilon=2.0, unit="record"
+    )
     assert sigma_default == sigma_record
     # subject-level protection of the same mechanism needs more noise
-    sigma_subject = calibrate_noise(
-        "local_item_dp", CONFIG, PLAN, target_epsilon=2.0, unit="subject"
+    sigma_subject = calibrate(
+        make_algorithm("local_item_dp", CONFIG), PLAN, target_epsilon=2.0, unit="subject"
     )
     assert sigma_subject > sigma_record
 
 
 def test_calibration_more_rounds_need_more_noise() -> None:
     longer = replace(PLAN, rounds=32)
-    a = calibrate_noise("user_ldp", CONFIG, PLAN, target_epsilon=2.0)
-    b = calibrate_noise("user_ldp", CONFIG, longer, target_epsilon=2.0)
+    a = calibrate(make_algorithm("user_ldp", CONFIG), PLAN, target_epsilon=2.0)
+    b = calibrate(make_algorithm("user_ldp", CONFIG), longer, target_epsilon=2.0)
     assert b == pytest.approx(2 * a, rel=0.03)  # μ ∝ sqrt(R)/σ for unsampled Gaussians
 
 
 def test_unreachable_target_raises() -> None:
     with pytest.raises(CalibrationError, match=r"epsilon=0\.001 .*unreachable.*'user_ldp'"):
-        calibrate_noise("user_ldp", CONFIG, PLAN, target_epsilon=1e-3)
+        calibrate(make_algorithm("user_ldp", CONFIG), PLAN, target_epsilon=1e-3)
 
 
 def test_unprotected_unit_raises() -> None:
     with pytest.raises(CalibrationError, match=r"unit='record'.*'higradavg_dp' protects: subject"):
-        calibrate_noise("higradavg_dp", CONFIG, PLAN, target_epsilon=1.0, unit="record")
+        calibrate(make_algorithm("higradavg_dp", CONFIG), PLAN, target_epsilon=1.0, unit="record")
     with pytest.raises(CalibrationError, match=r"unit='silo'"):
-        calibrate_noise("local_item_dp", CONFIG, PLAN, target_epsilon=1.0, unit="silo")
+        calibrate(make_algorithm("local_item_dp", CONFIG), PLAN, target_epsilon=1.0, unit="silo")
 
 
 def test_non_private_algorithm_raises() -> None:
     with pytest.raises(CalibrationError, match="'fedavg' is not private"):
-        calibrate_noise("fedavg", CONFIG, PLAN, target_epsilon=1.0)
+        calibrate(make_algorithm("fedavg", CONFIG), PLAN, target_epsilon=1.0)
 
 
 def test_bad_target_raises() -> None:
     with pytest.raises(ValueError, match=r"target_epsilon=0"):
-        calibrate_noise("user_ldp", CONFIG, PLAN, target_epsilon=0)
+        calibrate(make_algorithm("user_ldp", CONFIG), PLAN, target_epsilon=0)
 
 
 @pytest.mark.parametrize("name", ["local_item_dp", "higradavg_dp", "user_ldp"])
 def test_per_round_is_monotone_and_ends_at_one_shot(name) -> None:
-    algo = make_algorithm(name, replace(CONFIG, noise_multiplier=1.5))
+    algo = make_algorithm(name, _with(CONFIG, noise_multiplier=1.5))
     per_round = account_plan(algo, PLAN, per_round=True)
     one_shot = account_plan(algo, PLAN)
     assert len(per_round) == PLAN.rounds and len(one_shot) == 1
@@ -100,7 +108,7 @@ def test_per_round_is_monotone_and_ends_at_one_shot(name) -> None:
 
 
 def test_plan_uses_worst_silo_and_participants() -> None:
-    algo = make_algorithm("higradavg_dp", replace(CONFIG, noise_multiplier=1.0))
+    algo = make_algorithm("higradavg_dp", _with(CONFIG, noise_multiplier=1.0))
     mixed = replace(PLAN, sampling_rates=(0.1, 0.05, 0.2))
     worst_only = replace(PLAN, sampling_rates=(0.2, 0.2, 0.2))
     assert account_plan(algo, mixed)[0]["subject"].epsilon == pytest.approx(
@@ -126,10 +134,10 @@ def test_accountant_factory_is_used() -> None:
         made.append(acc)
         return acc
 
-    algo = make_algorithm("user_ldp", replace(CONFIG, noise_multiplier=2.0))
+    algo = make_algorithm("user_ldp", _with(CONFIG, noise_multiplier=2.0))
     account_plan(algo, PLAN, accountant_factory=factory)
     assert len(made) == 1 and made[0].rounds == PLAN.rounds
-    steps, rounds, span = CONFIG.local_steps, PLAN.rounds, PLAN.span
+    steps, rounds, span = CONFIG["local_steps"], PLAN.rounds, PLAN.span
     assert made[0].mu()["subject"] == pytest.approx(math.sqrt(steps * rounds * span) / 1.0)
 
 
@@ -161,8 +169,8 @@ def test_plan_validation(kwargs, match) -> None:
 def test_find_sigma_brackets_the_root_within_tolerance(target, hi) -> None:
     """On a closed form (μ-GDP of T Gaussian steps: μ = √T/σ) the answer meets the target and
     is within rel_tol of the exact σ, in few evaluations."""
+    from silodp.accounting import find_sigma
     from silodp.accounting.conversions import gdp_epsilon
-    from silodp.accounting.plan import find_sigma
 
     calls = []
 
@@ -179,7 +187,7 @@ def test_find_sigma_brackets_the_root_within_tolerance(target, hi) -> None:
 
 
 def test_find_sigma_rejects_unreachable_targets() -> None:
-    from silodp.accounting.plan import CalibrationError, find_sigma
+    from silodp.accounting import CalibrationError, find_sigma
 
     with pytest.raises(CalibrationError, match="unreachable"):
         find_sigma(lambda s: 1.0, 0.5)

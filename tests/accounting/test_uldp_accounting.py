@@ -21,13 +21,19 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from opacus.accountants import PRVAccountant, RDPAccountant
 
+from silodp.accounting import PrivacyPlan
 from silodp.accounting import conversions as cv
 from silodp.accounting.accountant import FederatedAccountant, SiloPrivacy
-from silodp.accounting.plan import PrivacyPlan, account_plan, calibrate_noise
-from silodp.algorithms import AlgorithmConfig, make_algorithm
+from silodp.algorithms import make_algorithm
+from silodp.algorithms.planning import account_plan, calibrate
 from silodp.data import FederatedDataset, TestSplit
 from silodp.federated.simulator import Simulator
 from silodp.models import build_model
+
+
+def _with(settings: dict, **values: object) -> dict:
+    """``settings`` with some hyperparameters changed."""
+    return {**settings, **values}
 
 DELTA = 1e-5
 ULDP_WEIGHTED = ("uldp_avg", "uldp_sgd", "uldp_avg_w")
@@ -44,7 +50,7 @@ def _plan(silos: int, rounds: int, rate: float = 1.0, span: int | None = None) -
     )
 
 
-def _account(name: str, config: AlgorithmConfig, plan: PrivacyPlan, **kwargs):
+def _account(name: str, config: dict, plan: PrivacyPlan, **kwargs):
     """(final estimates, the accountant that produced them)."""
     captured: dict[str, FederatedAccountant] = {}
 
@@ -70,7 +76,7 @@ def test_unsampled_rounds_compose_to_gdp(name, sigma, rounds) -> None:
     effective = sigma / 2 if name == "uldp_naive" else sigma
     mu = math.sqrt(rounds) / effective
     closed = cv.gdp_epsilon(mu, DELTA)
-    cfg = AlgorithmConfig(noise_multiplier=sigma)
+    cfg = dict(noise_multiplier=sigma)
     for silos in (1, 3, 10):
         est, acc = _account(name, cfg, _plan(silos, rounds))
         subject = est["subject"]
@@ -82,7 +88,7 @@ def test_unsampled_rounds_compose_to_gdp(name, sigma, rounds) -> None:
 
 @pytest.mark.parametrize("name", ULDP_WEIGHTED)
 def test_epsilon_does_not_grow_with_silos_or_span(name) -> None:
-    cfg = AlgorithmConfig(noise_multiplier=1.2, subject_rate=0.2)
+    cfg = dict(noise_multiplier=1.2, subject_rate=0.2)
     base, _ = _account(name, cfg, _plan(1, 30, rate=0.2))
     for silos, span in [(2, 2), (8, 8), (8, 3), (16, 16)]:
         est, acc = _account(name, cfg, _plan(silos, 30, rate=0.2, span=span))
@@ -90,7 +96,7 @@ def test_epsilon_does_not_grow_with_silos_or_span(name) -> None:
         assert est["subject"].routes == base["subject"].routes
         assert "subject" not in acc.mu()  # sampled: not exactly GDP
     # contrast: horizontally composing the same event over 8 silos would cost much more
-    single = make_algorithm(name, replace(cfg, num_silos=8)).silo_privacy(sampling_rate=0.2)
+    single = make_algorithm(name, _with(cfg, num_silos=8)).silo_privacy(sampling_rate=0.2)
     assert single.scope == "aggregate"
     composed = FederatedAccountant(units=("subject",), span=8, delta=DELTA, routes=("pld",))
     composed.compose_round([replace(single, scope="silo")] * 8, count=30)
@@ -98,7 +104,7 @@ def test_epsilon_does_not_grow_with_silos_or_span(name) -> None:
 
 
 def test_uldp_naive_does_not_grow_with_silos() -> None:
-    cfg = AlgorithmConfig(noise_multiplier=4.0)
+    cfg = dict(noise_multiplier=4.0)
     eps = {s: _account("uldp_naive", cfg, _plan(s, 5))[0]["subject"].epsilon for s in (1, 4, 16)}
     assert eps[1] == eps[4] == eps[16]
 
@@ -111,7 +117,7 @@ SAMPLED = [(0.01, 1.0, 100), (0.05, 1.0, 100), (0.1, 2.0, 200), (0.01, 2.0, 1000
 @pytest.mark.parametrize("name", ULDP_WEIGHTED)
 @pytest.mark.parametrize(("q", "sigma", "rounds"), SAMPLED)
 def test_sampled_rdp_route_vs_opacus_rdp(name, q, sigma, rounds) -> None:
-    cfg = AlgorithmConfig(noise_multiplier=sigma, subject_rate=q)
+    cfg = dict(noise_multiplier=sigma, subject_rate=q)
     est, _ = _account(name, cfg, _plan(4, rounds, rate=q), routes=("rdp",))
     ours = est["subject"].routes["rdp"]
     opacus = RDPAccountant()
@@ -122,7 +128,7 @@ def test_sampled_rdp_route_vs_opacus_rdp(name, q, sigma, rounds) -> None:
 
 @pytest.mark.parametrize(("q", "sigma", "rounds"), SAMPLED)
 def test_sampled_pld_route_vs_opacus_prv(q, sigma, rounds) -> None:
-    cfg = AlgorithmConfig(noise_multiplier=sigma, subject_rate=q)
+    cfg = dict(noise_multiplier=sigma, subject_rate=q)
     est, _ = _account("uldp_avg", cfg, _plan(4, rounds, rate=q))
     subject = est["subject"]
     prv = PRVAccountant()
@@ -138,8 +144,8 @@ def test_sampled_pld_route_vs_opacus_prv(q, sigma, rounds) -> None:
 def test_sampling_lowers_epsilon_and_matches_the_single_event() -> None:
     """q·|U| subjects per round in expectation: ε below the unsampled one, and equal to the
     PLD of the one Poisson-subsampled Gaussian event composed R times."""
-    full, _ = _account("uldp_avg", AlgorithmConfig(noise_multiplier=1.0), _plan(3, 50))
-    cfg = AlgorithmConfig(noise_multiplier=1.0, subject_rate=0.1)
+    full, _ = _account("uldp_avg", dict(noise_multiplier=1.0), _plan(3, 50))
+    cfg = dict(noise_multiplier=1.0, subject_rate=0.1)
     sampled, _ = _account("uldp_avg", cfg, _plan(3, 50, rate=0.1))
     assert sampled["subject"].epsilon < full["subject"].epsilon / 3
     reference = FederatedAccountant(units=("subject",), span=1, delta=DELTA)
@@ -163,7 +169,7 @@ def _group(
     routes=None,
     per_round: bool = False,
 ):
-    cfg = AlgorithmConfig(noise_multiplier=sigma, local_steps=steps, group_size=k)
+    cfg = dict(noise_multiplier=sigma, local_steps=steps, group_size=k)
     plan = PrivacyPlan(
         # three silos of different rates, or any number at the worst of them
         sampling_rates=GROUP_RATES if silos == 3 else (max(GROUP_RATES),) * silos,
@@ -248,7 +254,7 @@ def test_uldp_group_reports_epsilon_in_the_first_simulated_round() -> None:
         num_classes=3,
     )
     test = TestSplit(x=rng.normal(size=(10, 4)).astype(np.float32), y=rng.integers(0, 3, 10))
-    cfg = AlgorithmConfig(noise_multiplier=1.5, local_steps=2, batch_size=5, group_size=2)
+    cfg = dict(noise_multiplier=1.5, local_steps=2, batch_size=5, group_size=2)
     algo = make_algorithm("uldp_group", cfg, train)
     sim = Simulator(
         algorithm=algo,
@@ -272,12 +278,12 @@ def test_uldp_group_reports_epsilon_in_the_first_simulated_round() -> None:
 
 @pytest.mark.parametrize(("q", "rounds", "target"), [(1.0, 20, 2.0), (0.1, 100, 1.0)])
 def test_calibrate_uldp_avg_meets_target_within_one_percent(q, rounds, target) -> None:
-    cfg = AlgorithmConfig(subject_rate=q)
+    cfg = dict(subject_rate=q)
     plan = _plan(3, rounds, rate=q)
-    sigma = calibrate_noise("uldp_avg", cfg, plan, target_epsilon=target)
-    eps = _account("uldp_avg", replace(cfg, noise_multiplier=sigma), plan)[0]["subject"].epsilon
+    sigma = calibrate(make_algorithm("uldp_avg", cfg), plan, target_epsilon=target)
+    eps = _account("uldp_avg", _with(cfg, noise_multiplier=sigma), plan)[0]["subject"].epsilon
     assert target * 0.99 <= eps <= target
-    looser = _account("uldp_avg", replace(cfg, noise_multiplier=sigma * 0.98), plan)[0]
+    looser = _account("uldp_avg", _with(cfg, noise_multiplier=sigma * 0.98), plan)[0]
     assert looser["subject"].epsilon > target
 
 
@@ -285,9 +291,9 @@ def test_calibrate_uldp_avg_meets_target_within_one_percent(q, rounds, target) -
 def test_calibrating_against_every_adversary_covers_a_curious_silo(silos) -> None:
     # one silo knows its 1/S share of the noise: to meet the target against it σ must be
     # √(S/(S-1)) times what the released model alone needs (q = 1: exactly Gaussian)
-    released = calibrate_noise("uldp_avg", AlgorithmConfig(), _plan(silos, 20), target_epsilon=2.0)
+    released = calibrate(make_algorithm("uldp_avg", dict()), _plan(silos, 20), target_epsilon=2.0)
     strongest = replace(_plan(silos, 20), adversary="strongest")
-    sigma = calibrate_noise("uldp_avg", AlgorithmConfig(), strongest, target_epsilon=2.0)
+    sigma = calibrate(make_algorithm("uldp_avg", dict()), strongest, target_epsilon=2.0)
     assert sigma == pytest.approx(released * math.sqrt(silos / (silos - 1)), rel=0.02)
     closed = cv.gdp_epsilon(math.sqrt(20) / (sigma * math.sqrt((silos - 1) / silos)), DELTA)
     assert closed <= 2.0 * (1 + 1e-6)
@@ -295,6 +301,6 @@ def test_calibrating_against_every_adversary_covers_a_curious_silo(silos) -> Non
 
 def test_calibrated_uldp_naive_needs_twice_the_noise() -> None:
     plan = _plan(4, 20)
-    avg = calibrate_noise("uldp_avg", AlgorithmConfig(), plan, target_epsilon=2.0)
-    naive = calibrate_noise("uldp_naive", AlgorithmConfig(), plan, target_epsilon=2.0)
+    avg = calibrate(make_algorithm("uldp_avg", dict()), plan, target_epsilon=2.0)
+    naive = calibrate(make_algorithm("uldp_naive", dict()), plan, target_epsilon=2.0)
     assert naive == pytest.approx(2 * avg, rel=0.03)

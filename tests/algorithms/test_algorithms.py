@@ -3,18 +3,21 @@ runs do not, no draw bypasses the coins), sampling rates."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 from scipy import stats
 
 from silodp.accounting.events import gaussian_steps, poisson_gaussian_steps
-from silodp.algorithms import ALGORITHMS, AlgorithmConfig, SiloData, SiloUpdate, make_algorithm
+from silodp.algorithms import ALGORITHMS, SiloData, SiloUpdate, make_algorithm
 from silodp.algorithms.base import average_params, batch_diagnostics, poisson_mask
 from silodp.algorithms.higradavg import HiGradAvgDP, select_subject_batch
 from silodp.models import build_model
 from silodp.privacy.randomness import Coins
+
+
+def _with(settings: dict, **values: object) -> dict:
+    """``settings`` with some hyperparameters changed."""
+    return {**settings, **values}
 
 ALPHA = 1e-6
 #: Algorithms whose local update is a sequence of mini-batch steps on the silo's records
@@ -39,12 +42,12 @@ def _model_params(seed: int = 0):
     return model, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-CONFIG = AlgorithmConfig(
+CONFIG = dict(
     local_steps=4, batch_size=8, lr=0.05, clip=0.7, noise_multiplier=1.3, group_size=4
 )
 
 
-def _run(name: str, seed: int, config: AlgorithmConfig = CONFIG, silo: SiloData | None = None):
+def _run(name: str, seed: int, config: dict = CONFIG, silo: SiloData | None = None):
     model, params = _model_params()
     algo = make_algorithm(name, config)
     return algo.local_update(model, params, silo or _silo(), Coins.seeded(seed))
@@ -66,8 +69,8 @@ def test_local_update_contract(name) -> None:
         assert torch.isfinite(update.params[k]).all()
         assert not torch.equal(update.params[k], params[k])
         assert torch.equal(params[k], before[k])  # the input is not modified
-    assert len(update.group_sizes) == CONFIG.local_steps
-    assert len(update.subjects_per_batch) == CONFIG.local_steps
+    assert len(update.group_sizes) == CONFIG["local_steps"]
+    assert len(update.subjects_per_batch) == CONFIG["local_steps"]
     assert all(0 <= d <= 6 for d in update.subjects_per_batch)
     assert all(g <= 24 // 6 for g in update.group_sizes)
     assert all(
@@ -112,7 +115,7 @@ TORCH_SAMPLERS = ("rand", "randn", "randperm", "randint", "bernoulli", "normal",
 def test_no_draw_bypasses_the_coins(name, overrides, monkeypatch) -> None:
     silo = _silo()
     model, params = _model_params()
-    algo = make_algorithm(name, replace(CONFIG, **overrides))
+    algo = make_algorithm(name, _with(CONFIG, **overrides))
 
     def refuse(*args, **kwargs):
         raise AssertionError("a privacy-relevant draw went through torch's samplers")
@@ -136,7 +139,7 @@ def test_events_per_algorithm() -> None:
     assert ldp.events == {"silo": gaussian_steps(1.3 / 2, 4), "subject": gaussian_steps(1.3 / 2, 4)}
     hi = make_algorithm("higradavg_dp", cfg).silo_privacy(sampling_rate=0.25)
     assert hi.events == {"subject": poisson_gaussian_steps(1 - 0.75**4, 1.3, 4)}
-    hi_sub = make_algorithm("higradavg_dp", replace(cfg, sampling="subject"))
+    hi_sub = make_algorithm("higradavg_dp", _with(cfg, sampling="subject"))
     assert hi_sub.silo_privacy(sampling_rate=0.25).events == {
         "subject": poisson_gaussian_steps(0.25, 1.3, 4)
     }
@@ -149,7 +152,7 @@ def test_sampling_rates() -> None:
     assert (
         make_algorithm("local_item_dp", CONFIG).sampling_rate(num_records=5, num_subjects=5) == 1.0
     )
-    hi = make_algorithm("higradavg_dp", replace(CONFIG, sampling="subject"))
+    hi = make_algorithm("higradavg_dp", _with(CONFIG, sampling="subject"))
     assert hi.sampling_rate(num_records=1000, num_subjects=32) == pytest.approx(0.25)
     assert hi.sampling_rate(num_records=1000, num_subjects=4) == 1.0
 
@@ -179,7 +182,7 @@ def test_local_item_dp_batch_sizes_follow_the_rate() -> None:
     """Every subject has one record, so distinct subjects per batch = batch size ~ Bin(n, q)."""
     n, batch, steps = 60, 12, 60
     silo = _silo(n=n, subjects=n)
-    update = _run("local_item_dp", 3, replace(CONFIG, local_steps=steps, batch_size=batch), silo)
+    update = _run("local_item_dp", 3, _with(CONFIG, local_steps=steps, batch_size=batch), silo)
     total = sum(update.subjects_per_batch)
     q = batch / n
     assert _binom_p(total, n * steps, q) > ALPHA
@@ -228,16 +231,16 @@ def test_select_subject_batch_picks_records_at_random() -> None:
 
 def test_higradavg_subject_sampling_caps_records_per_subject() -> None:
     silo = _silo(n=60, subjects=5)  # 12 records each
-    cfg = replace(CONFIG, sampling="subject", subject_records=3, batch_size=2, local_steps=30)
+    cfg = _with(CONFIG, sampling="subject", subject_records=3, batch_size=2, local_steps=30)
     update = _run("higradavg_dp", 0, cfg, silo)
     assert max(update.group_sizes) == 3
     assert all(g in (0, 3) for g in update.group_sizes)
 
 
 def test_higradavg_subject_rate() -> None:
-    rec = HiGradAvgDP(replace(CONFIG, group_size=3))
+    rec = HiGradAvgDP(_with(CONFIG, group_size=3))
     assert rec.subject_rate(0.1) == pytest.approx(1 - 0.9**3)
-    sub = HiGradAvgDP(replace(CONFIG, sampling="subject"))
+    sub = HiGradAvgDP(_with(CONFIG, sampling="subject"))
     assert sub.subject_rate(0.1) == 0.1
 
 
@@ -247,7 +250,7 @@ def test_higradavg_subject_rate() -> None:
 def test_aggregate_is_average_with_server_lr() -> None:
     _, params = _model_params()
     ups = [_run("fedavg", s) for s in (1, 2, 3)]
-    algo = make_algorithm("fedavg", replace(CONFIG, server_lr=0.5))
+    algo = make_algorithm("fedavg", _with(CONFIG, server_lr=0.5))
     out = algo.aggregate(params, ups)
     for k in params:
         mean = torch.stack([u.params[k] for u in ups]).mean(0)
@@ -287,8 +290,12 @@ def test_silo_data_counts() -> None:
     ],
 )
 def test_config_validation_names_the_value(field, value, match) -> None:
+    # the config of an algorithm that declares the field (each is declared once)
+    owner = next(
+        cls.Config for cls in ALGORITHMS.values() if field in cls.Config.__dataclass_fields__
+    )
     with pytest.raises(ValueError, match=match):
-        AlgorithmConfig(**{field: value})
+        owner(**{field: value})
 
 
 def test_unknown_algorithm_is_named() -> None:
@@ -298,7 +305,7 @@ def test_unknown_algorithm_is_named() -> None:
 
 @pytest.mark.parametrize("name", ["local_item_dp", "local_group_dp", "higradavg_dp"])
 def test_silo_above_the_accounted_group_bound_is_refused(name: str) -> None:
-    from silodp.algorithms import AlgorithmConfig, SiloData, make_algorithm
+    from silodp.algorithms import SiloData, make_algorithm
     from silodp.models import build_model
 
     model = build_model("mlp", (4,), 2)
@@ -309,8 +316,8 @@ def test_silo_above_the_accounted_group_bound_is_refused(name: str) -> None:
         y=torch.zeros(6, dtype=torch.long),
         subject=torch.tensor([0, 0, 0, 1, 2, 3]),
     )
-    algorithm = make_algorithm(name, AlgorithmConfig(group_size=2, local_steps=1))
+    algorithm = make_algorithm(name, dict(group_size=2, local_steps=1))
     with pytest.raises(ValueError, match="3 records of one subject.*group_size=2"):
         algorithm.local_update(model, params, silo, Coins.seeded(0))
-    ok = make_algorithm(name, AlgorithmConfig(group_size=3, local_steps=1))
+    ok = make_algorithm(name, dict(group_size=3, local_steps=1))
     ok.local_update(model, params, silo, Coins.seeded(0))

@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
 from scipy import stats
 
-from silodp.accounting.fdp import PriFedSyncPlan, account_prifedsync
-from silodp.algorithms import AlgorithmConfig, SiloData, SiloUpdate, make_algorithm
+from silodp.accounting.fdp import FdpAccountant, PriFedSyncPlan, account_prifedsync
+from silodp.algorithms import SiloData, SiloUpdate, make_algorithm
 from silodp.algorithms import prifedsync as pfs
 from silodp.algorithms.base import uniform_batch
 from silodp.algorithms.prifedsync import PriFedSync, noisy_gradient
 from silodp.data import FederatedDataset, TestSplit
-from silodp.federated.personalised import PersonalisedSimulator
+from silodp.federated import Simulator
 from silodp.models import build_model
 from silodp.privacy.randomness import Coins
 
+
+def _with(settings: dict, **values: object) -> dict:
+    """``settings`` with some hyperparameters changed."""
+    return {**settings, **values}
+
+
 ALPHA = 1e-4
-CONFIG = AlgorithmConfig(
+CONFIG = dict(
     local_steps=3, batch_size=5, lr=0.05, clip=0.7, noise_multiplier=1.3, client_rate=0.3
 )
 
@@ -41,7 +45,7 @@ def _model():
 
 
 def _sampling_pvalue(p_true: float, p_claimed: float, *, rounds: int = 2000) -> float:
-    algo = PriFedSync(replace(CONFIG, client_rate=p_true))
+    algo = PriFedSync(_with(CONFIG, client_rate=p_true))
     coins = Coins.seeded(0)
     clients = 10
     hits = sum(len(algo.sample_clients(clients, coins)) for _ in range(rounds))
@@ -59,7 +63,7 @@ def test_client_sampling_test_rejects_a_wrong_p() -> None:
 
 
 def test_client_sampling_is_independent_per_client() -> None:
-    algo = PriFedSync(replace(CONFIG, client_rate=0.5))
+    algo = PriFedSync(_with(CONFIG, client_rate=0.5))
     coins = Coins.seeded(1)
     sizes = [len(algo.sample_clients(4, coins)) for _ in range(4000)]
     counts = np.bincount(sizes, minlength=5)
@@ -71,12 +75,12 @@ def test_client_sampling_is_independent_per_client() -> None:
 def test_helper_interpolation_is_exact() -> None:
     local = {"w": torch.tensor([1.0, -2.0, 4.0]), "b": torch.tensor([0.5])}
     glob = {"w": torch.tensor([3.0, 2.0, 0.0]), "b": torch.tensor([-1.5])}
-    algo = PriFedSync(replace(CONFIG, helper="interpolate", alpha=(0.1, 0.75)))
+    algo = PriFedSync(_with(CONFIG, helper="interpolate", alpha=(0.1, 0.75)))
     for client, a in ((0, 0.1), (1, 0.75)):
         h = algo.helper(client, local, glob)
         for k in local:
             assert torch.equal(h[k], (1 - a) * local[k] + a * glob[k])
-    same = PriFedSync(replace(CONFIG, helper="identity")).helper(0, local, glob)
+    same = PriFedSync(_with(CONFIG, helper="identity")).helper(0, local, glob)
     assert all(torch.equal(same[k], glob[k]) for k in glob)
     with pytest.raises(ValueError, match="one alpha per client"):
         algo.helper(2, local, glob)
@@ -88,7 +92,7 @@ def test_server_update_is_eta_interpolation_of_the_mean() -> None:
         SiloUpdate(0, {"w": torch.tensor([3.0, 0.0])}, 1, None),
         SiloUpdate(1, {"w": torch.tensor([5.0, 2.0])}, 1, None),
     ]
-    out = PriFedSync(replace(CONFIG, server_lr=0.5)).aggregate(glob, ups)
+    out = PriFedSync(_with(CONFIG, server_lr=0.5)).aggregate(glob, ups)
     assert torch.allclose(out["w"], 0.5 * glob["w"] + 0.5 * torch.tensor([4.0, 1.0]))
     assert torch.equal(PriFedSync(CONFIG).aggregate(glob, [])["w"], glob["w"])
 
@@ -103,7 +107,7 @@ def _noise_pvalue(claimed_std: float) -> float:
         params,
         silo,
         idx,
-        config=replace(CONFIG, noise_multiplier=0.0),
+        config=_with(CONFIG, noise_multiplier=0.0),
         coins=Coins.seeded(0),
     )
     coins = Coins.seeded(3)
@@ -118,9 +122,9 @@ def _noise_pvalue(claimed_std: float) -> float:
 
 
 def test_noise_std_is_two_c_sigma() -> None:
-    right = 2 * CONFIG.clip * CONFIG.noise_multiplier
+    right = 2 * CONFIG["clip"] * CONFIG["noise_multiplier"]
     assert _noise_pvalue(right) > ALPHA
-    assert _noise_pvalue(CONFIG.clip * CONFIG.noise_multiplier) < ALPHA  # add/remove scale
+    assert _noise_pvalue(CONFIG["clip"] * CONFIG["noise_multiplier"]) < ALPHA  # add/remove scale
     assert _noise_pvalue(0.9 * right) < ALPHA
     assert _noise_pvalue(1.1 * right) < ALPHA
 
@@ -135,7 +139,7 @@ def test_local_batches_are_fixed_size_uniform(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(pfs, "uniform_batch", spy)
     model, params = _model()
-    algo = PriFedSync(replace(CONFIG, local_steps=200))
+    algo = PriFedSync(_with(CONFIG, local_steps=200))
     update = algo.local_train(model, _silo(), algo.initial_state(params), Coins.seeded(2))
     assert len(drawn) == 200
     assert all(len(i) == 5 and len(set(i.tolist())) == 5 for i in drawn)  # no replacement
@@ -155,12 +159,12 @@ def test_uniform_batch_test_rejects_a_biased_sampler() -> None:
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
 def test_optimizer_state_persists_in_client_state(optimizer: str) -> None:
     model, params = _model()
-    algo = PriFedSync(replace(CONFIG, optimizer=optimizer))
+    algo = PriFedSync(_with(CONFIG, optimizer=optimizer))
     state = algo.initial_state(params)
     algo.local_train(model, _silo(), state, Coins.seeded(0))
-    assert state.steps == CONFIG.local_steps
+    assert state.steps == CONFIG["local_steps"]
     assert bool(state.moments) == (optimizer != "sgd")
-    update = make_algorithm("prifedsync", replace(CONFIG, optimizer=optimizer)).local_update(
+    update = make_algorithm("prifedsync", _with(CONFIG, optimizer=optimizer)).local_update(
         model, params, _silo(), Coins.seeded(0)
     )
     assert update.privacy is not None and set(update.privacy.events) == {"record"}
@@ -179,22 +183,23 @@ def _federation(clients: int = 3, per: int = 12) -> tuple[FederatedDataset, Test
 
 def test_empty_round_leaves_the_global_model_unchanged_and_counts() -> None:
     train, test = _federation()
-    config = replace(CONFIG, client_rate=0.2)
+    config = _with(CONFIG, client_rate=0.2)
     plan = PriFedSyncPlan(
-        noise_multiplier=config.noise_multiplier,
+        noise_multiplier=config["noise_multiplier"],
         sample_rates=(5 / 12,) * 3,
-        local_steps=config.local_steps,
+        local_steps=config["local_steps"],
         rounds=8,
         client_rate=0.2,
     )
     reports = account_prifedsync(plan, per_round=True)
     model, _ = _model()
-    sim = PersonalisedSimulator(
+    sim = Simulator(
         algorithm=PriFedSync(config),
         model=model,
         train=train,
         test=test,
-        reports=reports,
+        accountant=FdpAccountant(clients=3, client_rate=plan.client_rate, delta=plan.delta),
+        seed=0,
         noise="seeded",  # a fixed sample with empty rounds in it
     )
     empty = 0

@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from silodp.algorithms import AlgorithmConfig, SiloData, make_algorithm
+from silodp.algorithms import SiloData, make_algorithm
 from silodp.models import MLP
 from silodp.privacy.gradients import (
     batch_gradient,
@@ -123,7 +123,7 @@ def _pre_noise_aggregate(name, config, params, silo) -> dict[str, torch.Tensor]:
         q = algo.sampling_rate(num_records=silo.num_records, num_subjects=silo.num_subjects)
         assert q == 1.0
         scale = q * silo.num_records  # expected batch size
-    return {k: (params[k] - update.params[k]) * scale / config.lr for k in params}
+    return {k: (params[k] - update.params[k]) * scale / config["lr"] for k in params}
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -143,7 +143,7 @@ def test_local_update_sensitivity(subjects, clip, seed, pick, sampling):
     k = int((~keep).sum())
     full = _silo(x, y, subj)
     reduced = _silo(x[keep], y[keep], subj[keep])
-    config = AlgorithmConfig(
+    config = dict(
         local_steps=1,
         batch_size=64,
         lr=0.5,

@@ -10,7 +10,7 @@ ULDP-NAIVE (each silo's clipped delta can flip direction, so S·C is not a bound
 from __future__ import annotations
 
 import math
-from dataclasses import fields, replace
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -26,7 +26,7 @@ from silodp.accounting.events import (
     known_sample_gaussian_steps,
     poisson_gaussian_steps,
 )
-from silodp.algorithms import AlgorithmConfig, SiloData, SiloUpdate, make_algorithm
+from silodp.algorithms import SiloData, SiloUpdate, make_algorithm
 from silodp.algorithms.uldp import (
     ProtocolRound,
     RoundWeights,
@@ -45,6 +45,11 @@ from silodp.models import MLP
 from silodp.privacy.gradients import batch_gradient, tree_norm
 from silodp.privacy.per_subject import per_subject_deltas_loop, subject_batches
 from silodp.privacy.randomness import Coins
+
+
+def _with(settings: dict, **values: object) -> dict:
+    """``settings`` with some hyperparameters changed."""
+    return {**settings, **values}
 
 ALPHA = 1e-6
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -125,7 +130,7 @@ def test_check_weights_rejects_negative_weights_naming_the_entry() -> None:
     with pytest.raises(ValueError, match=r"weights >= 0.*w\[1, 2\]=-0\.125"):
         check_weights(w)
     with pytest.raises(ValueError, match=r"w\[1, 2\]=-0\.125"):
-        UldpAvg(AlgorithmConfig(), weights=w)
+        UldpAvg(dict(), weights=w)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -177,13 +182,13 @@ def test_algorithms_set_up_their_weights_from_the_data() -> None:
         subject=[0, 2, 0, 2, 2],
         num_classes=3,
     )
-    avg_w = make_algorithm("uldp_avg_w", AlgorithmConfig(weighting="clear"), train)
+    avg_w = make_algorithm("uldp_avg_w", dict(weighting="clear"), train)
     np.testing.assert_allclose(avg_w.weights.numpy(), [[0.5, 0, 1 / 3], [0.5, 0, 2 / 3]])
     np.testing.assert_allclose(avg_w.weights.numpy(), record_weights(train.histogram()), rtol=1e-15)
     for name in ("uldp_avg", "uldp_sgd"):
-        algo = make_algorithm(name, AlgorithmConfig(), train)
+        algo = make_algorithm(name, dict(), train)
         np.testing.assert_array_equal(algo.weights.numpy(), uniform_weights(2, 3))
-    assert make_algorithm("uldp_naive", AlgorithmConfig(), train).num_silos == 2
+    assert make_algorithm("uldp_naive", dict(), train).num_silos == 2
 
 
 # --- subject sub-sampling: by the server, or by the silos from a key the server never sees --
@@ -193,7 +198,7 @@ def _sampler(q: float, silos: int = 3, subjects: int = 500, *, sampler: str = "s
     rng = np.random.default_rng(1)
     raw = rng.uniform(size=(silos, subjects))
     key = SharedSampleKey(bytes(32)) if sampler == "silos" else None
-    cfg = AlgorithmConfig(subject_rate=q, subject_sampler=sampler)
+    cfg = dict(subject_rate=q, subject_sampler=sampler)
     return UldpAvg(cfg, weights=raw / raw.sum(axis=0), sample_key=key)
 
 
@@ -262,28 +267,28 @@ def test_silo_sampler_server_message_does_not_depend_on_the_sample() -> None:
     # the key sits with the silos, not in anything the server sends; it is never printed
     assert {f.name for f in fields(ia)} == {"weights", "sampled", "round_index"}
     assert "secret" in repr(a.silo_side)
-    keyless = UldpAvg(AlgorithmConfig(subject_rate=0.3), weights=uniform_weights(2, 3))
+    keyless = UldpAvg(dict(subject_rate=0.3), weights=uniform_weights(2, 3))
     with pytest.raises(ValueError, match="shared sample key"):
         keyless.silo_sample(0)
 
 
 def test_for_data_draws_the_silos_key_from_its_coins() -> None:
     train = _federation(subjects=400)
-    cfg = AlgorithmConfig(subject_rate=0.5)
+    cfg = dict(subject_rate=0.5)
     same = [make_algorithm("uldp_avg", cfg, train, coins=Coins.seeded(3)) for _ in range(2)]
     other = make_algorithm("uldp_avg", cfg, train, coins=Coins.seeded(4))
     secure = [make_algorithm("uldp_avg", cfg, train) for _ in range(2)]
     assert torch.equal(same[0].silo_sample(2), same[1].silo_sample(2))
     assert not torch.equal(same[0].silo_sample(2), other.silo_sample(2))
     assert not torch.equal(secure[0].silo_sample(2), secure[1].silo_sample(2))
-    server = make_algorithm("uldp_avg", replace(cfg, subject_sampler="server"), train)
+    server = make_algorithm("uldp_avg", _with(cfg, subject_sampler="server"), train)
     assert server.silo_side is None
 
 
 @pytest.mark.parametrize("sampler", ["server", "silos"])
 def test_non_sampled_subjects_do_not_touch_the_message(sampler) -> None:
     train = _federation()
-    cfg = AlgorithmConfig(
+    cfg = dict(
         noise_multiplier=0.0,
         subject_rate=0.5,
         batch_size=1000,
@@ -315,7 +320,7 @@ def test_non_sampled_subjects_do_not_touch_the_message(sampler) -> None:
 @pytest.mark.parametrize("name", ULDP_WEIGHTED)
 def test_local_update_contract(name) -> None:
     train = _federation(dtype=np.float32)
-    cfg = AlgorithmConfig(
+    cfg = dict(
         noise_multiplier=1.1, clip=0.3, subject_rate=0.6, local_epochs=2, weighting="clear"
     )
     algo = make_algorithm(name, cfg, train, coins=Coins.seeded(1))
@@ -349,7 +354,7 @@ def test_local_update_contract(name) -> None:
     assert train.num_silos == 3
     peers = 1.1 * math.sqrt(2 / 3)
     assert a.privacy.views == {"silos": {"subject": known_sample_gaussian_steps(0.6, peers, 1)}}
-    full = make_algorithm(name, replace(cfg, subject_rate=1.0), train)
+    full = make_algorithm(name, _with(cfg, subject_rate=1.0), train)
     assert full.silo_privacy(sampling_rate=1.0).events == {"subject": gaussian_steps(1.1, 1)}
 
 
@@ -363,7 +368,7 @@ def test_message_is_weighted_sum_of_clipped_per_subject_deltas(name) -> None:
     raw = rng.uniform(size=(2, train.num_subjects))
     weights = raw / raw.sum(axis=0) * rng.uniform(0.2, 1.0, size=train.num_subjects)
     weights[0, 2] = 0.0  # subject 2 does not train in silo 0
-    cfg = AlgorithmConfig(noise_multiplier=0.0, lr=0.4, local_epochs=3, batch_size=2)
+    cfg = dict(noise_multiplier=0.0, lr=0.4, local_epochs=3, batch_size=2)
     single = name == "uldp_sgd"
     present = torch.unique(silo.subject)
     order = present[torch.from_numpy(weights[0])[present] > 0]
@@ -378,7 +383,7 @@ def test_message_is_weighted_sum_of_clipped_per_subject_deltas(name) -> None:
     deltas = per_subject_deltas_loop(_MODEL, params, silo.x, silo.y, plan, lr=0.4)
     norms = [float(tree_norm(d)) for d in deltas]
     clip = float(np.median(norms))  # some deltas clipped, some not
-    algo = (UldpSgd if single else UldpAvg)(replace(cfg, clip=clip), weights=weights)
+    algo = (UldpSgd if single else UldpAvg)(_with(cfg, clip=clip), weights=weights)
     instr = algo.configure_round(1, Coins.seeded(0))
     got = algo.local_update(_MODEL, params, silo, Coins.seeded(9), instr)
     expected = {k: torch.zeros_like(v) for k, v in params.items()}
@@ -403,7 +408,7 @@ def test_uldp_sgd_step_is_gradient_descent_on_the_subjects_loss() -> None:
         num_classes=3,
     )
     lr = 0.2
-    cfg = AlgorithmConfig(noise_multiplier=0.0, clip=1e6, lr=lr)
+    cfg = dict(noise_multiplier=0.0, clip=1e6, lr=lr)
     algo = make_algorithm("uldp_sgd", cfg, train)
     silo = _float64(silo_tensors(train)[0])
     params = _params(2)
@@ -420,7 +425,7 @@ def test_uldp_sgd_step_is_gradient_descent_on_the_subjects_loss() -> None:
 @pytest.mark.parametrize("name", ["uldp_avg", "uldp_avg_w"])
 def test_rounds_of_noiseless_uldp_avg_lower_the_training_loss(name) -> None:
     train = _federation(n=60, silos=3, subjects=5, seed=2)
-    cfg = AlgorithmConfig(
+    cfg = dict(
         noise_multiplier=0.0, clip=10.0, lr=0.1, local_epochs=2, batch_size=4, weighting="clear"
     )
     algo = make_algorithm(name, cfg, train)
@@ -452,14 +457,14 @@ def test_noise_std_per_silo() -> None:
         0, torch.randn(6, 5, dtype=torch.float64), torch.zeros(6).long(), torch.arange(6)
     )
     sigma, clip, silos = 1.7, 0.3, 4
-    cfg = AlgorithmConfig(noise_multiplier=sigma, clip=clip, batch_size=100)
+    cfg = dict(noise_multiplier=sigma, clip=clip, batch_size=100)
     avg = UldpAvg(cfg, weights=np.zeros((silos, 6)))  # nobody trains: the message is noise
     instr = avg.configure_round(1, Coins.seeded(0))
     msg = avg.local_update(big, params, silo, Coins.seeded(0), instr).params
     std = sigma * clip / np.sqrt(silos)
     assert _noise_pvalue(msg, std) > ALPHA
     assert _noise_pvalue(msg, std * 1.1) < ALPHA and _noise_pvalue(msg, std / 1.1) < ALPHA
-    naive = UldpNaive(replace(cfg, lr=1e-12), num_silos=silos)  # delta ~ 0: message is noise
+    naive = UldpNaive(_with(cfg, lr=1e-12), num_silos=silos)  # delta ~ 0: message is noise
     msg = naive.local_update(big, params, silo, Coins.seeded(1)).params
     std = sigma * clip * np.sqrt(silos)
     assert _noise_pvalue(msg, std) > ALPHA
@@ -536,7 +541,7 @@ def test_removing_a_subject_moves_the_sum_by_at_most_c(
         weights = record_weights(hist)
     else:
         weights = data.draw(valid_weights(len(silos), num_subjects))
-    cfg = AlgorithmConfig(
+    cfg = dict(
         noise_multiplier=0.0,
         clip=clip,
         lr=lr,
@@ -571,7 +576,7 @@ def test_sensitivity_bound_c_is_attained() -> None:
     ]
     weights = np.array([[1.0, 0.5, 0.0], [0.0, 0.5, 1.0]])
     clip = 1e-3
-    algo = UldpAvg(AlgorithmConfig(noise_multiplier=0.0, clip=clip, lr=1.0), weights=weights)
+    algo = UldpAvg(dict(noise_multiplier=0.0, clip=clip, lr=1.0), weights=weights)
     instr = algo.configure_round(1, Coins.seeded(0))
     params = _params()
     full = _sum_messages(algo, params, silos, instr)
@@ -589,7 +594,7 @@ def test_sensitivity_bound_c_is_attained() -> None:
 )
 def test_uldp_naive_sensitivity_is_at_most_2sc(fed, clip, epochs, lr, data) -> None:
     silos, num_subjects, seed = fed
-    cfg = AlgorithmConfig(
+    cfg = dict(
         noise_multiplier=0.0, clip=clip, lr=lr, local_epochs=epochs, batch_size=64
     )
     algo = UldpNaive(cfg, num_silos=len(silos))
@@ -611,13 +616,13 @@ def test_uldp_naive_sensitivity_exceeds_sc() -> None:
     silos = [SiloData(0, x, y, subject), SiloData(1, x.clone(), y.clone(), subject.clone())]
     clip = 0.01
     algo = UldpNaive(
-        AlgorithmConfig(noise_multiplier=0.0, clip=clip, lr=0.5, batch_size=100), num_silos=2
+        dict(noise_multiplier=0.0, clip=clip, lr=0.5, batch_size=100), num_silos=2
     )
     params = _params()
     full = _sum_messages(algo, params, silos, None)
     reduced = _sum_messages(algo, params, [_without(s, 0) for s in silos], None)
     assert _distance(full, reduced) > 1.9 * 2 * clip  # > S·C = 2C; close to 2·S·C = 4C
-    accounted = UldpNaive(AlgorithmConfig(noise_multiplier=1.0), num_silos=2)
+    accounted = UldpNaive(dict(noise_multiplier=1.0), num_silos=2)
     assert accounted.silo_privacy(sampling_rate=1.0).events == {"subject": gaussian_steps(0.5, 1)}
 
 
@@ -633,7 +638,7 @@ def _updates(values: list[float]) -> list[SiloUpdate]:
 
 @pytest.mark.parametrize("name", ULDP_WEIGHTED)
 def test_aggregate_divides_by_expected_sampled_subjects(name) -> None:
-    cfg = AlgorithmConfig(subject_rate=0.25, server_lr=2.0)
+    cfg = dict(subject_rate=0.25, server_lr=2.0)
     algo = {"uldp_avg": UldpAvg, "uldp_sgd": UldpSgd, "uldp_avg_w": UldpAvg}[name](
         cfg, weights=uniform_weights(3, 10)
     )
@@ -654,9 +659,9 @@ def test_aggregate_sums_the_float64_messages_before_casting(name) -> None:
     off the noise grid (σ = 1, C = 1: 2^-31 with 2 silos, 2^-30 for uldp_naive) is refused."""
     tiny = 2.0**-30
     if name == "uldp_naive":
-        algo = UldpNaive(AlgorithmConfig(), num_silos=2)
+        algo = UldpNaive(dict(), num_silos=2)
     else:
-        algo = UldpAvg(AlgorithmConfig(), weights=uniform_weights(2, 2))
+        algo = UldpAvg(dict(), weights=uniform_weights(2, 2))
     params = {"w": torch.zeros(3, dtype=torch.float32)}
     updates = [
         SiloUpdate(0, {"w": torch.full((3,), 1.0 + tiny, dtype=torch.float64)}, 1, None),
@@ -671,7 +676,7 @@ def test_aggregate_sums_the_float64_messages_before_casting(name) -> None:
 
 
 def test_uldp_naive_aggregate_divides_by_the_number_of_silos() -> None:
-    algo = UldpNaive(AlgorithmConfig(server_lr=0.5), num_silos=4)
+    algo = UldpNaive(dict(server_lr=0.5), num_silos=4)
     params = {"w": torch.ones(2, 3), "b": torch.zeros(2)}
     new = algo.aggregate(params, _updates([1.0, 2.0, 3.0, 6.0]))
     torch.testing.assert_close(new["w"], torch.full((2, 3), 1.0 + 0.5 * 12.0 / 4))
@@ -683,7 +688,7 @@ def test_uldp_naive_aggregate_divides_by_the_number_of_silos() -> None:
 TEST_KEY_BITS = 512  # insecure, for speed; production refuses < 2048 bits
 
 
-def _protocol(cfg: AlgorithmConfig, train: FederatedDataset, seed: int = 0) -> UldpAvgW:
+def _protocol(cfg: dict, train: FederatedDataset, seed: int = 0) -> UldpAvgW:
     algo = UldpAvgW.for_data(
         cfg, train, insecure_test_key_bits=TEST_KEY_BITS, coins=Coins.seeded(seed)
     )
@@ -710,7 +715,7 @@ def test_protocol_trained_model_equals_the_clear_weighted_model(q) -> None:
     the same model (full-batch epochs: the protocol trains every subject, the clear weights
     only the sampled ones, and only the batch order can differ)."""
     train = _federation(n=60, silos=3, subjects=7, seed=2)
-    cfg = AlgorithmConfig(
+    cfg = dict(
         noise_multiplier=0.0,
         clip=1.0,
         lr=0.2,
@@ -721,7 +726,7 @@ def test_protocol_trained_model_equals_the_clear_weighted_model(q) -> None:
         n_max=60,
     )
     protocol = _protocol(cfg, train)
-    clear = UldpAvgW.for_data(replace(cfg, weighting="clear"), train)
+    clear = UldpAvgW.for_data(_with(cfg, weighting="clear"), train)
     silos = [_float64(s) for s in silo_tensors(train)]
     start = _params(3)
     got, _ = _train_rounds(protocol, silos, start, 3)
@@ -738,7 +743,7 @@ def test_protocol_trained_model_equals_the_clear_weighted_model(q) -> None:
 @pytest.mark.parametrize("sampler", ["server", "silos"])
 def test_protocol_round_equals_the_clear_weighted_sum_over_the_sample(sampler) -> None:
     train = _federation(n=40, silos=2, subjects=6, seed=4)
-    cfg = AlgorithmConfig(
+    cfg = dict(
         noise_multiplier=0.0, clip=1.0, subject_rate=0.5, n_max=40, subject_sampler=sampler
     )
     algo = _protocol(cfg, train, seed=1)
@@ -760,7 +765,7 @@ def test_protocol_round_equals_the_clear_weighted_sum_over_the_sample(sampler) -
     # the same round with explicit clear weights zeroed for the non-sampled subjects
     weights = record_weights(train.histogram()) * sampled.numpy()
     clear = UldpAvgW(
-        replace(cfg, weighting="clear", subject_sampler="server"),
+        _with(cfg, weighting="clear", subject_sampler="server"),
         weights=record_weights(train.histogram()),
     )
     round_weights = RoundWeights(torch.from_numpy(weights), sampled, 1)
@@ -787,7 +792,7 @@ def test_protocol_with_silo_sampling_sends_every_weight_whatever_the_sample() ->
     """The server's round message is independent of the silos' sample: it encrypts the weight
     of every subject every round (no Enc(0)), while the silos' samples change."""
     train = _federation(n=40, silos=3, subjects=8, seed=8)
-    algo = _protocol(AlgorithmConfig(subject_rate=0.4, n_max=40), train, seed=2)
+    algo = _protocol(dict(subject_rate=0.4, n_max=40), train, seed=2)
     server = algo.protocol.server
     key = server._keys.private_key
     samples = set()
@@ -799,7 +804,7 @@ def test_protocol_with_silo_sampling_sends_every_weight_whatever_the_sample() ->
         server.abort_round()
     assert len(samples) > 1
     # the protocol's sample key comes from its shared seed: another set-up, another sample
-    other = _protocol(AlgorithmConfig(subject_rate=0.4, n_max=40), train, seed=3)
+    other = _protocol(dict(subject_rate=0.4, n_max=40), train, seed=3)
     assert not all(torch.equal(algo.silo_sample(r), other.silo_sample(r)) for r in range(4))
 
 
@@ -810,13 +815,13 @@ def test_protocol_noise_is_the_accounted_gaussian() -> None:
     params = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in big.named_parameters()}
     train = _federation(n=12, silos=2, subjects=3, seed=9)
     sigma, clip = 1.3, 0.7
-    cfg = AlgorithmConfig(noise_multiplier=sigma, clip=clip, lr=1e-30, n_max=12)
+    cfg = dict(noise_multiplier=sigma, clip=clip, lr=1e-30, n_max=12)
     algo = _protocol(cfg, train, seed=4)
     silos = [_float64(s) for s in silo_tensors(train)]
     instr = algo.configure_round(1, Coins.seeded(0))
     updates = [algo.local_update(big, params, s, Coins.seeded(1, s.silo), instr) for s in silos]
     new = algo.aggregate(params, updates)
-    total = {k: v * cfg.subject_rate * train.num_subjects for k, v in new.items()}
+    total = {k: v * cfg["subject_rate"] * train.num_subjects for k, v in new.items()}
     assert _noise_pvalue(total, sigma * clip) > ALPHA
     assert _noise_pvalue(total, sigma * clip * 1.1) < ALPHA
     assert _noise_pvalue(total, sigma * clip / 1.1) < ALPHA
@@ -824,8 +829,8 @@ def test_protocol_noise_is_the_accounted_gaussian() -> None:
 
 def test_protocol_run_says_weights_are_private() -> None:
     train = _federation(n=30, silos=2, subjects=4, seed=5)
-    protocol = _protocol(AlgorithmConfig(n_max=30), train)
-    clear = make_algorithm("uldp_avg_w", AlgorithmConfig(weighting="clear"), train)
+    protocol = _protocol(dict(n_max=30), train)
+    clear = make_algorithm("uldp_avg_w", dict(weighting="clear"), train)
     assert protocol.weights_private is True and clear.weights_private is False
     assert not any("weights not private" in n for n in protocol.run_notes())
     assert any("private weighting protocol run in-process" in n for n in protocol.run_notes())
@@ -835,15 +840,15 @@ def test_protocol_run_says_weights_are_private() -> None:
 def test_protocol_set_up_refuses_small_keys_and_subjects_above_n_max() -> None:
     train = _federation(n=30, silos=2, subjects=3, seed=6)
     with pytest.raises(InsecureKeyError, match="1024"):
-        UldpAvgW.for_data(AlgorithmConfig(key_bits=1024, n_max=30), train)
+        UldpAvgW.for_data(dict(key_bits=1024, n_max=30), train)
     largest = int(train.histogram().sum(axis=0).max())
     with pytest.raises(SubjectBoundError, match=f"n_max={largest - 1}"):
-        _protocol(AlgorithmConfig(n_max=largest - 1), train)
+        _protocol(dict(n_max=largest - 1), train)
 
 
 def test_protocol_round_aborts_when_a_silo_drops_out() -> None:
     train = _federation(n=30, silos=3, subjects=4, seed=7)
-    algo = _protocol(AlgorithmConfig(noise_multiplier=1.0, n_max=30), train)
+    algo = _protocol(dict(noise_multiplier=1.0, n_max=30), train)
     silos = [_float64(s) for s in silo_tensors(train)]
     params = _params(2)
     instr = algo.configure_round(1, Coins.seeded(0))
@@ -860,7 +865,7 @@ SILO_SIGMA = 0.9 * math.sqrt(2 / 3)  # σ√((S-1)/S) with S = 3: what one silo'
 
 def _views(name: str, **kw: object) -> dict:
     """Which adversaries know the sample (None: nobody but the released view's events)."""
-    algo = make_algorithm(name, AlgorithmConfig(noise_multiplier=0.9, num_silos=3, **kw))
+    algo = make_algorithm(name, dict(noise_multiplier=0.9, num_silos=3, **kw))
     privacy = algo.silo_privacy(sampling_rate=0.2)
     assert privacy.events == {"subject": poisson_gaussian_steps(0.2, 0.9, 1)}
     assert privacy.scope == "aggregate"
@@ -897,48 +902,48 @@ def test_views_server_sampler_through_the_protocol_hides_it_from_the_silos() -> 
     # the same once set up (S from the protocol or the weights): the protocol object, or
     # clear weights
     train = _federation(n=30, silos=2, subjects=4, seed=5)
-    cfg = AlgorithmConfig(subject_rate=0.2, subject_sampler="server", n_max=30)
+    cfg = dict(subject_rate=0.2, subject_sampler="server", n_max=30)
     silo_sigma = math.sqrt(1 / 2)
     views = _protocol(cfg, train).silo_privacy(sampling_rate=0.2).views
     assert views["silos"] == {"subject": poisson_gaussian_steps(0.2, silo_sigma, 1)}
-    with_data = make_algorithm("uldp_avg_w", replace(cfg, weighting="clear"), train)
+    with_data = make_algorithm("uldp_avg_w", _with(cfg, weighting="clear"), train)
     views = with_data.silo_privacy(sampling_rate=0.2).views
     assert views["silos"] == {"subject": known_sample_gaussian_steps(0.2, silo_sigma, 1)}
 
 
 def test_one_silo_has_no_peer_to_learn_from() -> None:
-    algo = make_algorithm("uldp_avg", AlgorithmConfig(subject_rate=0.2, num_silos=1))
+    algo = make_algorithm("uldp_avg", dict(subject_rate=0.2, num_silos=1))
     assert set(algo.silo_privacy(sampling_rate=0.2).views) == set()
 
 
 def test_split_noise_needs_the_number_of_silos() -> None:
     with pytest.raises(ValueError, match="needs the number of silos"):
-        make_algorithm("uldp_avg", AlgorithmConfig()).silo_privacy(sampling_rate=1.0)
+        make_algorithm("uldp_avg", dict()).silo_privacy(sampling_rate=1.0)
 
 
 @pytest.mark.parametrize("name", ["uldp_naive", "uldp_group"])
 def test_no_views_without_subject_sampling(name) -> None:
-    algo = make_algorithm(name, AlgorithmConfig(subject_rate=0.2))
+    algo = make_algorithm(name, dict(subject_rate=0.2))
     assert algo.silo_privacy(sampling_rate=0.2).views == {}
 
 
 def test_run_notes_say_which_epsilon_holds_against_whom() -> None:
     train = _federation(n=30, silos=2, subjects=4, seed=5)
-    silos = make_algorithm("uldp_avg", AlgorithmConfig(subject_rate=0.3), train)
+    silos = make_algorithm("uldp_avg", dict(subject_rate=0.3), train)
     (note,) = [n for n in silos.run_notes() if "subject sample" in n]
     assert "drawn by the silos" in note and "against the server" in note
     assert "known-sample ε" in note
     server = make_algorithm(
-        "uldp_avg", AlgorithmConfig(subject_rate=0.3, subject_sampler="server"), train
+        "uldp_avg", dict(subject_rate=0.3, subject_sampler="server"), train
     )
     (note,) = [n for n in server.run_notes() if "subject sample" in n]
     assert "only for the released model" in note
-    protocol = _protocol(AlgorithmConfig(subject_rate=0.3, n_max=30), train)
+    protocol = _protocol(dict(subject_rate=0.3, n_max=30), train)
     notes = " ".join(protocol.run_notes())
     assert "learns nothing about the sample" in notes
     assert "the server learns which subjects were sampled" not in notes
     assert "rounded on the aggregate's grid" not in notes and "exactly" in notes
-    full = make_algorithm("uldp_avg", AlgorithmConfig(), train)
+    full = make_algorithm("uldp_avg", dict(), train)
     assert not any("subject sample" in n for n in full.run_notes())
     for algo in (silos, server, protocol, full):
         assert any("own share" in n for n in algo.run_notes())

@@ -11,7 +11,7 @@ import pytest
 
 from silodp.config import parse_config
 from silodp.data.loaders import LEAF_ALL_LETTERS
-from silodp.runner import run_experiment
+from silodp.experiment import run_experiment
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

@@ -11,7 +11,7 @@ import pytest
 
 from silodp.accounting.fdp import PriFedSyncPlan, account_prifedsync
 from silodp.config import ConfigError, parse_config
-from silodp.runner import run_experiment
+from silodp.experiment import run_experiment
 
 TINY = {
     "name": "tiny-prifedsync",

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from silodp.config import parse_config
+from silodp.experiment import run_experiment
 from silodp.models import build_model
-from silodp.runner import run_experiment
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "uldp_fmnist_uniform.toml"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from silodp.config import parse_config
-from silodp.runner import OutputExistsError, run_experiment
+from silodp.experiment import OutputExistsError, run_experiment
 
 TINY = {
     "name": "tiny",
@@ -138,7 +138,7 @@ def test_metrics_epsilon_matches_account_command(tmp_path: Path) -> None:
         rows = _metrics(tmp_path / item["algorithm"] / "metrics.jsonl")
         assert len(account["per_round"]) == len(rows)
         for row, expected in zip(rows, account["per_round"], strict=True):
-            for unit, value in expected.items():
+            for unit, value in expected["epsilon"].items():
                 assert row["epsilon"][unit] == pytest.approx(value, rel=1e-9)
 
 

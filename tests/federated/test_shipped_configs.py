@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from silodp.config import parse_config
-from silodp.runner import run_experiment
+from silodp.experiment import run_experiment
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 #: configs that read user-supplied files; tests/federated/test_leaf_table_runs.py covers them
@@ -36,7 +36,7 @@ def _sweeps() -> list[str]:
 @pytest.mark.parametrize("name", sorted(PREPARE_ONLY))
 def test_large_config_prepares_every_algorithm(name: str) -> None:
     from silodp.data.build import build_federated_data
-    from silodp.runner import prepare_run
+    from silodp.experiment import prepare_run
 
     config = parse_config(tomllib.loads((CONFIGS / name).read_text()))
     data = build_federated_data(config.data)

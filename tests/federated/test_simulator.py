@@ -12,9 +12,8 @@ import torch
 from scipy import stats
 
 from silodp.accounting import FederatedAccountant
-from silodp.algorithms import AlgorithmConfig, make_algorithm
+from silodp.algorithms import make_algorithm
 from silodp.data import FederatedDataset, TestSplit
-from silodp.federated.personalised import PersonalisedSimulator
 from silodp.federated.simulator import (
     SAMPLING_STREAM,
     SERVER_STREAM,
@@ -66,7 +65,7 @@ def _federation(n: int = 48, silos: int = 4):
 
 def _simulate(name: str, noise: str, *, rounds: int = 2, silos_per_round: int = 2, **cfg):
     train, test = _federation()
-    config = AlgorithmConfig(local_steps=2, batch_size=6, noise_multiplier=1.0, group_size=2, **cfg)
+    config = dict(local_steps=2, batch_size=6, noise_multiplier=1.0, group_size=2, **cfg)
     algo = make_algorithm(name, config)
     sim = Simulator(
         algorithm=algo,
@@ -98,7 +97,7 @@ def test_seeded_runs_repeat_and_secure_runs_differ(name) -> None:
 def _fedavg_simulator(silos: int = 4, **kwargs) -> Simulator:
     train, test = _federation(silos=silos)
     return Simulator(
-        algorithm=make_algorithm("fedavg", AlgorithmConfig()),
+        algorithm=make_algorithm("fedavg", dict()),
         model=build_model("mlp", (4,), 3),
         train=train,
         test=test,
@@ -121,15 +120,15 @@ def test_simulator_refuses_an_unknown_noise_mode() -> None:
         _fedavg_simulator(noise="float")
 
 
-def _personalised(noise: str) -> PersonalisedSimulator:
+def _personalised(noise: str) -> Simulator:
     train, test = _federation()
-    config = AlgorithmConfig(local_steps=2, batch_size=4, noise_multiplier=1.0, client_rate=0.5)
-    sim = PersonalisedSimulator(
+    config = dict(local_steps=2, batch_size=4, noise_multiplier=1.0, client_rate=0.5)
+    sim = Simulator(
         algorithm=make_algorithm("prifedsync", config),
         model=build_model("mlp", (4,), 3, seed=0),
         train=train,
         test=test,
-        reports=None,
+        accountant=None,
         seed=5,
         noise=noise,
     )
@@ -140,11 +139,11 @@ def _personalised(noise: str) -> PersonalisedSimulator:
 def test_personalised_seeded_runs_repeat_and_secure_runs_differ() -> None:
     a, b = _personalised("seeded"), _personalised("seeded")
     assert all(torch.equal(a.params[k], b.params[k]) for k in a.params)
-    assert [a.sample_clients(r) for r in range(1, 5)] == [b.sample_clients(r) for r in range(1, 5)]
+    assert [a.sample_silos(r) for r in range(1, 5)] == [b.sample_silos(r) for r in range(1, 5)]
     c, d = _personalised("secure"), _personalised("secure")
     differ = any(not torch.equal(c.params[k], d.params[k]) for k in c.params)
-    assert differ or [c.sample_clients(r) for r in range(8)] != [
-        d.sample_clients(r) for r in range(8)
+    assert differ or [c.sample_silos(r) for r in range(8)] != [
+        d.sample_silos(r) for r in range(8)
     ]
 
 

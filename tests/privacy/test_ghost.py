@@ -180,7 +180,7 @@ def test_uldp_sgd_fast_path_equals_per_subject_training() -> None:
 
     import numpy as np
 
-    from silodp.algorithms import AlgorithmConfig, make_algorithm
+    from silodp.algorithms import make_algorithm
     from silodp.data import FederatedDataset
     from silodp.federated.simulator import silo_tensors
 
@@ -200,7 +200,7 @@ def test_uldp_sgd_fast_path_equals_per_subject_training() -> None:
         params = {k: v.detach().clone() for k, v in model.named_parameters()}
         messages = []
         for method in ("auto", "vmap"):
-            cfg = AlgorithmConfig(lr=0.3, clip=0.05, noise_multiplier=0.0, grad_method=method)
+            cfg = dict(lr=0.3, clip=0.05, noise_multiplier=0.0, grad_method=method)
             algo = make_algorithm("uldp_sgd", cfg, train)
             plan = algo.configure_round(1, Coins.seeded(0))
             update = algo.local_update(model, params, silo, Coins.seeded(0), plan)
