@@ -107,13 +107,15 @@ def _noise_pvalue(claimed_std: float) -> float:
         params,
         silo,
         idx,
-        config=_with(CONFIG, noise_multiplier=0.0),
+        config=PriFedSync.configure(_with(CONFIG, noise_multiplier=0.0)),
         coins=Coins.seeded(0),
     )
     coins = Coins.seeded(3)
     samples = []
     for _ in range(20):
-        noisy = noisy_gradient(model, params, silo, idx, config=CONFIG, coins=coins)
+        noisy = noisy_gradient(
+            model, params, silo, idx, config=PriFedSync.configure(CONFIG), coins=coins
+        )
         samples += [((noisy[k] - clean[k]) * 5).flatten() for k in params]
     z = torch.cat(samples).double().numpy()
     stat = float(np.sum(z**2) / claimed_std**2)

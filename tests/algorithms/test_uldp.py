@@ -821,7 +821,7 @@ def test_protocol_noise_is_the_accounted_gaussian() -> None:
     instr = algo.configure_round(1, Coins.seeded(0))
     updates = [algo.local_update(big, params, s, Coins.seeded(1, s.silo), instr) for s in silos]
     new = algo.aggregate(params, updates)
-    total = {k: v * cfg["subject_rate"] * train.num_subjects for k, v in new.items()}
+    total = {k: v * algo.config.subject_rate * train.num_subjects for k, v in new.items()}
     assert _noise_pvalue(total, sigma * clip) > ALPHA
     assert _noise_pvalue(total, sigma * clip * 1.1) < ALPHA
     assert _noise_pvalue(total, sigma * clip / 1.1) < ALPHA

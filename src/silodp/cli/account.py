@@ -276,7 +276,7 @@ def _with_generated_options(command: Any) -> Any:
                 name,
                 inspect.Parameter.KEYWORD_ONLY,
                 default=None,
-                annotation=Annotated[kind | None, typer.Option(help=f"{doc} [default: {default}]")],
+                annotation=Annotated[kind | None, typer.Option(help=f"{doc} (default: {default})")],
             )
         )
     command.__signature__ = signature.replace(parameters=params)
