@@ -91,13 +91,6 @@ def subject_split(
     return np.flatnonzero(~is_test), np.flatnonzero(is_test)
 
 
-def _held_out(
-    x: np.ndarray, y: np.ndarray, cfg: DataConfig, rng: np.random.Generator
-) -> tuple[np.ndarray, TestSplit]:
-    train, test = stratified_split(y, test_fraction=cfg.test_fraction, rng=rng)
-    return train, TestSplit(x=x[test], y=y[test])
-
-
 def _split(raw: _Raw, cfg: DataConfig, rng: np.random.Generator) -> _Raw:
     """Holds out ``test_fraction`` of ``raw`` by record or by subject (``cfg.test_split``)."""
     if cfg.test_split == "subject":
