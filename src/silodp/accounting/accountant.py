@@ -29,6 +29,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from dp_accounting import dp_event
@@ -441,6 +442,18 @@ class FederatedAccountant:
             else:
                 out[unit] = Estimate(math.inf, "none", routes)
         return out
+
+    def spec(self) -> dict[str, Any]:
+        """What rebuilds an empty accountant like this one (:func:`accountant_from_spec`)."""
+        return {
+            "kind": "federated",
+            "units": list(self.units),
+            "span": self.span,
+            "delta": self.delta,
+            "target": self.target,
+            "discretization": self.discretization,
+            "routes": sorted(self.routes),
+        }
 
     def labelled_estimates(self) -> dict[str, float]:
         """Non-rigorous estimates reported beside ε (none: every number here is a bound)."""

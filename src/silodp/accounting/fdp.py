@@ -39,6 +39,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
@@ -281,6 +282,17 @@ class FdpAccountant:
                 paper = tradeoff_pld(mu_round, p=p, discretization=ESTIMATE_DISCRETIZATION)
                 self._paper = _advance(self._paper, paper, count)
         self.rounds += count
+
+    def spec(self) -> dict[str, Any]:
+        """What rebuilds an empty accountant like this one."""
+        return {
+            "kind": "fdp",
+            "clients": self.clients,
+            "client_rate": self.client_rate,
+            "delta": self.delta,
+            "discretization": self.discretization,
+            "rigorous_only": self.rigorous_only,
+        }
 
     def compose_release(self, silos: Sequence[SiloPrivacy]) -> None:
         raise ValueError(

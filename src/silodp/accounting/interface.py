@@ -7,12 +7,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from silodp.accounting.accountant import Estimate, SiloPrivacy
+from silodp.errors import InvalidValueError
 
-__all__ = ["STAGES", "Accountant", "AccountantFactory"]
+__all__ = ["STAGES", "Accountant", "AccountantFactory", "accountant_from_spec"]
 
 #: What an accountant is made precise for: ``fast`` (a valid but looser bound, to bracket σ),
 #: ``calibrate`` (every route on a coarse grid: still an upper bound) or ``report`` (what a
@@ -40,6 +41,27 @@ class Accountant(Protocol):
     def mu(self, adversary: str | None = None) -> dict[str, float]: ...
 
     def labelled_estimates(self) -> dict[str, float]: ...
+
+    def spec(self) -> dict[str, Any]: ...
+
+
+def accountant_from_spec(spec: Mapping[str, Any]) -> Accountant:
+    """An empty accountant of the kind and parameters ``spec`` (an accountant's
+    :meth:`~Accountant.spec`) describes.
+
+    Raises:
+      InvalidValueError: an unknown kind.
+    """
+    from silodp.accounting.accountant import FederatedAccountant
+    from silodp.accounting.fdp import FdpAccountant
+
+    values = dict(spec)
+    kind = values.pop("kind", None)
+    if kind == "federated":
+        return FederatedAccountant(**values)
+    if kind == "fdp":
+        return FdpAccountant(**values)
+    raise InvalidValueError(f"Expected an accountant kind 'federated' or 'fdp', got {kind!r}.")
 
 
 #: ``factory(stage, units)``: a fresh accountant for ``units`` at ``stage`` (one of STAGES).

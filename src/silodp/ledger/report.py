@@ -1,0 +1,114 @@
+"""What a ledger says, recomputed from its events: the history and totals (``ledger show``) and
+the check that every ε a run wrote is what its recorded events give (``ledger verify``)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from silodp.accounting.interface import accountant_from_spec
+from silodp.ledger.store import Ledger, LedgerError
+
+__all__ = ["ledger_report", "verify_ledger"]
+
+#: relative difference above which a written ε and the recomputed one disagree
+TOLERANCE = 1e-9
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _open(path: str | Path) -> Ledger:
+    if not Path(path).is_file():
+        raise LedgerError(f"Expected a ledger file at {str(path)!r}; it does not exist.")
+    return Ledger(path)
+
+
+def ledger_report(path: str | Path) -> dict[str, Any]:
+    """Runs, rounds (complete or interrupted), events, and ε per unit and route recomputed
+    from the events: per run, and for every group of runs of one accounting kind composed
+    together (what a shared ledger has spent on its data).
+
+    Raises:
+      LedgerError: no ledger at ``path``, or one this code cannot read.
+    """
+    with _open(path) as ledger:
+        runs = []
+        for record in ledger.runs():
+            rounds = ledger.rounds(record.id)
+            totals = ledger.replay([record.id]).estimates() if rounds else {}
+            runs.append(
+                {
+                    "id": record.id,
+                    "name": record.name,
+                    "algorithm": record.algorithm,
+                    "status": record.status,
+                    "noise": record.noise,
+                    "delta": record.accountant.get("delta"),
+                    "events": ledger.count_events(record.id),
+                    "rounds": len(rounds),
+                    "interrupted_rounds": [r["round"] for r in rounds if r["status"] != "complete"],
+                    "epsilon": {u: _finite(e.epsilon) for u, e in totals.items()},
+                    "routes": {u: e.route for u, e in totals.items()},
+                }
+            )
+        kinds: dict[str, list[int]] = {}
+        for record in ledger.runs():
+            if ledger.rounds(record.id):
+                kinds.setdefault(record.accountant.get("kind", "?"), []).append(record.id)
+        total = {
+            kind: {
+                "runs": ids,
+                "epsilon": {
+                    u: _finite(e.epsilon) for u, e in ledger.replay(ids).estimates().items()
+                },
+            }
+            for kind, ids in kinds.items()
+        }
+        return {
+            "path": str(path),
+            "schema_version": ledger.schema_version,
+            "runs": runs,
+            "total": total,
+        }
+
+
+def verify_ledger(path: str | Path) -> list[str]:
+    """Every problem found: SQLite's integrity check, then, per run, each completed round's ε
+    as the run wrote it against the ε its recorded events give, recomputed round by round with
+    the run's accountant. Empty: the ledger is sound and every written ε is what it says.
+
+    Raises:
+      LedgerError: no ledger at ``path``, or one of a schema version this code does not know.
+    """
+    with _open(path) as ledger:
+        problems = ledger.integrity_errors()
+        if problems:
+            return problems
+        for record in ledger.runs():
+            accountant = accountant_from_spec(record.accountant)
+            events = ledger.events(record.id)
+            releases = [p for _, _, kind, p in events if kind == "release"]
+            if releases:
+                accountant.compose_release(releases)
+            for row in ledger.rounds(record.id):
+                privacy = [p for r, _, kind, p in events if r == row["round"] and kind == "round"]
+                if privacy:
+                    accountant.compose_round(privacy, participants=row["participants"])
+                if row["status"] != "complete":
+                    continue
+                got = {u: e.epsilon for u, e in accountant.estimates().items()}
+                for unit, written in row["written"].items():
+                    value = got.get(unit, math.nan)
+                    same = (written is None and not math.isfinite(value)) or (
+                        written is not None
+                        and abs(value - written) <= TOLERANCE * max(abs(value), abs(written))
+                    )
+                    if not same:
+                        problems.append(
+                            f"run {record.id} ({record.name}) round {row['round']}: {unit} "
+                            f"ε written {written!r}, recomputed from the events {value!r}"
+                        )
+        return problems

@@ -1,0 +1,148 @@
+"""One run's view of a ledger: what the engine records through, and the budget it enforces.
+
+The engine calls :meth:`RunLedger.check_round` before a round (refusing it if the ledger's
+total would exceed the budget), :meth:`RunLedger.record` for every mechanism execution before
+its output is handed on, :meth:`RunLedger.round_events` for the events to compose (read back
+from the ledger, so the reported ε is the ledger's), and :meth:`RunLedger.complete_round`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from silodp.accounting import SiloPrivacy
+from silodp.accounting.interface import Accountant, accountant_from_spec
+from silodp.errors import SilodpError
+from silodp.ledger.store import Ledger
+
+__all__ = ["BudgetExceededError", "RunLedger"]
+
+
+class BudgetExceededError(SilodpError):
+    """A round (or a plan) would take the ledger's total ε above its budget."""
+
+    def __init__(
+        self, unit: str, spent: float, would_be: float, budget: float, what: str = "next round"
+    ) -> None:
+        super().__init__(
+            f"Privacy budget for unit {unit!r} would be exceeded: spent ε={spent:.4g}, the "
+            f"{what} would make it {would_be:.4g}, budget {budget:.4g}."
+        )
+        self.unit, self.spent, self.would_be, self.budget = unit, spent, would_be, budget
+
+
+def _epsilons(accountant: Accountant) -> dict[str, float]:
+    return {unit: est.epsilon for unit, est in accountant.estimates().items()}
+
+
+class RunLedger:
+    """Records one run in ``ledger`` and enforces ``budget`` (ε per unit at the run's δ) on
+    the ledger's total: every earlier run in it of the same accounting kind, plus this one.
+
+    Args:
+      ledger: the open ledger.
+      name, algorithm: what the run is.
+      accountant: the run's accountant, before anything is composed (its spec is stored).
+        When the ledger holds no earlier run of its kind it is also the ledger's total (the
+        engine composes it); otherwise the total is a replay of the earlier runs that this
+        run's rounds are composed onto.
+      noise: where the coins came from (mode and an id of the seed material; never a secret).
+      budget: ``{unit: ε}`` the total may not exceed (empty: no budget).
+      config_hash: an id of the run's resolved config.
+      plan_check: ``plan_check(total)`` is the ε per unit the ledger's total would reach with
+        the run's whole plan composed on; checked against the budget before the run is
+        registered.
+
+    Raises:
+      BudgetExceededError: the plan does not fit the budget.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        name: str,
+        algorithm: str,
+        accountant: Accountant,
+        noise: Mapping[str, Any],
+        budget: Mapping[str, float] | None = None,
+        config_hash: str = "",
+        plan_check: Callable[[Accountant], Mapping[str, float]] | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.budget = dict(budget or {})
+        spec = accountant.spec()
+        earlier = [r.id for r in ledger.runs() if r.accountant.get("kind") == spec["kind"]]
+        #: the ledger's total so far (earlier runs), composed with this run's rounds as they end
+        self.total = accountant
+        self.shared = bool(earlier)
+        if self.shared:
+            self.total = ledger.replay(earlier, accountant_from_spec(spec))
+        if plan_check is not None and self.budget:  # the whole plan, before anything runs
+            self.check(plan_check(self.total), "run's whole plan")
+        self.run_id = ledger.open_run(
+            name=name, algorithm=algorithm, accountant=spec, noise=noise, config_hash=config_hash
+        )
+
+    def spent(self) -> dict[str, float]:
+        """The ledger's total ε per unit (earlier runs and this one's completed rounds)."""
+        return _epsilons(self.total) if self.total.rounds or self._has_release else {}
+
+    _has_release = False
+
+    def check(self, would_be: Mapping[str, float], what: str = "next round") -> None:
+        """Raises:
+        BudgetExceededError: a unit's ``would_be`` ε exceeds its budget."""
+        spent = self.spent()
+        for unit, limit in self.budget.items():
+            value = would_be.get(unit, 0.0)
+            if not value <= limit * (1 + 1e-9):
+                raise BudgetExceededError(unit, spent.get(unit, 0.0), value, limit, what)
+
+    def check_round(self, planned: Sequence[SiloPrivacy], participants: int | None = None) -> None:
+        """Refuses the next round if, with every silo that may take part running ``planned``,
+        the ledger's total would exceed the budget."""
+        if not self.budget or not planned:
+            return
+        trial = copy.deepcopy(self.total)
+        trial.compose_round(planned, participants=participants)
+        self.check(_epsilons(trial))
+
+    def record_release(self, releases: Sequence[SiloPrivacy]) -> None:
+        """Records releases before training (one event per silo) and composes them."""
+        for silo, privacy in enumerate(releases):
+            self.ledger.record(self.run_id, 0, f"silo:{silo}", privacy, kind="release")
+        if self.shared:
+            self.total.compose_release(list(releases))
+        self._has_release = True
+
+    def record(self, round_index: int, party: str, privacy: SiloPrivacy) -> None:
+        """Records one mechanism execution; durable when this returns."""
+        self.ledger.record(self.run_id, round_index, party, privacy)
+
+    def round_events(self, round_index: int) -> list[SiloPrivacy]:
+        """The events recorded for ``round_index``, read back from the ledger."""
+        events = self.ledger.events(self.run_id, round_index)
+        return [p for _, _, kind, p in events if kind == "round"]
+
+    def complete_round(
+        self,
+        round_index: int,
+        events: Sequence[SiloPrivacy],
+        written: Mapping[str, float],
+        participants: int | None = None,
+    ) -> None:
+        """Marks the round complete with the ε the run reports for it (the engine composed
+        ``events`` into the run's accountant; a shared ledger's total gets them too)."""
+        if events and self.shared:
+            self.total.compose_round(events, participants=participants)
+        finite = {u: (v if math.isfinite(v) else None) for u, v in written.items()}
+        self.ledger.complete_round(
+            self.run_id, round_index, participants=participants, written=finite
+        )
+
+    def finish(self, status: str) -> None:
+        self.ledger.finish_run(self.run_id, status)
