@@ -26,7 +26,7 @@ from silodp._validation import (
     check_int,
     check_positive,
 )
-from silodp.accounting.accountant import TARGETS
+from silodp.accounting.accountant import TARGETS, UNITS
 from silodp.algorithms import ALGORITHMS, AlgorithmConfig, hyperparameter_tables
 from silodp.data.build import DataConfig
 from silodp.errors import ConfigError
@@ -102,6 +102,10 @@ class PrivacyConfig:
       adversary: whom the calibrated (and headline) ε holds against: ``strongest`` (default;
         every party of the threat model), ``released`` (outsiders who see only the model),
         ``server`` or ``silos``. ε against each is reported either way.
+      ledger: the privacy ledger file every run writes through (default: ``ledger.sqlite`` in
+        each run's directory); runs that share one are accounted together.
+      budget: ``{unit: ε}`` the ledger's total may not exceed (at the run's δ); default: the
+        target ``epsilon`` at the calibration unit when σ is calibrated, else none.
     """
 
     epsilon: float | None = 4.0
@@ -111,8 +115,19 @@ class PrivacyConfig:
     group_size: int | str | None = None
     noise: str = "secure"
     adversary: str = "strongest"
+    ledger: str | None = None
+    budget: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
+        if self.budget is not None:
+            if not isinstance(self.budget, Mapping) or not self.budget:
+                raise ConfigError(
+                    f"Expected privacy.budget to be a table of ε per unit, e.g. "
+                    f"{{subject = 6.0}}, got {self.budget!r}."
+                )
+            for unit, value in self.budget.items():
+                check_choice("privacy.budget unit", unit, UNITS)
+                check_positive(f"privacy.budget.{unit}", value)
         check_choice("privacy.noise", self.noise, MODES)
         check_choice("privacy.adversary", self.adversary, TARGETS)
         if self.epsilon is not None:
@@ -295,6 +310,10 @@ class ExperimentConfig:
             self.algorithm_config(name)
         for cell in self.sweep.cells() if self.sweep is not None else ():
             self.for_cell(cell)
+
+    def with_ledger(self, path: str) -> ExperimentConfig:
+        """This config with every run writing through the ledger at ``path``."""
+        return dataclasses.replace(self, privacy=dataclasses.replace(self.privacy, ledger=path))
 
     def for_cell(self, cell: SweepCell) -> ExperimentConfig:
         """This (PriFedSync) config with a sweep cell's values applied and no sweep."""

@@ -5,6 +5,7 @@ spent."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,6 +18,9 @@ from silodp.errors import OutputExistsError
 from silodp.experiment.prepare import PreparedRun
 from silodp.federated import Engine, RoundResult
 from silodp.io import write_json, write_jsonl
+from silodp.ledger import BudgetExceededError
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "OUTPUTS",
@@ -221,12 +225,14 @@ def record_rounds(
     bar: Callable[[Row], None] | None = None,
     extra: Callable[[RoundResult], Row] | None = None,
     stop: Callable[[RoundResult], bool] | None = None,
-) -> tuple[list[RoundResult], list[Row], list[Row]]:
+) -> tuple[list[RoundResult], list[Row], list[Row], str]:
     """Runs ``engine`` with a callback that rewrites ``metrics.jsonl`` (released) and
     ``silo_private/diagnostics.jsonl`` (not covered by ε) after every round; ``summary.json``
     says "running", or "interrupted" if training raises; the final parameters go to
     ``model.pt`` (written whole, then renamed). ``extra`` adds fields to a round's released
-    record. Returns the results, the released and the silo-private rows."""
+    record. A round the privacy budget does not allow ends the run cleanly with what it has
+    (status ``budget_exhausted``). Returns the results, the released and the silo-private rows
+    and the status."""
     results: list[RoundResult] = []
     rows: list[Row] = []
     private_rows: list[Row] = []
@@ -243,11 +249,15 @@ def record_rounds(
             bar(public)
 
     write_json(run_dir / "summary.json", summary_of("running", results))
+    status = "complete"
     try:
         engine.run(rounds, [record], stop=stop)
+    except BudgetExceededError as err:
+        status = "budget_exhausted"
+        logger.warning("%s", err)
     except BaseException:
         write_json(run_dir / "summary.json", summary_of("interrupted", results))
         raise
     torch.save(engine.params, run_dir / "model.tmp")
     (run_dir / "model.tmp").replace(run_dir / "model.pt")
-    return results, rows, private_rows
+    return results, rows, private_rows, status

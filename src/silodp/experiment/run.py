@@ -17,6 +17,7 @@ from silodp.config import ExperimentConfig, SweepConfig
 from silodp.data import FederatedData
 from silodp.data.build import build_federated_data
 from silodp.data.describe import describe
+from silodp.experiment.ledger import open_run_ledger
 from silodp.experiment.prepare import PreparedRun, dp_scaling, prepare_run
 from silodp.experiment.record import (
     PRIVATE_DIR,
@@ -64,18 +65,22 @@ def train_run(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Trains one prepared run on the in-process engine and writes its directory."""
     started = time.perf_counter()
-    write_text(run_dir / "config.toml", tomli_w.dumps(resolved_config(run)))
+    config_text = tomli_w.dumps(resolved_config(run))
     config = run.config
     model = build_model(
         config.model.name, data.train.feature_shape, data.train.num_classes, seed=run.training.seed
     )
     accountant = None
+    ledger = None
     if run.plan is not None:
         accountant = run.algorithm.make_accountant(
             span=run.span, delta=run.privacy.delta, target=run.privacy.adversary
         )
+        ledger = open_run_ledger(run, run_dir, accountant, config_text)
         if run.plan.releases:
+            ledger.record_release(run.plan.releases)
             accountant.compose_release(run.plan.releases)
+    write_text(run_dir / "config.toml", config_text)
     engine = Simulator(
         algorithm=run.algorithm,
         model=model,
@@ -86,6 +91,7 @@ def train_run(
         seed=run.training.seed,
         eval_every=run.training.eval_every,
         noise=run.privacy.noise,
+        ledger=ledger,
     )
     by_adversary: list[dict[str, dict[str, float | None]]] = []
 
@@ -116,15 +122,22 @@ def train_run(
             sweep is not None and sweep.stop_at_target and target_round([result], sweep) is not None
         )
 
-    results, rows, private_rows = record_rounds(
-        engine,
-        run.training.rounds,
-        run_dir,
-        summary_of,
-        bar=progress(run.name, run.training.rounds) if progress is not None else None,
-        extra=adversaries,
-        stop=reached,
-    )
+    try:
+        results, rows, private_rows, status = record_rounds(
+            engine,
+            run.training.rounds,
+            run_dir,
+            summary_of,
+            bar=progress(run.name, run.training.rounds) if progress is not None else None,
+            extra=adversaries,
+            stop=reached,
+        )
+    except BaseException:
+        if ledger is not None:
+            ledger.finish("interrupted")
+        raise
+    if ledger is not None:
+        ledger.finish(status)
     title = f"{config.name}: {run.name}"
     plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
     plotting.plot_epsilon(rows, run_dir / "epsilon.png", title, run.privacy.delta)
@@ -140,7 +153,7 @@ def train_run(
             private_rows, run_dir / PRIVATE_DIR / "batch_histograms.png", title
         )
     write_private(run_dir, run, time.perf_counter() - started)
-    final = summary_of("complete", results)
+    final = summary_of(status, results)
     write_json(run_dir / "summary.json", final)
     return rows, final
 

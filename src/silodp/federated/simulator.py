@@ -27,6 +27,7 @@ from silodp.algorithms import Algorithm, SiloData, SiloUpdate
 from silodp.data import FederatedDataset, TestSplit
 from silodp.evaluation import evaluate
 from silodp.federated.engine import RoundCallback, RoundResult, StopRule
+from silodp.ledger import RunLedger
 from silodp.privacy.gradients import Params
 from silodp.privacy.randomness import MODES, Coins
 
@@ -92,6 +93,8 @@ class Simulator:
       eval_every: evaluate every this many rounds (and after the last).
       noise: where the coins come from: ``secure`` (OS CSPRNG; nothing privacy-relevant can be
         recomputed) or ``seeded`` (from ``seed``; reproducible, for tests and experiments).
+      ledger: where every mechanism execution is recorded before its output is handed on, and
+        whose budget each round must fit (``None``: nothing is recorded).
     """
 
     def __init__(
@@ -106,8 +109,10 @@ class Simulator:
         seed: int,
         eval_every: int = 1,
         noise: str = "secure",
+        ledger: RunLedger | None = None,
     ) -> None:
         self.noise = check_choice("noise", noise, MODES)
+        self.ledger = ledger
         self.algorithm = algorithm
         self.model = model
         self.silos = silo_tensors(train)
@@ -134,19 +139,37 @@ class Simulator:
         coins = self.coins(round_index, SAMPLING_STREAM)
         return self.algorithm.sample_silos(len(self.silos), self.silos_per_round, coins)
 
-    def _account(self, updates: list[SiloUpdate]) -> tuple[dict, dict, dict, dict | None]:
+    def _account(
+        self, round_index: int, updates: list[SiloUpdate]
+    ) -> tuple[dict, dict, dict, dict | None]:
         privacy = self.algorithm.accounted_events(updates, self.planned)
+        if self.ledger is not None:  # what the ledger holds is what is composed
+            privacy = self.ledger.round_events(round_index)
         if self.accountant is None or not privacy:
             return {}, {}, {}, None
         self.accountant.compose_round(privacy)
         epsilon, routes = {}, {}
         for unit, est in self.accountant.estimates().items():
             epsilon[unit], routes[unit] = est.epsilon, est.route
+        if self.ledger is not None:
+            self.ledger.complete_round(round_index, privacy, epsilon)
         return epsilon, routes, self.accountant.mu(), self.accountant.labelled_estimates() or None
+
+    def _record_planned(self, round_index: int) -> bool:
+        """Records the events of an algorithm accounted from its plan (whoever takes part)
+        before the round runs; whether it is one."""
+        planned = self.algorithm.accounted_events([], self.planned)
+        if self.ledger is not None:
+            for silo, privacy in enumerate(planned):
+                self.ledger.record(round_index, f"silo:{silo}", privacy)
+        return bool(planned)
 
     def run_round(self, round_index: int, *, evaluate_now: bool = True) -> RoundResult:
         """One round: local updates of the sampled silos, accounting, aggregation, evaluation."""
         start = time.perf_counter()
+        if self.ledger is not None:  # refuses a round the budget does not allow
+            self.ledger.check_round(self.planned, participants=self.silos_per_round)
+        from_plan = self._record_planned(round_index)
         chosen = self.sample_silos(round_index)
         instructions = self.algorithm.configure_round(
             round_index, self.coins(round_index, SERVER_STREAM)
@@ -154,12 +177,14 @@ class Simulator:
         updates: list[SiloUpdate] = []
         for s in chosen:
             coins = self.coins(round_index, SILO_STREAM, s)
-            updates.append(
-                self.algorithm.local_update(
-                    self.model, self.params, self.silos[s], coins, instructions, self.states[s]
-                )
+            update = self.algorithm.local_update(
+                self.model, self.params, self.silos[s], coins, instructions, self.states[s]
             )
-        epsilon, routes, mu, estimates = self._account(updates)
+            if self.ledger is not None and not from_plan and update.privacy is not None:
+                # recorded before the silo's message reaches the server
+                self.ledger.record(round_index, f"silo:{s}", update.privacy)
+            updates.append(update)
+        epsilon, routes, mu, estimates = self._account(round_index, updates)
         self.params = self.algorithm.aggregate(self.params, updates, self.states)
         metrics: dict[str, float | None] = {}
         if evaluate_now:

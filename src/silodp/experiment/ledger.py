@@ -1,0 +1,71 @@
+"""Opening a run's privacy ledger: where it lives, its budget, and the plan checked against it
+before the first round."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from silodp.accounting.interface import Accountant
+from silodp.experiment.prepare import PreparedRun
+from silodp.ledger import Ledger, RunLedger
+
+__all__ = ["LEDGER_FILE", "budget_of", "open_run_ledger"]
+
+#: a run's own ledger, in its directory, unless ``privacy.ledger`` names a shared one
+LEDGER_FILE = "ledger.sqlite"
+
+
+def budget_of(run: PreparedRun) -> dict[str, float]:
+    """``privacy.budget``, else the target ε at the calibration unit of a calibrated run."""
+    if run.privacy.budget:
+        return dict(run.privacy.budget)
+    if run.calibration.get("method") == "calibrated" and run.algorithm.calibration_unit:
+        return {run.algorithm.calibration_unit: float(run.calibration["target_epsilon"])}
+    return {}
+
+
+def _noise_id(run: PreparedRun) -> dict[str, Any]:
+    """Where the coins came from, with an id of the seed material (never the seed itself)."""
+    if run.privacy.noise == "seeded":
+        digest = hashlib.sha256(f"silodp-seed:{run.training.seed}".encode()).hexdigest()
+        return {"mode": "seeded", "seed_id": digest[:16]}
+    return {"mode": "secure", "seed_id": "os-csprng"}
+
+
+def open_run_ledger(
+    run: PreparedRun, run_dir: Path, accountant: Accountant, config_text: str
+) -> RunLedger:
+    """Registers ``run`` in its ledger after checking its whole plan against the budget.
+
+    Raises:
+      BudgetExceededError: the plan, composed onto what the ledger already holds, would exceed
+        the budget (nothing is recorded).
+      LedgerError: the ledger file cannot be used.
+    """
+    path = Path(run.privacy.ledger) if run.privacy.ledger else run_dir / LEDGER_FILE
+    ledger = RunLedger(
+        Ledger(path),
+        name=run.name,
+        algorithm=run.algorithm.name,
+        accountant=accountant,
+        noise=_noise_id(run),
+        budget=budget_of(run),
+        config_hash=hashlib.sha256(config_text.encode()).hexdigest()[:16],
+        plan_check=lambda total: _plan_epsilon(run, total),
+    )
+    return ledger
+
+
+def _plan_epsilon(run: PreparedRun, total: Accountant) -> dict[str, float]:
+    """ε per unit of ``total`` (what the ledger holds) with the run's whole plan composed on."""
+    assert run.plan is not None
+    trial = copy.deepcopy(total)
+    if run.plan.releases:
+        trial.compose_release(run.plan.releases)
+    events = run.algorithm.plan_events(run.plan)
+    if events:
+        trial.compose_round(events, count=run.plan.rounds, participants=run.plan.silos_per_round)
+    return {unit: est.epsilon for unit, est in trial.estimates().items()}
