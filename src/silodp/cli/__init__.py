@@ -16,7 +16,7 @@ import typer
 from tqdm import tqdm
 
 from silodp.bench.cli import bench_app
-from silodp.cli.common import WHO, differing, fail, fmt
+from silodp.cli.common import BUDGET_EXIT_CODE, WHO, differing, fail, fmt
 from silodp.config import default_config_path, load_config
 from silodp.crypto.errors import ProtocolError
 from silodp.errors import SilodpError
@@ -58,13 +58,26 @@ def run(
     out: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("runs/demo"),
     overwrite: Annotated[bool, typer.Option(help="Replace results already in --out.")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+    ledger: Annotated[
+        Path | None,
+        typer.Option(
+            help="Privacy ledger shared with other runs on the same data (default: one in each "
+            "run's directory); overrides [privacy] ledger."
+        ),
+    ] = None,
 ) -> None:
-    """Run an experiment: train every listed algorithm, write metrics, summaries and plots."""
+    """Run an experiment: train every listed algorithm, write metrics, summaries and plots.
+
+    Exit codes: 0 done, 2 bad input (nothing trained), 3 a privacy budget stopped a run (its
+    model and results so far are kept)."""
     from silodp.experiment import run_experiment
+    from silodp.ledger import BudgetExceededError
 
     path = config or default_config_path()
     try:
         cfg = load_config(path)
+        if ledger is not None:
+            cfg = cfg.with_ledger(str(ledger))
     except SilodpError as err:
         fail(str(err))
     logging.basicConfig(level=logging.WARNING)
@@ -77,6 +90,8 @@ def run(
             progress=None if quiet else _progress,
             log=typer.echo,
         )
+    except BudgetExceededError as err:
+        fail(str(err), code=BUDGET_EXIT_CODE)
     except (SilodpError, ProtocolError, ValueError, FileNotFoundError) as err:
         fail(str(err))
     typer.echo(f"\nresults in {out}/")
@@ -108,6 +123,12 @@ def run(
             typer.echo(f"  {'':>15}  against {WHO[who]}: ε({unit}={fmt(value)})")
         if item.get("noise", {}).get("mode") == "seeded":
             typer.echo(f"  {'':>15}  seeded: not for production")
+    if any(item.get("status") == "budget_exhausted" for item in summary["runs"]):
+        stopped = [
+            item["algorithm"] for item in summary["runs"] if item["status"] == "budget_exhausted"
+        ]
+        typer.echo(f"privacy budget exhausted: {', '.join(stopped)} stopped early", err=True)
+        raise typer.Exit(code=BUDGET_EXIT_CODE)
 
 
 @app.command()
@@ -130,8 +151,10 @@ def describe(
 
 
 from silodp.cli.account import account  # noqa: E402  (registers the command)
+from silodp.cli.ledger import ledger_app  # noqa: E402
 
 app.command()(account)
+app.add_typer(ledger_app, name="ledger")
 
 
 def main() -> None:  # pragma: no cover - console entry point

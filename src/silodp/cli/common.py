@@ -6,7 +6,10 @@ from typing import Any, NoReturn
 
 import typer
 
-__all__ = ["WHO", "differing", "fail", "fmt"]
+__all__ = ["BUDGET_EXIT_CODE", "WHO", "differing", "fail", "fmt"]
+
+#: the exit code of a run a privacy budget stopped
+BUDGET_EXIT_CODE = 3
 
 #: how each adversary is named in printed output
 WHO = {
@@ -16,10 +19,10 @@ WHO = {
 }
 
 
-def fail(message: str) -> NoReturn:
-    """Prints ``error: message`` and exits with code 2."""
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Prints ``error: message`` and exits with ``code`` (2: bad input)."""
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
+    raise typer.Exit(code=code)
 
 
 def fmt(value: float | None) -> str:

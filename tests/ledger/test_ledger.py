@@ -1,0 +1,207 @@
+"""The privacy ledger: exact event records, schema and migrations, totals recomputed from events,
+verification, and budgets that stop runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from silodp.accounting import FederatedAccountant, SiloPrivacy
+from silodp.accounting.conversions import gdp_epsilon
+from silodp.accounting.events import gaussian_steps
+from silodp.algorithms import ALGORITHMS, make_algorithm
+from silodp.cli import app
+from silodp.config import parse_config
+from silodp.experiment import run_experiment
+from silodp.ledger import SCHEMA_VERSION, BudgetExceededError, Ledger, LedgerError, RunLedger
+from silodp.ledger.report import ledger_report, verify_ledger
+from silodp.ledger.serialize import privacy_from_json, privacy_to_json
+from silodp.ledger.store import _SCHEMA_V1
+
+runner = CliRunner()
+
+RAW = {
+    "name": "ledger",
+    "algorithms": ["user_ldp"],
+    "data": {"source": "digits", "num_silos": 3, "num_subjects": 60, "max_records": 600},
+    "model": {"name": "mlp"},
+    "training": {"rounds": 3, "local_steps": 2, "batch_size": 32, "lr": 0.5},
+    "privacy": {"noise_multiplier": 20.0, "epsilon": None, "noise": "seeded"},
+}
+
+
+def _raw(**privacy: object) -> dict:
+    raw = json.loads(json.dumps(RAW))
+    raw["privacy"] = {k: v for k, v in {**raw["privacy"], **privacy}.items() if v is not None}
+    return raw
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"subject_rate": 0.3, "subject_sampler": "server", "weighting": "clear"},
+     {"sampling": "subject"}],
+)
+def test_every_algorithms_events_round_trip_exactly(name: str, extra: dict) -> None:
+    algorithm = make_algorithm(name, {"num_silos": 3, "group_size": 3, "noise_multiplier": 1.3,
+                                      **extra})
+    privacy = algorithm.silo_privacy(sampling_rate=0.1 if "subject_rate" not in extra else 0.3)
+    if privacy is None:
+        return
+    again = privacy_from_json(privacy_to_json(privacy))
+    assert again == privacy
+    # the same accountant gives the same ε from the rebuilt events
+    a = algorithm.make_accountant(span=3, delta=1e-5)
+    b = algorithm.make_accountant(span=3, delta=1e-5)
+    a.compose_round([privacy] * 3, count=4)
+    b.compose_round([again] * 3, count=4)
+    assert a.estimates_by_adversary() == b.estimates_by_adversary()
+
+
+def test_ledger_is_wal_with_full_sync_and_refuses_unknown_files(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "l.sqlite") as ledger:
+        assert ledger.schema_version == SCHEMA_VERSION
+        assert ledger.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert ledger.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert ledger.integrity_errors() == []
+    other = tmp_path / "other.sqlite"
+    sqlite3.connect(other).execute("CREATE TABLE x (a)").connection.commit()
+    with pytest.raises(LedgerError, match="other tables"):
+        Ledger(other)
+    (tmp_path / "text.sqlite").write_text("not a database at all, just text" * 20)
+    with pytest.raises(LedgerError, match="Expected a silodp ledger"):
+        Ledger(tmp_path / "text.sqlite")
+
+
+def test_newer_schema_is_refused_and_v1_is_migrated_keeping_its_events(tmp_path: Path) -> None:
+    path = tmp_path / "v1.sqlite"
+    db = sqlite3.connect(path)
+    for statement in _SCHEMA_V1.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    spec = FederatedAccountant(units=("subject",), span=2, delta=1e-5).spec()
+    db.execute(
+        "INSERT INTO runs (id, name, algorithm, accountant, started, status) "
+        "VALUES (1, 'old', 'user_ldp', ?, 0, 'complete')",
+        (json.dumps(spec),),
+    )
+    event = SiloPrivacy({"subject": gaussian_steps(4.0, 3)})
+    for silo in range(2):
+        db.execute(
+            "INSERT INTO events (run_id, round, party, kind, privacy, recorded) "
+            "VALUES (1, 1, ?, 'round', ?, 0)",
+            (f"silo:{silo}", privacy_to_json(event)),
+        )
+    db.execute("INSERT INTO rounds VALUES (1, 1, 'complete', NULL, NULL)")
+    db.commit()
+    db.close()
+    with Ledger(path) as ledger:
+        assert ledger.schema_version == SCHEMA_VERSION
+        (run,) = ledger.runs()
+        assert run.noise == {} and run.config_hash == ""
+        # μ of 3 Gaussian steps of multiplier 4, composed over 2 silos (span 2)
+        mu = math.sqrt(3) / 4 * math.sqrt(2)
+        eps = ledger.replay([1]).estimates()["subject"].epsilon
+        assert gdp_epsilon(mu, 1e-5) <= eps <= gdp_epsilon(mu, 1e-5) * 1.01 + 1e-3
+        ledger.db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(LedgerError, match="schema version 99"):
+        Ledger(path)
+    result = runner.invoke(app, ["ledger", "verify", str(path)])
+    assert result.exit_code == 2 and "schema version 99" in result.output
+
+
+def test_run_records_every_event_and_ledger_agrees_with_the_summary(tmp_path: Path) -> None:
+    summary = run_experiment(parse_config(_raw()), tmp_path)
+    run = summary["runs"][0]
+    path = tmp_path / "user_ldp" / "ledger.sqlite"
+    report = ledger_report(path)
+    (entry,) = report["runs"]
+    assert entry["events"] == 3 * 3 and entry["rounds"] == 3 and entry["status"] == "complete"
+    assert entry["noise"]["mode"] == "seeded" and "20" not in json.dumps(entry["noise"])
+    assert entry["epsilon"] == pytest.approx(run["epsilon"], rel=1e-12)
+    # independent: 3 rounds x 2 steps of a Gaussian with multiplier 20/2 per silo, 3 silos
+    mu = math.sqrt(6) / 10.0 * math.sqrt(3)
+    assert gdp_epsilon(mu, 1e-5) <= entry["epsilon"]["subject"] <= gdp_epsilon(mu, 1e-5) * 1.01
+    assert verify_ledger(path) == []
+    result = runner.invoke(app, ["ledger", "show", str(path), "--json"])
+    assert result.exit_code == 0 and json.loads(result.output)["runs"][0]["rounds"] == 3
+    # a written ε that is not what the events give is found
+    db = sqlite3.connect(path)
+    db.execute("UPDATE rounds SET written = ? WHERE round = 2", (json.dumps({"subject": 0.1}),))
+    db.commit()
+    db.close()
+    problems = verify_ledger(path)
+    assert len(problems) == 1 and "round 2: subject" in problems[0]
+    result = runner.invoke(app, ["ledger", "verify", str(path)])
+    assert result.exit_code == 1 and "mismatch" in result.output
+
+
+def test_shared_ledger_composes_runs_and_its_budget_stops_the_next(tmp_path: Path) -> None:
+    shared = tmp_path / "shared.sqlite"
+    first = run_experiment(parse_config(_raw(ledger=str(shared))), tmp_path / "a")
+    one = first["runs"][0]["epsilon"]["subject"]
+    # a second run on the same data: the ledger's total composes both (μ grows by √2)
+    run_experiment(parse_config(_raw(ledger=str(shared))), tmp_path / "b")
+    total = ledger_report(shared)["total"]["federated"]
+    mu = math.sqrt(6) / 10.0 * math.sqrt(3) * math.sqrt(2)
+    assert gdp_epsilon(mu, 1e-5) <= total["epsilon"]["subject"] <= gdp_epsilon(mu, 1e-5) * 1.01
+    assert total["epsilon"]["subject"] > one
+    # a third with a budget the total already nearly fills: refused before it trains
+    budget = {"subject": total["epsilon"]["subject"] * 1.05}
+    with pytest.raises(BudgetExceededError, match="subject.*budget"):
+        run_experiment(parse_config(_raw(ledger=str(shared), budget=budget)), tmp_path / "c")
+    assert not (tmp_path / "c" / "user_ldp" / "model.pt").exists()
+    assert len(ledger_report(shared)["runs"]) == 2  # nothing recorded for the refused run
+    cfg = tmp_path / "c.toml"
+    raw = _raw(budget=budget)
+    cfg.write_text("\n".join(_toml_lines(raw)))
+    result = runner.invoke(app, ["run", str(cfg), "--out", str(tmp_path / "d"), "--quiet",
+                                 "--ledger", str(shared)])
+    assert result.exit_code == 3 and "budget" in result.output
+
+
+def _toml_lines(raw: dict) -> list[str]:
+    import tomli_w
+
+    text = tomli_w.dumps(raw)
+    tomllib.loads(text)
+    return [text]
+
+
+def test_a_round_the_budget_does_not_allow_stops_the_run_cleanly(tmp_path: Path) -> None:
+    """The in-round check: a ledger whose budget allows two of three rounds ends the run
+    with the model and results of two, status budget_exhausted."""
+    from silodp.data.build import build_federated_data
+    from silodp.experiment.record import record_rounds
+    from silodp.federated import Simulator
+    from silodp.models import build_model
+
+    config = parse_config(_raw())
+    data = build_federated_data(config.data)
+    algorithm = make_algorithm(
+        "user_ldp",
+        config.algorithm_config("user_ldp", num_silos=3, noise_multiplier=20.0),
+        data.train,
+    )
+    accountant = algorithm.make_accountant(span=3, delta=1e-5)
+    mu_two = math.sqrt(4) / 10.0 * math.sqrt(3)
+    budget = {"subject": gdp_epsilon(mu_two, 1e-5) * 1.02}  # two rounds fit, three do not
+    ledger = RunLedger(Ledger(tmp_path / "l.sqlite"), name="x", algorithm="user_ldp",
+                       accountant=accountant, noise={"mode": "seeded"}, budget=budget)
+    engine = Simulator(algorithm=algorithm, model=build_model("mlp", (64,), 10, seed=0),
+                       train=data.train, test=data.test, accountant=accountant, seed=0,
+                       noise="seeded", ledger=ledger)
+    results, rows, _, status = record_rounds(
+        engine, 3, tmp_path, lambda s, r: {"status": s, "rounds": len(r)}
+    )
+    assert status == "budget_exhausted" and [r["round"] for r in rows] == [1, 2]
+    assert (tmp_path / "model.pt").is_file()
+    assert rows[-1]["epsilon"]["subject"] <= budget["subject"]
+    assert verify_ledger(tmp_path / "l.sqlite") == []
