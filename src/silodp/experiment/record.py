@@ -60,7 +60,10 @@ OUTPUTS: dict[str, Any] = {
     "silo_private": [
         f"{PRIVATE_DIR}/: un-noised, data-dependent diagnostics (records dropped by the "
         "bounds, subjects and largest group per batch, wall times, the data description); "
-        "no ε covers them and they must not leave the silos"
+        "no ε covers them and they must not leave the silos",
+        "ledger.sqlite: the DP events of every round (functions of the plan) with the time each "
+        "was recorded; those times follow how long each silo's round took, which is "
+        "data-dependent: keep the ledger inside the consortium",
     ],
 }
 
