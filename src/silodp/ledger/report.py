@@ -90,11 +90,15 @@ def verify_ledger(path: str | Path) -> list[str]:
         for record in ledger.runs():
             accountant = accountant_from_spec(record.accountant)
             events = ledger.events(record.id)
-            releases = [p for _, _, kind, p in events if kind == "release"]
+            releases = [p for _, _, _, kind, p in events if kind == "release"]
             if releases:
                 accountant.compose_release(releases)
             for row in ledger.rounds(record.id):
-                privacy = [p for r, _, kind, p in events if r == row["round"] and kind == "round"]
+                privacy = [
+                    p
+                    for r, a, _, kind, p in events
+                    if kind == "round" and (r, a) == (row["round"], row["attempt"])
+                ]
                 if privacy:
                     accountant.compose_round(privacy, participants=row["participants"])
                 if row["status"] != "complete":

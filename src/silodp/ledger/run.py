@@ -86,6 +86,9 @@ class RunLedger:
         self.run_id = ledger.open_run(
             name=name, algorithm=algorithm, accountant=spec, noise=noise, config_hash=config_hash
         )
+        #: the attempt number every round of this process records under (above 0 after a
+        #: resume, so that a round cut short and run again counts twice)
+        self.attempt = 0
 
     def spent(self) -> dict[str, float]:
         """The ledger's total ε per unit (earlier runs and this one's completed rounds)."""
@@ -121,12 +124,12 @@ class RunLedger:
 
     def record(self, round_index: int, party: str, privacy: SiloPrivacy) -> None:
         """Records one mechanism execution; durable when this returns."""
-        self.ledger.record(self.run_id, round_index, party, privacy)
+        self.ledger.record(self.run_id, round_index, party, privacy, attempt=self.attempt)
 
     def round_events(self, round_index: int) -> list[SiloPrivacy]:
         """The events recorded for ``round_index``, read back from the ledger."""
-        events = self.ledger.events(self.run_id, round_index)
-        return [p for _, _, kind, p in events if kind == "round"]
+        events = self.ledger.events(self.run_id, round_index, self.attempt)
+        return [p for _, _, _, kind, p in events if kind == "round"]
 
     def complete_round(
         self,
@@ -141,7 +144,11 @@ class RunLedger:
             self.total.compose_round(events, participants=participants)
         finite = {u: (v if math.isfinite(v) else None) for u, v in written.items()}
         self.ledger.complete_round(
-            self.run_id, round_index, participants=participants, written=finite
+            self.run_id,
+            round_index,
+            participants=participants,
+            written=finite,
+            attempt=self.attempt,
         )
 
     def finish(self, status: str) -> None:

@@ -27,7 +27,7 @@ from silodp.ledger.serialize import privacy_from_json, privacy_to_json
 __all__ = ["SCHEMA_VERSION", "Ledger", "LedgerError", "RunRecord"]
 
 #: the schema this code writes; older ledgers are migrated on open, newer ones refused
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class LedgerError(SilodpError):
@@ -72,8 +72,34 @@ def _migrate_1_to_2(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE runs ADD COLUMN config_hash TEXT NOT NULL DEFAULT ''")
 
 
+def _migrate_2_to_3(db: sqlite3.Connection) -> None:
+    """v3: attempts. A round cut short and run again after a resume keeps both attempts'
+    events, each composed as a round of its own (the cut one counts conservatively)."""
+    db.execute("ALTER TABLE events ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0")
+    db.execute(
+        """CREATE TABLE rounds_v3 (
+            run_id INTEGER NOT NULL REFERENCES runs(id),
+            round INTEGER NOT NULL,
+            attempt INTEGER NOT NULL DEFAULT 0,
+            status TEXT NOT NULL CHECK (status IN ('open', 'complete')),
+            participants INTEGER,
+            written TEXT,
+            PRIMARY KEY (run_id, round, attempt)
+        )"""
+    )
+    db.execute(
+        "INSERT INTO rounds_v3 (run_id, round, attempt, status, participants, written) "
+        "SELECT run_id, round, 0, status, participants, written FROM rounds"
+    )
+    db.execute("DROP TABLE rounds")
+    db.execute("ALTER TABLE rounds_v3 RENAME TO rounds")
+
+
 #: ``{from_version: migration}``; each runs in the transaction that bumps the version
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_1_to_2}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    1: _migrate_1_to_2,
+    2: _migrate_2_to_3,
+}
 
 
 @dataclass(frozen=True)
@@ -203,19 +229,21 @@ class Ledger:
         privacy: SiloPrivacy,
         *,
         kind: str = "round",
+        attempt: int = 0,
     ) -> None:
         """Records one mechanism execution (its own transaction; durable on return). A round
         is ``open`` from its first event until :meth:`complete_round`."""
         with self._transaction() as db:
             db.execute(
-                "INSERT INTO events (run_id, round, party, kind, privacy, recorded) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (run_id, round_index, party, kind, privacy_to_json(privacy), time.time()),
+                "INSERT INTO events (run_id, round, party, kind, privacy, recorded, attempt) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run_id, round_index, party, kind, privacy_to_json(privacy), time.time(), attempt),
             )
             if kind == "round":
                 db.execute(
-                    "INSERT OR IGNORE INTO rounds (run_id, round, status) VALUES (?, ?, 'open')",
-                    (run_id, round_index),
+                    "INSERT OR IGNORE INTO rounds (run_id, round, attempt, status) "
+                    "VALUES (?, ?, ?, 'open')",
+                    (run_id, round_index, attempt),
                 )
 
     def complete_round(
@@ -225,15 +253,22 @@ class Ledger:
         *,
         participants: int | None = None,
         written: Mapping[str, Any] | None = None,
+        attempt: int = 0,
     ) -> None:
-        """Marks a round complete, with the ε the run wrote for it (for :meth:`verify`)."""
+        """Marks a round complete, with the ε the run wrote for it (for ``ledger verify``)."""
         with self._transaction() as db:
             db.execute(
-                "INSERT INTO rounds (run_id, round, status, participants, written) "
-                "VALUES (?, ?, 'complete', ?, ?) ON CONFLICT (run_id, round) DO UPDATE SET "
-                "status = 'complete', participants = excluded.participants, "
+                "INSERT INTO rounds (run_id, round, attempt, status, participants, written) "
+                "VALUES (?, ?, ?, 'complete', ?, ?) ON CONFLICT (run_id, round, attempt) DO "
+                "UPDATE SET status = 'complete', participants = excluded.participants, "
                 "written = excluded.written",
-                (run_id, round_index, participants, json.dumps(written or {}, sort_keys=True)),
+                (
+                    run_id,
+                    round_index,
+                    attempt,
+                    participants,
+                    json.dumps(written or {}, sort_keys=True),
+                ),
             )
 
     def finish_run(self, run_id: int, status: str) -> None:
@@ -258,35 +293,49 @@ class Ledger:
         raise LedgerError(f"Expected a run with id {run_id} in {str(self.path)!r}.")
 
     def rounds(self, run_id: int) -> list[dict[str, Any]]:
-        """Every round of a run with events: its number, status and what the run wrote."""
+        """Every round attempt of a run, in the order it started: its round, attempt, status
+        (``complete``, or ``interrupted`` if it never completed) and what the run wrote."""
         rows = self.db.execute(
-            "SELECT round, status, participants, written FROM rounds WHERE run_id = ? "
-            "ORDER BY round",
-            (run_id,),
+            "SELECT r.round, r.attempt, r.status, r.participants, r.written FROM rounds r "
+            "LEFT JOIN (SELECT round, attempt, MIN(id) AS first FROM events WHERE run_id = ? "
+            "GROUP BY round, attempt) e ON e.round = r.round AND e.attempt = r.attempt "
+            "WHERE r.run_id = ? ORDER BY COALESCE(e.first, 9e18), r.round, r.attempt",
+            (run_id, run_id),
         )
         return [
             {
                 "round": r[0],
-                "status": "complete" if r[1] == "complete" else "interrupted",
-                "participants": r[2],
-                "written": json.loads(r[3]) if r[3] else {},
+                "attempt": r[1],
+                "status": "complete" if r[2] == "complete" else "interrupted",
+                "participants": r[3],
+                "written": json.loads(r[4]) if r[4] else {},
             }
             for r in rows
         ]
 
+    def next_attempt(self, run_id: int) -> int:
+        """The attempt number of a resumed run's next rounds (one above any recorded)."""
+        row = self.db.execute(
+            "SELECT MAX(attempt) FROM events WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return 0 if row[0] is None else int(row[0]) + 1
+
     def events(
-        self, run_id: int, round_index: int | None = None
-    ) -> list[tuple[int, str, str, SiloPrivacy]]:
-        """(round, party, kind, events) of a run (or of one of its rounds), in the order they
-        were recorded."""
-        args: tuple[int, ...] = (run_id,)
-        query = "WHERE run_id = ?"
+        self, run_id: int, round_index: int | None = None, attempt: int | None = None
+    ) -> list[tuple[int, int, str, str, SiloPrivacy]]:
+        """(round, attempt, party, kind, events) of a run (or of one round attempt), in the
+        order they were recorded."""
+        query, args = "WHERE run_id = ?", [run_id]
         if round_index is not None:
-            query, args = "WHERE run_id = ? AND round = ?", (run_id, round_index)
+            query += " AND round = ?"
+            args.append(round_index)
+        if attempt is not None:
+            query += " AND attempt = ?"
+            args.append(attempt)
         rows = self.db.execute(
-            f"SELECT round, party, kind, privacy FROM events {query} ORDER BY id", args
+            f"SELECT round, attempt, party, kind, privacy FROM events {query} ORDER BY id", args
         )
-        return [(r[0], r[1], r[2], privacy_from_json(r[3])) for r in rows]
+        return [(r[0], r[1], r[2], r[3], privacy_from_json(r[4])) for r in rows]
 
     def count_events(self, run_id: int | None = None) -> int:
         if run_id is None:
@@ -295,24 +344,22 @@ class Ledger:
         return int(self.db.execute(query, (run_id,)).fetchone()[0])
 
     def replay(self, run_ids: Sequence[int], accountant: Accountant | None = None) -> Accountant:
-        """An accountant that composed every recorded event of ``run_ids`` in order: releases
-        as releases, each round's silos as one round (an interrupted round counts in full).
-        Default: a fresh accountant of the first run's kind."""
+        """An accountant that composed every recorded event of ``run_ids`` in order: a run's
+        releases as one release, each round attempt's silos as one round (an interrupted
+        attempt counts in full). Default: a fresh accountant of the first run's kind."""
         if accountant is None:
             accountant = accountant_from_spec(self.run(run_ids[0]).accountant)
         for run_id in run_ids:
-            participants = {r["round"]: r["participants"] for r in self.rounds(run_id)}
-            releases: list[SiloPrivacy] = []
-            pending: dict[int, list[SiloPrivacy]] = {}
-            for round_index, _, kind, privacy in self.events(run_id):
-                if kind == "release":
-                    releases.append(privacy)
-                else:
-                    pending.setdefault(round_index, []).append(privacy)
+            events = self.events(run_id)
+            releases = [p for _, _, _, kind, p in events if kind == "release"]
             if releases:  # the releases before training: composed together, as one release
                 accountant.compose_release(releases)
-            for round_index in sorted(pending):
-                accountant.compose_round(
-                    pending[round_index], participants=participants.get(round_index)
-                )
+            for row in self.rounds(run_id):
+                privacy = [
+                    p
+                    for r, a, _, kind, p in events
+                    if kind == "round" and (r, a) == (row["round"], row["attempt"])
+                ]
+                if privacy:
+                    accountant.compose_round(privacy, participants=row["participants"])
         return accountant
