@@ -58,6 +58,13 @@ def run(
     out: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("runs/demo"),
     overwrite: Annotated[bool, typer.Option(help="Replace results already in --out.")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="Continue the experiment in this results directory from its last completed "
+            "rounds (its own config; CONFIG and --out are not used)."
+        ),
+    ] = None,
     ledger: Annotated[
         Path | None,
         typer.Option(
@@ -70,9 +77,20 @@ def run(
 
     Exit codes: 0 done, 2 bad input (nothing trained), 3 a privacy budget stopped a run (its
     model and results so far are kept)."""
-    from silodp.experiment import run_experiment
+    from silodp.experiment import resume_experiment, run_experiment
     from silodp.ledger import BudgetExceededError
 
+    if resume is not None:
+        try:
+            summary = resume_experiment(
+                resume, progress=None if quiet else _progress, log=typer.echo
+            )
+        except BudgetExceededError as err:
+            fail(str(err), code=BUDGET_EXIT_CODE)
+        except (SilodpError, ProtocolError, ValueError, FileNotFoundError) as err:
+            fail(str(err))
+        _print_summary(summary, resume)
+        return
     path = config or default_config_path()
     try:
         cfg = load_config(path)
@@ -94,6 +112,10 @@ def run(
         fail(str(err), code=BUDGET_EXIT_CODE)
     except (SilodpError, ProtocolError, ValueError, FileNotFoundError) as err:
         fail(str(err))
+    _print_summary(summary, out)
+
+
+def _print_summary(summary: dict[str, Any], out: Path) -> None:
     typer.echo(f"\nresults in {out}/")
     for item in summary["runs"]:
         eps = (

@@ -7,7 +7,7 @@ round released and spent; ``sweep`` runs a grid of PriFedSync cells. See
 
 from silodp.errors import OutputExistsError
 from silodp.experiment.prepare import PreparedRun, dp_scaling, prepare_run
-from silodp.experiment.run import ProgressFactory, run_experiment, train_run
+from silodp.experiment.run import ProgressFactory, resume_experiment, run_experiment, train_run
 
 __all__ = [
     "OutputExistsError",
@@ -15,6 +15,7 @@ __all__ = [
     "ProgressFactory",
     "dp_scaling",
     "prepare_run",
+    "resume_experiment",
     "run_experiment",
     "train_run",
 ]

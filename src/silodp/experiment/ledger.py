@@ -35,8 +35,29 @@ def _noise_id(run: PreparedRun) -> dict[str, Any]:
     return {"mode": "secure", "seed_id": "os-csprng"}
 
 
+def _path(run: PreparedRun, run_dir: Path) -> Path:
+    return Path(run.privacy.ledger) if run.privacy.ledger else run_dir / LEDGER_FILE
+
+
+def resume_run_ledger(
+    run: PreparedRun, run_dir: Path, accountant: Accountant, config_hash: str
+) -> RunLedger | None:
+    """The ledger entry of ``run`` left unfinished, reopened with ``accountant`` composing all
+    it recorded (``None``: the run never registered, e.g. it was killed while calibrating)."""
+    path = _path(run, run_dir)
+    if not path.is_file():
+        return None
+    return RunLedger.resume(
+        Ledger(path),
+        name=run.name,
+        config_hash=config_hash,
+        accountant=accountant,
+        budget=budget_of(run),
+    )
+
+
 def open_run_ledger(
-    run: PreparedRun, run_dir: Path, accountant: Accountant, config_text: str
+    run: PreparedRun, run_dir: Path, accountant: Accountant, config_hash: str
 ) -> RunLedger:
     """Registers ``run`` in its ledger after checking its whole plan against the budget.
 
@@ -45,15 +66,14 @@ def open_run_ledger(
         the budget (nothing is recorded).
       LedgerError: the ledger file cannot be used.
     """
-    path = Path(run.privacy.ledger) if run.privacy.ledger else run_dir / LEDGER_FILE
     ledger = RunLedger(
-        Ledger(path),
+        Ledger(_path(run, run_dir)),
         name=run.name,
         algorithm=run.algorithm.name,
         accountant=accountant,
         noise=_noise_id(run),
         budget=budget_of(run),
-        config_hash=hashlib.sha256(config_text.encode()).hexdigest()[:16],
+        config_hash=config_hash,
         plan_check=lambda total: _plan_epsilon(run, total),
     )
     return ledger

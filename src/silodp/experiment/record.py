@@ -5,6 +5,7 @@ spent."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -13,11 +14,12 @@ from typing import Any
 
 import torch
 
+from silodp import faults
 from silodp.config import to_toml_dict
 from silodp.errors import OutputExistsError
 from silodp.experiment.prepare import PreparedRun
 from silodp.federated import Engine, RoundResult
-from silodp.io import write_json, write_jsonl
+from silodp.io import atomic_write, write_json, write_jsonl
 from silodp.ledger import BudgetExceededError
 
 logger = logging.getLogger(__name__)
@@ -219,6 +221,19 @@ def split_row(result: RoundResult, extra: Row | None = None) -> tuple[Row, Row]:
     return public, private
 
 
+def read_rows(run_dir: Path, up_to: int) -> tuple[list[Row], list[Row]]:
+    """The released and silo-private rows a run wrote for rounds ``1..up_to`` (a resumed run
+    keeps them and drops any of a round it runs again)."""
+
+    def rows(path: Path) -> list[Row]:
+        if not path.is_file():
+            return []
+        found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [r for r in found if r["round"] <= up_to]
+
+    return rows(run_dir / "metrics.jsonl"), rows(run_dir / PRIVATE_DIR / "diagnostics.jsonl")
+
+
 def record_rounds(
     engine: Engine,
     rounds: int,
@@ -228,39 +243,49 @@ def record_rounds(
     bar: Callable[[Row], None] | None = None,
     extra: Callable[[RoundResult], Row] | None = None,
     stop: Callable[[RoundResult], bool] | None = None,
+    checkpoint: Callable[[int, list[Row], list[Row]], None] | None = None,
+    start: int = 1,
+    previous: tuple[list[Row], list[Row]] = ([], []),
 ) -> tuple[list[RoundResult], list[Row], list[Row], str]:
-    """Runs ``engine`` with a callback that rewrites ``metrics.jsonl`` (released) and
-    ``silo_private/diagnostics.jsonl`` (not covered by ε) after every round; ``summary.json``
-    says "running", or "interrupted" if training raises; the final parameters go to
-    ``model.pt`` (written whole, then renamed). ``extra`` adds fields to a round's released
-    record. A round the privacy budget does not allow ends the run cleanly with what it has
-    (status ``budget_exhausted``). Returns the results, the released and the silo-private rows
-    and the status."""
-    results: list[RoundResult] = []
-    rows: list[Row] = []
-    private_rows: list[Row] = []
+    """Runs ``engine`` from round ``start`` with a callback that rewrites ``metrics.jsonl``
+    (released) and ``silo_private/diagnostics.jsonl`` (not covered by ε) after every round,
+    first calling ``checkpoint(round, rows, private_rows)`` (so a round is either in the
+    checkpoint or run again, never half-recorded); ``summary.json`` says "running", or
+    "interrupted" if training raises; the final parameters go to ``model.pt`` (written whole,
+    then renamed). ``extra`` adds fields to a round's released record. A round the privacy
+    budget does not allow ends the run cleanly with what it has (status ``budget_exhausted``).
+    Rounds before ``start`` are ``previous`` (their released and silo-private rows, from the
+    checkpoint).
+    Returns the results, the released and the silo-private rows and the status."""
+    rows, private_rows = list(previous[0]), list(previous[1])
+    private_by_round = {r["round"]: r for r in private_rows}
+    results = [RoundResult.from_json(r, private_by_round.get(r["round"])) for r in rows]
 
     def record(result: RoundResult) -> None:
         results.append(result)
         public, private = split_row(result, extra(result) if extra is not None else None)
         rows.append(public)
         private_rows.append(private)
+        if checkpoint is not None:
+            checkpoint(result.round, rows, private_rows)
+            faults.reached("checkpoint_written", result.round)
         write_jsonl(run_dir / "metrics.jsonl", rows)
         if any(len(private) > 1 for private in private_rows):
             write_jsonl(run_dir / PRIVATE_DIR / "diagnostics.jsonl", private_rows)
+        faults.reached("round_written", result.round)
         if bar is not None:
             bar(public)
 
     write_json(run_dir / "summary.json", summary_of("running", results))
     status = "complete"
     try:
-        engine.run(rounds, [record], stop=stop)
+        if start <= rounds:
+            engine.run(rounds, [record], stop=stop, start=start)
     except BudgetExceededError as err:
         status = "budget_exhausted"
         logger.warning("%s", err)
     except BaseException:
         write_json(run_dir / "summary.json", summary_of("interrupted", results))
         raise
-    torch.save(engine.params, run_dir / "model.tmp")
-    (run_dir / "model.tmp").replace(run_dir / "model.pt")
+    atomic_write(run_dir / "model.pt", lambda tmp: torch.save(engine.params, tmp))
     return results, rows, private_rows, status

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import time
@@ -13,15 +15,18 @@ import tomli_w
 
 from silodp import plotting
 from silodp.accounting import SiloPrivacy
-from silodp.config import ExperimentConfig, SweepConfig
+from silodp.config import ExperimentConfig, SweepConfig, load_config, to_toml_dict
 from silodp.data import FederatedData
 from silodp.data.build import build_federated_data
 from silodp.data.describe import describe
-from silodp.experiment.ledger import open_run_ledger
+from silodp.errors import InvalidValueError
+from silodp.experiment.checkpoint import load_checkpoint, save_checkpoint
+from silodp.experiment.ledger import open_run_ledger, resume_run_ledger
 from silodp.experiment.prepare import PreparedRun, dp_scaling, prepare_run
 from silodp.experiment.record import (
     PRIVATE_DIR,
     check_output,
+    read_rows,
     record_rounds,
     resolved_config,
     summary,
@@ -31,7 +36,7 @@ from silodp.federated import RoundResult, Simulator
 from silodp.io import write_json, write_text
 from silodp.models import build_model
 
-__all__ = ["ProgressFactory", "run_experiment", "train_run"]
+__all__ = ["ProgressFactory", "resume_experiment", "run_experiment", "train_run"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,24 +67,46 @@ def train_run(
     run_dir: Path,
     progress: ProgressFactory | None,
     sweep: SweepConfig | None = None,
+    *,
+    resume: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Trains one prepared run on the in-process engine and writes its directory."""
+    """Trains one prepared run on the in-process engine and writes its directory.
+
+    ``resume``: continue the run in ``run_dir`` from its last checkpoint (its ledger keeps
+    everything it recorded, a round cut short included).
+
+    Raises:
+      InvalidValueError: resuming a run whose config or silodp version changed.
+      BudgetExceededError: the plan does not fit the ledger's budget.
+    """
     started = time.perf_counter()
     config_text = tomli_w.dumps(resolved_config(run))
+    config_hash = hashlib.sha256(config_text.encode()).hexdigest()[:16]
     config = run.config
     model = build_model(
         config.model.name, data.train.feature_shape, data.train.num_classes, seed=run.training.seed
     )
+    checkpoint = None
+    if resume:
+        written = run_dir / "config.toml"
+        if written.is_file() and written.read_text() != config_text:
+            raise InvalidValueError(
+                f"Expected {str(written)!r} to be the config being resumed; the config (or "
+                "what it resolves to) changed since the run started."
+            )
+        checkpoint = load_checkpoint(run_dir, config_hash)
     accountant = None
     ledger = None
     if run.plan is not None:
         accountant = run.algorithm.make_accountant(
             span=run.span, delta=run.privacy.delta, target=run.privacy.adversary
         )
-        ledger = open_run_ledger(run, run_dir, accountant, config_text)
-        if run.plan.releases:
-            ledger.record_release(run.plan.releases)
-            accountant.compose_release(run.plan.releases)
+        ledger = resume_run_ledger(run, run_dir, accountant, config_hash) if resume else None
+        if ledger is None:
+            ledger = open_run_ledger(run, run_dir, accountant, config_hash)
+            if run.plan.releases:
+                ledger.record_release(run.plan.releases)
+                accountant.compose_release(run.plan.releases)
     write_text(run_dir / "config.toml", config_text)
     engine = Simulator(
         algorithm=run.algorithm,
@@ -93,7 +120,14 @@ def train_run(
         noise=run.privacy.noise,
         ledger=ledger,
     )
-    by_adversary: list[dict[str, dict[str, float | None]]] = []
+    start = 1
+    previous: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
+    if checkpoint is not None:
+        engine.restore(checkpoint["engine"])
+        start, previous = checkpoint["round"] + 1, checkpoint["rows"]
+    by_adversary: list[dict[str, dict[str, float | None]]] = [
+        r["epsilon_by_adversary"] for r in previous[0] if r.get("epsilon_by_adversary")
+    ]
 
     def adversaries(result: RoundResult) -> dict[str, Any]:
         if accountant is None or not result.epsilon:
@@ -131,6 +165,11 @@ def train_run(
             bar=progress(run.name, run.training.rounds) if progress is not None else None,
             extra=adversaries,
             stop=reached,
+            checkpoint=lambda r, public, private: save_checkpoint(
+                run_dir, r, engine, config_hash, (public, private)
+            ),
+            start=start,
+            previous=previous,
         )
     except BaseException:
         if ledger is not None:
@@ -203,9 +242,13 @@ def run_experiment(
     overwrite: bool = False,
     progress: ProgressFactory | None = None,
     log: Callable[[str], None] = logger.info,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Runs every algorithm of ``config`` (or every cell of its sweep); writes
     ``out_dir/<algorithm>/...`` and a comparison.
+
+    ``resume``: continue the experiment in ``out_dir`` (see :func:`resume_experiment`): runs
+    that completed are kept, the others continue from their last checkpoint.
 
     Returns the experiment summary (also written to ``out_dir/summary.json``).
 
@@ -217,11 +260,18 @@ def run_experiment(
     from silodp.experiment.sweep import run_sweep
 
     out = Path(out_dir)
-    if config.sweep is None:
+    if resume and config.data.scaling == "dp":
+        raise InvalidValueError(
+            "Expected [data] scaling other than 'dp' to resume: the DP feature statistics are "
+            "drawn again on every start and are not kept; start the run afresh."
+        )
+    if config.sweep is None and not resume:
         check_output(out, config.algorithms, overwrite)
     data, releases = _prepare_data(config, out, log)
     if config.sweep is not None:
-        return run_sweep(config, data, out, overwrite=overwrite, progress=progress, log=log)
+        return run_sweep(
+            config, data, out, overwrite=overwrite, progress=progress, log=log, resume=resume
+        )
     runs = []
     for name in config.algorithms:
         run = prepare_run(name, config, data, releases=releases)
@@ -236,13 +286,62 @@ def run_experiment(
         _log_protocol_estimate(run, config, data, log)
         runs.append(run)
     write_json(out / PRIVATE_DIR / "data.json", describe(data))
+    if not resume:  # what --resume continues, written once everything is prepared
+        write_text(out / EXPERIMENT_FILE, tomli_w.dumps(to_toml_dict(config)))
     all_rows: dict[str, list[dict[str, Any]]] = {}
     summaries = []
     for run in runs:
-        rows, run_summary = train_run(run, data, out / run.name, progress)
+        done = finished(out / run.name) if resume else None
+        if done is not None:
+            log(f"{run.name}: already {done['status']}; kept as it is")
+            rows, run_summary = read_rows(out / run.name, run.training.rounds)[0], done
+        else:
+            rows, run_summary = train_run(run, data, out / run.name, progress, resume=resume)
         all_rows[run.name] = rows
         summaries.append(run_summary)
     plotting.plot_comparison(all_rows, out / "comparison.png", delta=config.privacy.delta)
     experiment = {"name": config.name, "runs": summaries}
     write_json(out / "summary.json", experiment)
     return experiment
+
+
+#: the experiment's config as it started, which ``--resume`` continues
+EXPERIMENT_FILE = "experiment.toml"
+
+
+def finished(run_dir: Path) -> dict[str, Any] | None:
+    """The summary of a run that ended (completed, or stopped by its budget), else ``None``."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return None
+    summary: dict[str, Any] = json.loads(path.read_text())
+    return summary if summary.get("status") in ("complete", "budget_exhausted") else None
+
+
+def resume_experiment(
+    out_dir: str | Path,
+    *,
+    progress: ProgressFactory | None = None,
+    log: Callable[[str], None] = logger.info,
+) -> dict[str, Any]:
+    """Continues the experiment in ``out_dir`` from the config it started with: completed runs
+    are kept, each other run continues after its last completed round, and every event its
+    ledger recorded before the interruption counts.
+
+    Raises:
+      InvalidValueError: ``out_dir`` holds no experiment, or a run's config or silodp version
+        changed.
+    """
+    out = Path(out_dir)
+    path = out / EXPERIMENT_FILE
+    summary_path = out / "summary.json"
+    if summary_path.is_file():
+        done: dict[str, Any] = json.loads(summary_path.read_text())
+        if all(r.get("status") in ("complete", "budget_exhausted") for r in done.get("runs", [])):
+            log(f"{out}: every run already finished; nothing to resume")
+            return done
+    if not path.is_file():
+        raise InvalidValueError(
+            f"Expected an experiment to resume in {str(out)!r}: it has no {EXPERIMENT_FILE}."
+        )
+    return run_experiment(load_config(path), out, progress=progress, log=log, resume=True)

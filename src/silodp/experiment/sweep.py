@@ -7,14 +7,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from silodp import plotting, reports
-from silodp.config import ExperimentConfig, SweepConfig
+from silodp.config import ExperimentConfig, SweepConfig, to_toml_dict
 from silodp.data import FederatedData
 from silodp.data.describe import describe
 from silodp.experiment.prepare import prepare_run
-from silodp.experiment.record import PRIVATE_DIR, check_output
-from silodp.experiment.run import ProgressFactory, train_run
-from silodp.io import write_json
+from silodp.experiment.record import PRIVATE_DIR, check_output, read_rows
+from silodp.experiment.run import EXPERIMENT_FILE, ProgressFactory, finished, train_run
+from silodp.io import write_json, write_text
 
 __all__ = ["run_sweep"]
 
@@ -27,6 +29,7 @@ def run_sweep(
     overwrite: bool,
     progress: ProgressFactory | None,
     log: Callable[[str], None],
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Runs every cell of ``config.sweep``; writes the table (``prifedsync_table.md``/``.csv``)
     and ``personalised_vs_global.png`` into ``out``."""
@@ -34,17 +37,24 @@ def run_sweep(
     assert sweep is not None
     (name,) = config.algorithms
     runs = [prepare_run(name, config, data, cell=cell) for cell in sweep.cells()]
-    check_output(out, tuple(run.name for run in runs), overwrite)
+    if not resume:
+        check_output(out, tuple(run.name for run in runs), overwrite)
     log(
         f"{name} sweep: {len(runs)} runs, target {sweep.target_metric} accuracy "
         f"{sweep.target_accuracy:g}, at most {config.training.rounds} rounds each"
     )
     write_json(out / PRIVATE_DIR / "data.json", describe(data))
+    if not resume:  # what --resume continues, written once every cell is prepared
+        write_text(out / EXPERIMENT_FILE, tomli_w.dumps(to_toml_dict(config)))
     all_rows: dict[str, list[dict[str, Any]]] = {}
     summaries, table = [], []
     key = f"{sweep.target_metric}_accuracy"
     for run in runs:
-        rows, run_summary = train_run(run, data, out / run.name, progress, sweep)
+        done = finished(out / run.name) if resume else None
+        if done is not None:
+            rows, run_summary = read_rows(out / run.name, run.training.rounds)[0], done
+        else:
+            rows, run_summary = train_run(run, data, out / run.name, progress, sweep, resume=resume)
         label = run.name.removeprefix(f"{name}/")
         all_rows[label] = rows
         summaries.append(run_summary)

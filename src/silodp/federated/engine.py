@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from silodp.privacy.gradients import Params
 
@@ -44,6 +44,31 @@ class RoundResult:
     subjects_per_batch: list[int] = field(default_factory=list)
     metrics: dict[str, float | None] = field(default_factory=dict)
     estimates: dict[str, float] | None = None
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any], private: dict[str, Any] | None = None) -> RoundResult:
+        """The result a written row (and its silo-private row) records (``None`` ε is ∞)."""
+        private = private or {}
+        metric_keys = ("global_accuracy", "personalised_accuracy")
+
+        def numbers(values: dict[str, Any]) -> dict[str, float]:
+            return {k: math.inf if v is None else v for k, v in values.items()}
+
+        estimates = row.get("epsilon_estimates")
+        return cls(
+            round=row["round"],
+            test_accuracy=row.get("test_accuracy"),
+            test_loss=row.get("test_loss"),
+            epsilon=numbers(row.get("epsilon", {})),
+            epsilon_route=dict(row.get("epsilon_route", {})),
+            mu=numbers(row.get("mu", {})),
+            wall_time_s=private.get("wall_time_s", 0.0),
+            silos=list(row.get("silos", [])),
+            largest_group_per_batch=list(private.get("largest_group_per_batch", [])),
+            subjects_per_batch=list(private.get("subjects_per_batch", [])),
+            metrics={k: row[k] for k in metric_keys if k in row},
+            estimates=None if estimates is None else numbers(estimates),
+        )
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -82,6 +107,15 @@ class Engine(Protocol):
         callbacks: Sequence[RoundCallback] = (),
         *,
         stop: StopRule | None = None,
+        start: int = 1,
     ) -> list[RoundResult]:
-        """Runs up to ``rounds`` rounds, calling every callback after each."""
+        """Runs rounds ``start..rounds``, calling every callback after each."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint must keep to continue after the rounds run so far."""
+        ...
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continues from an earlier :meth:`state`."""
         ...

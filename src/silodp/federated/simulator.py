@@ -16,11 +16,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from silodp import faults
 from silodp._validation import check_choice, check_int
 from silodp.accounting.interface import Accountant
 from silodp.algorithms import Algorithm, SiloData, SiloUpdate
@@ -160,8 +162,8 @@ class Simulator:
         before the round runs; whether it is one."""
         planned = self.algorithm.accounted_events([], self.planned)
         if self.ledger is not None:
-            for silo, privacy in enumerate(planned):
-                self.ledger.record(round_index, f"silo:{silo}", privacy)
+            self.ledger.record_planned(round_index, planned)
+            faults.reached("silo_recorded", round_index)
         return bool(planned)
 
     def run_round(self, round_index: int, *, evaluate_now: bool = True) -> RoundResult:
@@ -183,6 +185,7 @@ class Simulator:
             if self.ledger is not None and not from_plan and update.privacy is not None:
                 # recorded before the silo's message reaches the server
                 self.ledger.record(round_index, f"silo:{s}", update.privacy)
+                faults.reached("silo_recorded", round_index)
             updates.append(update)
         epsilon, routes, mu, estimates = self._account(round_index, updates)
         self.params = self.algorithm.aggregate(self.params, updates, self.states)
@@ -211,11 +214,12 @@ class Simulator:
         callbacks: Sequence[RoundCallback] = (),
         *,
         stop: StopRule | None = None,
+        start: int = 1,
     ) -> list[RoundResult]:
-        """Runs up to ``rounds`` rounds; ``stop(result)`` returning true ends the run early."""
-        results = []
+        """Runs rounds ``start..rounds``; ``stop(result)`` returning true ends the run early."""
+        results: list[RoundResult] = []
         rounds = check_int("rounds", rounds, 1)
-        for r in range(1, rounds + 1):
+        for r in range(check_int("start", start, 1), rounds + 1):
             result = self.run_round(r, evaluate_now=r % self.eval_every == 0 or r == rounds)
             for cb in callbacks:
                 cb(result)
@@ -223,6 +227,16 @@ class Simulator:
             if stop is not None and stop(result):
                 break
         return results
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the global model and every silo's state (the coins of a
+        round are a function of the seed and the round, so nothing else is needed)."""
+        return {"params": self.params, "states": self.states}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continues from :meth:`state` of an earlier run of the same config."""
+        self.params = state["params"]
+        self.states = list(state["states"])
 
     @property
     def personal_params(self) -> list[Params]:

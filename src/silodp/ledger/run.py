@@ -90,6 +90,48 @@ class RunLedger:
         #: resume, so that a round cut short and run again counts twice)
         self.attempt = 0
 
+    @classmethod
+    def resume(
+        cls,
+        ledger: Ledger,
+        *,
+        name: str,
+        config_hash: str,
+        accountant: Accountant,
+        budget: Mapping[str, float] | None = None,
+    ) -> RunLedger | None:
+        """The unfinished run ``name`` of this config in ``ledger``, reopened: ``accountant``
+        composes everything it recorded (rounds cut short included, in full) and its next
+        rounds record under a new attempt. ``None`` if the ledger holds no such run."""
+        found = [
+            r
+            for r in ledger.runs()
+            if r.name == name and r.config_hash == config_hash and r.status != "complete"
+        ]
+        if not found:
+            return None
+        record = found[-1]
+        self = cls.__new__(cls)
+        self.ledger = ledger
+        self.budget = dict(budget or {})
+        self.run_id = record.id
+        earlier = [
+            r.id
+            for r in ledger.runs()
+            if r.id != record.id and r.accountant.get("kind") == record.accountant.get("kind")
+        ]
+        ledger.replay([record.id], accountant)
+        self.total = accountant
+        self.shared = bool(earlier)
+        if self.shared:
+            self.total = ledger.replay(
+                [*earlier, record.id], accountant_from_spec(record.accountant)
+            )
+        self.attempt = ledger.next_attempt(record.id)
+        self._has_release = any(kind == "release" for _, _, _, kind, _ in ledger.events(record.id))
+        ledger.finish_run(record.id, "running")
+        return self
+
     def spent(self) -> dict[str, float]:
         """The ledger's total ε per unit (earlier runs and this one's completed rounds)."""
         return _epsilons(self.total) if self.total.rounds or self._has_release else {}
@@ -125,6 +167,12 @@ class RunLedger:
     def record(self, round_index: int, party: str, privacy: SiloPrivacy) -> None:
         """Records one mechanism execution; durable when this returns."""
         self.ledger.record(self.run_id, round_index, party, privacy, attempt=self.attempt)
+
+    def record_planned(self, round_index: int, planned: Sequence[SiloPrivacy]) -> None:
+        """Records the events of every silo of a round accounted from its plan (whoever takes
+        part), together: a round is never recorded with part of its plan."""
+        executions = [(f"silo:{silo}", privacy) for silo, privacy in enumerate(planned)]
+        self.ledger.record_many(self.run_id, round_index, executions, attempt=self.attempt)
 
     def round_events(self, round_index: int) -> list[SiloPrivacy]:
         """The events recorded for ``round_index``, read back from the ledger."""

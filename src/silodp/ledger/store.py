@@ -233,12 +233,26 @@ class Ledger:
     ) -> None:
         """Records one mechanism execution (its own transaction; durable on return). A round
         is ``open`` from its first event until :meth:`complete_round`."""
+        self.record_many(run_id, round_index, [(party, privacy)], kind=kind, attempt=attempt)
+
+    def record_many(
+        self,
+        run_id: int,
+        round_index: int,
+        executions: Sequence[tuple[str, SiloPrivacy]],
+        *,
+        kind: str = "round",
+        attempt: int = 0,
+    ) -> None:
+        """Records several (party, events) of one round in one transaction: all or none."""
         with self._transaction() as db:
-            db.execute(
-                "INSERT INTO events (run_id, round, party, kind, privacy, recorded, attempt) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (run_id, round_index, party, kind, privacy_to_json(privacy), time.time(), attempt),
-            )
+            now = time.time()
+            for party, privacy in executions:
+                db.execute(
+                    "INSERT INTO events (run_id, round, party, kind, privacy, recorded, attempt) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, round_index, party, kind, privacy_to_json(privacy), now, attempt),
+                )
             if kind == "round":
                 db.execute(
                     "INSERT OR IGNORE INTO rounds (run_id, round, attempt, status) "

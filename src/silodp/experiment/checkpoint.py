@@ -1,0 +1,76 @@
+"""Checkpoints: what a run needs to continue after its last completed round.
+
+A checkpoint holds the round, the rows of ``metrics.jsonl`` and of the silo-private
+diagnostics so far, the engine's state (the global model and every silo's state,
+e.g. PriFedSync's helper models and optimiser moments) and what it must match to be used: the
+run's resolved config and silodp's version. Each round's coins are a function of the seed and
+the round (secure ones are fresh anyway), so no generator state needs keeping. It is written
+whole (temporary file, fsync, rename) as soon as a round ends, before the round's metrics, so
+a crash leaves the last complete one and a round is either in it or run again.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from silodp.errors import InvalidValueError
+from silodp.federated import Engine
+from silodp.io import atomic_write
+
+__all__ = ["CHECKPOINT", "code_version", "load_checkpoint", "save_checkpoint"]
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def code_version() -> str:
+    """silodp's version, which a checkpoint must match."""
+    try:
+        return metadata.version("silodp")
+    except metadata.PackageNotFoundError:  # pragma: no cover - source tree without install
+        return "unknown"
+
+
+def save_checkpoint(
+    run_dir: Path,
+    round_index: int,
+    engine: Engine,
+    config_hash: str,
+    rows: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+) -> None:
+    """Writes the checkpoint after ``round_index``: the engine's state and the run's released
+    and silo-private rows so far (which the files are rewritten from on resume)."""
+    state = {
+        "round": round_index,
+        "engine": engine.state(),
+        "rows": rows,
+        "config_hash": config_hash,
+        "version": code_version(),
+    }
+    atomic_write(run_dir / CHECKPOINT, lambda tmp: torch.save(state, tmp))
+
+
+def load_checkpoint(run_dir: Path, config_hash: str) -> dict[str, Any] | None:
+    """The run's last checkpoint (``None``: it completed no round).
+
+    Raises:
+      InvalidValueError: the checkpoint is of another config or another silodp version.
+    """
+    path = run_dir / CHECKPOINT
+    if not path.is_file():
+        return None
+    state: dict[str, Any] = torch.load(path, weights_only=False)
+    if state["config_hash"] != config_hash:
+        raise InvalidValueError(
+            f"Expected the checkpoint {str(path)!r} to be of this run's config; the config "
+            "changed since it was written. Resume with the config the run started with."
+        )
+    if state["version"] != code_version():
+        raise InvalidValueError(
+            f"Expected the checkpoint {str(path)!r} to be written by silodp "
+            f"{code_version()}, got {state['version']}; resume with that version."
+        )
+    return state

@@ -1,0 +1,159 @@
+"""Real ``silodp run`` processes killed with SIGKILL and resumed with ``--resume``.
+
+A seeded run killed at a named point (``SILODP_KILL_AT``) or at a random time and then resumed
+ends with the same model, bitwise, as the same run uninterrupted; killed between rounds it
+reports the same ε, killed inside a round at least that ε (the cut round's recorded events
+count); the ledger verifies; a finished run resumes as a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tomli_w
+import torch
+
+from silodp.ledger.report import ledger_report, verify_ledger
+
+BASE = {
+    "data": {"source": "digits", "num_silos": 3, "num_subjects": 40, "max_records": 450,
+             "test_fraction": 0.2},
+    "model": {"name": "mlp"},
+    "training": {"rounds": 3, "local_steps": 2, "batch_size": 16, "lr": 0.5},
+    "privacy": {"noise_multiplier": 1.5, "group_size": 4, "noise": "seeded"},
+}
+EXTRA = {
+    "local_item_dp": {},
+    "higradavg_dp": {},
+    "uldp_avg_w": {"algorithm": {"uldp_avg_w": {"weighting": "protocol", "key_bits": 2048,
+                                              "n_max": 60}}},
+    "prifedsync": {"training": {"client_rate": 0.7}},
+}
+
+
+def _config(tmp: Path, name: str) -> Path:
+    raw = json.loads(json.dumps(BASE))
+    raw["name"] = f"resume-{name}"
+    raw["algorithms"] = [name]
+    for key, table in EXTRA[name].items():
+        raw.setdefault(key, {}).update(table)
+    path = tmp / f"{name}.toml"
+    path.write_text(tomli_w.dumps(raw))
+    return path
+
+
+def _silodp(*args: str, kill_at: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    env.pop("SILODP_KILL_AT", None)
+    if kill_at is not None:
+        env["SILODP_KILL_AT"] = kill_at
+    return subprocess.run(
+        [sys.executable, "-m", "silodp.cli", *args, "--quiet"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+def _model(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model.pt")
+
+
+def _same_model(a: Path, b: Path) -> bool:
+    x, y = _model(a), _model(b)
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _check_resumed(full: Path, cut: Path, name: str, *, same_epsilon: bool) -> None:
+    assert _same_model(full / name, cut / name)
+    done, ref = _summary(cut / name), _summary(full / name)
+    assert done["status"] == "complete" and done["rounds_completed"] == ref["rounds_completed"]
+    for unit, value in ref["epsilon"].items():
+        if same_epsilon:
+            assert done["epsilon"][unit] == pytest.approx(value, rel=1e-12)
+        else:
+            assert done["epsilon"][unit] >= value * (1 - 1e-12)
+    rows = [json.loads(line) for line in (cut / name / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == list(range(1, ref["rounds_completed"] + 1))
+    ledger = cut / name / "ledger.sqlite"
+    assert verify_ledger(ledger) == []
+    (run,) = ledger_report(ledger)["runs"]
+    assert run["epsilon"] == pytest.approx(done["epsilon"], rel=1e-12)
+    assert bool(run["interrupted_rounds"]) == (not same_epsilon)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EXTRA))
+def test_killed_runs_resume_to_the_uninterrupted_result(name: str, tmp_path: Path) -> None:
+    config = _config(tmp_path, name)
+    full = tmp_path / "full"
+    assert _silodp("run", str(config), "--out", str(full)).returncode == 0
+    for point, same in [("silo_recorded", False), ("checkpoint_written", True),
+                        ("round_written", True)]:
+        cut = tmp_path / point
+        killed = _silodp("run", str(config), "--out", str(cut), kill_at=f"{point}:2")
+        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-500:])
+        assert _summary(cut / name)["status"] == "running"
+        resumed = _silodp("run", "--resume", str(cut))
+        assert resumed.returncode == 0, (point, resumed.stderr[-2000:])
+        _check_resumed(full, cut, name, same_epsilon=same)
+    again = _silodp("run", "--resume", str(tmp_path / "round_written"))
+    assert again.returncode == 0 and "nothing to resume" in again.stdout
+
+
+@pytest.mark.slow
+def test_random_time_kills_resume_to_the_same_model(tmp_path: Path) -> None:
+    config = _config(tmp_path, "local_item_dp")
+    full = tmp_path / "full"
+    assert _silodp("run", str(config), "--out", str(full)).returncode == 0
+    rng = random.Random(7)
+    cut = tmp_path / "cut"
+    env = {**os.environ}
+    env.pop("SILODP_KILL_AT", None)
+    args = [sys.executable, "-m", "silodp.cli", "run", str(config), "--out", str(cut), "--quiet"]
+    for attempt in range(3):
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(3.0, 9.0))
+        proc.send_signal(signal.SIGKILL)  # this process, by its PID
+        proc.wait(timeout=60)
+        if attempt == 0 and not (cut / "experiment.toml").is_file():
+            continue  # killed before anything was written: start again
+        args = [sys.executable, "-m", "silodp.cli", "run", "--resume", str(cut), "--quiet"]
+    if not (cut / "experiment.toml").is_file():
+        args = [sys.executable, "-m", "silodp.cli", "run", str(config), "--out", str(cut),
+                "--quiet"]
+    finished = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert _same_model(full / "local_item_dp", cut / "local_item_dp")
+    assert verify_ledger(cut / "local_item_dp" / "ledger.sqlite") == []
+
+
+def test_resume_refuses_a_changed_config_and_a_missing_experiment(tmp_path: Path) -> None:
+    from silodp.config import load_config
+    from silodp.errors import InvalidValueError
+    from silodp.experiment import resume_experiment, run_experiment
+
+    config = _config(tmp_path, "local_item_dp")
+    out = tmp_path / "out"
+    run_experiment(load_config(config), out)
+    summary = out / "local_item_dp" / "summary.json"
+    summary.write_text(summary.read_text().replace('"complete"', '"running"'))
+    top = out / "summary.json"
+    top.write_text(top.read_text().replace('"complete"', '"running"'))
+    text = (out / "experiment.toml").read_text()
+    (out / "experiment.toml").write_text(text.replace("rounds = 3", "rounds = 5"))
+    with pytest.raises(InvalidValueError, match="changed"):
+        resume_experiment(out)
+    with pytest.raises(InvalidValueError, match="no experiment.toml"):
+        resume_experiment(tmp_path / "nothing")
