@@ -217,12 +217,14 @@ def _log_protocol_estimate(
 
 def _prepare_data(
     config: ExperimentConfig, out: Path, log: Callable[[str], None]
-) -> tuple[FederatedData, tuple[SiloPrivacy, ...]]:
+) -> tuple[FederatedData, tuple[SiloPrivacy, ...], dict[str, Any] | None]:
+    """The data, the events of releases before training and the DP feature statistics (which
+    are written only once every run's ledger has recorded them)."""
     data = build_federated_data(config.data)
     releases: tuple[SiloPrivacy, ...] = ()
+    scaling = None
     if config.data.scaling == "dp":
         data, releases, scaling = dp_scaling(config, data)
-        write_json(out / "feature_scaling.json", scaling)
         log(
             f"feature scaling: DP mean/std per feature, noise multiplier "
             f"{scaling['noise_multiplier']:.4g}, subject-level ε {scaling['epsilon_alone']:.3g} "
@@ -232,7 +234,7 @@ def _prepare_data(
         f"data: {len(data.train)} training records, {data.train.num_silos} silos, "
         f"{data.train.num_subjects} subjects, {len(data.test)} test records"
     )
-    return data, releases
+    return data, releases, scaling
 
 
 def run_experiment(
@@ -267,7 +269,7 @@ def run_experiment(
         )
     if config.sweep is None and not resume:
         check_output(out, config.algorithms, overwrite)
-    data, releases = _prepare_data(config, out, log)
+    data, releases, scaling = _prepare_data(config, out, log)
     if config.sweep is not None:
         return run_sweep(
             config, data, out, overwrite=overwrite, progress=progress, log=log, resume=resume
@@ -299,6 +301,8 @@ def run_experiment(
             rows, run_summary = train_run(run, data, out / run.name, progress, resume=resume)
         all_rows[run.name] = rows
         summaries.append(run_summary)
+    if scaling is not None:  # released once every run's ledger recorded its events
+        write_json(out / "feature_scaling.json", scaling)
     plotting.plot_comparison(all_rows, out / "comparison.png", delta=config.privacy.delta)
     experiment = {"name": config.name, "runs": summaries}
     write_json(out / "summary.json", experiment)
@@ -342,6 +346,9 @@ def resume_experiment(
             return done
     if not path.is_file():
         raise InvalidValueError(
-            f"Expected an experiment to resume in {str(out)!r}: it has no {EXPERIMENT_FILE}."
+            f"Expected an experiment to resume in {str(out)!r}: it has no {EXPERIMENT_FILE}, "
+            "so it stopped before its runs were prepared (e.g. while calibrating or setting up "
+            "the weighting protocol) and nothing was trained or recorded; start it again with "
+            f"silodp run CONFIG --out {out}."
         )
     return run_experiment(load_config(path), out, progress=progress, log=log, resume=True)
