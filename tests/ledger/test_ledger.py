@@ -205,3 +205,39 @@ def test_a_round_the_budget_does_not_allow_stops_the_run_cleanly(tmp_path: Path)
     assert (tmp_path / "model.pt").is_file()
     assert rows[-1]["epsilon"]["subject"] <= budget["subject"]
     assert verify_ledger(tmp_path / "l.sqlite") == []
+
+
+def test_dp_feature_statistics_are_recorded_as_a_release_before_they_are_written(
+    tmp_path: Path,
+) -> None:
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    n = 300
+    frame = pd.DataFrame(
+        {
+            "a": rng.normal(size=n),
+            "b": rng.normal(size=n),
+            "label": rng.integers(0, 2, size=n),
+            "site": rng.integers(0, 3, size=n),
+        }
+    )
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    raw = _raw(noise_multiplier=None, epsilon=4.0, group_size=4)
+    raw["algorithms"] = ["local_item_dp"]
+    raw["data"] = {
+        "source": "table", "path": str(tmp_path / "t.csv"), "feature_columns": ["a", "b"],
+        "silo_column": "site", "allocation": "column", "scaling": "dp",
+        "feature_bounds": [[-3.0, 3.0], [-3.0, 3.0]],
+    }
+    summary = run_experiment(parse_config(raw), tmp_path / "out")
+    ledger = tmp_path / "out" / "local_item_dp" / "ledger.sqlite"
+    with Ledger(ledger) as opened:
+        kinds = [kind for _, _, _, kind, _ in opened.events(1)]
+    assert kinds[:3] == ["release"] * 3 and kinds.count("release") == 3
+    assert (tmp_path / "out" / "feature_scaling.json").is_file()
+    assert verify_ledger(ledger) == []
+    (entry,) = ledger_report(ledger)["runs"]
+    assert entry["epsilon"] == pytest.approx(summary["runs"][0]["epsilon"], rel=1e-12)
+    assert summary["runs"][0]["epsilon"]["record"] <= 4.0 * (1 + 1e-9)  # the release included
