@@ -157,3 +157,18 @@ def test_resume_refuses_a_changed_config_and_a_missing_experiment(tmp_path: Path
         resume_experiment(out)
     with pytest.raises(InvalidValueError, match="no experiment.toml"):
         resume_experiment(tmp_path / "nothing")
+
+
+def test_a_checkpoint_of_other_code_is_refused(tmp_path: Path) -> None:
+    from silodp.errors import InvalidValueError
+    from silodp.experiment.checkpoint import CHECKPOINT, code_version, load_checkpoint
+
+    state = {"round": 1, "engine": {}, "rows": ([], []), "config_hash": "abc",
+             "version": "0.0.1+000000000000"}
+    torch.save(state, tmp_path / CHECKPOINT)
+    with pytest.raises(InvalidValueError, match="written by silodp"):
+        load_checkpoint(tmp_path, "abc")
+    torch.save({**state, "version": code_version()}, tmp_path / CHECKPOINT)
+    assert load_checkpoint(tmp_path, "abc")["round"] == 1
+    with pytest.raises(InvalidValueError, match="config changed"):
+        load_checkpoint(tmp_path, "other")

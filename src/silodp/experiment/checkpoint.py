@@ -11,6 +11,8 @@ a crash leaves the last complete one and a round is either in it or run again.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -26,12 +28,20 @@ __all__ = ["CHECKPOINT", "code_version", "load_checkpoint", "save_checkpoint"]
 CHECKPOINT = "checkpoint.pt"
 
 
+@functools.cache
 def code_version() -> str:
-    """silodp's version, which a checkpoint must match."""
+    """silodp's version and a digest of its source files, which a checkpoint must match: a
+    run continues only with the code that started it."""
     try:
-        return metadata.version("silodp")
+        version = metadata.version("silodp")
     except metadata.PackageNotFoundError:  # pragma: no cover - source tree without install
-        return "unknown"
+        version = "unknown"
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return f"{version}+{digest.hexdigest()[:12]}"
 
 
 def save_checkpoint(
