@@ -246,6 +246,7 @@ class FdpAccountant:
         self._all: pld_lib.PrivacyLossDistribution | None = None
         self._sampled: pld_lib.PrivacyLossDistribution | None = None
         self._paper: pld_lib.PrivacyLossDistribution | None = None
+        self._report: FdpReport | None = None
 
     def _set_mechanism(self, silos: Sequence[SiloPrivacy]) -> tuple[float, float, int, str]:
         parsed = [_parse(s.events["record"]) for s in silos if "record" in s.events]
@@ -282,6 +283,7 @@ class FdpAccountant:
                 paper = tradeoff_pld(mu_round, p=p, discretization=ESTIMATE_DISCRETIZATION)
                 self._paper = _advance(self._paper, paper, count)
         self.rounds += count
+        self._report = None
 
     def spec(self) -> dict[str, Any]:
         """What rebuilds an empty accountant like this one."""
@@ -301,7 +303,13 @@ class FdpAccountant:
         )
 
     def report(self) -> FdpReport:
-        """Everything this accountant knows after the rounds composed so far."""
+        """Everything this accountant knows after the rounds composed so far (computed once
+        per composed state: ε, μ and the estimates of a round all come from it)."""
+        if self._report is None:
+            self._report = self._compute_report()
+        return self._report
+
+    def _compute_report(self) -> FdpReport:
         if self._mechanism is None:
             raise ValueError("Expected at least one composed round, got none.")
         sigma, q, steps, sampling = self._mechanism
