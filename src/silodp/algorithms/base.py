@@ -26,6 +26,7 @@ from silodp._validation import (
 from silodp.accounting import FederatedAccountant, PrivacyPlan, SiloPrivacy
 from silodp.accounting.interface import Accountant
 from silodp.accounting.plan import CALIBRATION_DISCRETIZATION
+from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset, TestSplit
 from silodp.errors import InvalidValueError
 from silodp.evaluation import evaluate
@@ -337,6 +338,30 @@ class Algorithm(ABC):
 
         ``coins``: the set-up's randomness (e.g. a secret the silos share); default secure."""
         return cls(config)
+
+    def silo_setup(self) -> dict[str, Any]:
+        """What a silo needs, besides the config, to run this algorithm where its data is:
+        public set-up facts only (e.g. the weights), never a secret of the server's."""
+        return {}
+
+    @classmethod
+    def at_silo(
+        cls,
+        config: AlgorithmConfig,
+        setup: Mapping[str, Any],
+        *,
+        sample_key: SharedSampleKey | None = None,
+    ) -> Algorithm:
+        """The algorithm as a silo runs it, from :meth:`silo_setup` and the silos' shared
+        sample key (where the silos draw the subject sample)."""
+        return cls(config, **setup)
+
+    def secure_sum_grid(self) -> float | None:
+        """For algorithms whose silos' messages are summed by secure aggregation
+        (:meth:`needs_secure_aggregation`): the grid every message is a whole multiple of,
+        so the sum is exact over the integers; ``None`` when the messages are not on a grid
+        (no noise)."""
+        return None
 
     # --- one round ----------------------------------------------------------------------
     def initial_state(self, params: Params) -> Any:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -127,6 +127,23 @@ class UldpAvg(Algorithm):
     @property
     def num_subjects(self) -> int:
         return int(self._base_weights().shape[1])
+
+    def silo_setup(self) -> dict[str, Any]:
+        return {"weights": self._base_weights().numpy()}
+
+    @classmethod
+    def at_silo(
+        cls,
+        config: AlgorithmConfig,
+        setup: Mapping[str, Any],
+        *,
+        sample_key: SharedSampleKey | None = None,
+    ) -> Algorithm:
+        return cls(config, weights=setup["weights"], sample_key=sample_key)
+
+    def secure_sum_grid(self) -> float | None:
+        cfg = self.config
+        return share_grid(cfg.noise_multiplier, cfg.clip, self._silo_count())
 
     def _base_weights(self) -> torch.Tensor:
         if self.weights is None:

@@ -66,6 +66,16 @@ class UldpNaive(Algorithm):
     ) -> Algorithm:
         return cls(config, num_silos=train.num_silos)
 
+    def silo_setup(self) -> dict[str, Any]:
+        return {"num_silos": self.num_silos}
+
+    def secure_sum_grid(self) -> float | None:
+        silos = self.num_silos
+        if silos is None:
+            raise ValueError("uldp_naive needs num_silos; build it with for_data().")
+        cfg = self.config
+        return share_grid(cfg.noise_multiplier / 2.0, 2.0 * silos * cfg.clip, silos)
+
     def sampling_rate(self, *, num_records: int, num_subjects: int) -> float:
         return 1.0
 

@@ -33,6 +33,7 @@ from silodp.crypto.protocol import ProtocolConfig, WeightingSession, with_identi
 from silodp.crypto.randomness import RandomSource
 from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
+from silodp.errors import InvalidValueError
 from silodp.privacy.gradients import Params
 from silodp.privacy.per_subject import per_subject_deltas, subject_batches
 from silodp.privacy.randomness import Coins
@@ -159,6 +160,14 @@ class UldpAvgW(UldpAvg):
         protocol_config, identities = with_identities(protocol_config, root)
         session = WeightingSession(protocol_config, histograms, source=root, identities=identities)
         return cls(cfg, protocol=session, num_subjects=train.num_subjects)
+
+    def silo_setup(self) -> dict[str, Any]:
+        if self.protocol is not None:
+            raise InvalidValueError(
+                f"Expected {self.name} with weighting='clear' on an engine whose silos run "
+                "apart: the private weighting protocol runs only in process for now."
+            )
+        return super().silo_setup()
 
     def _silo_count(self) -> int:
         if self.config.num_silos is None and self.protocol is not None:

@@ -33,6 +33,7 @@ from silodp.experiment.record import (
     write_private,
 )
 from silodp.federated import RoundResult, Simulator
+from silodp.federated.engine import Engine
 from silodp.io import write_json, write_text
 from silodp.models import build_model
 
@@ -61,6 +62,14 @@ def target_round(results: list[RoundResult], target: SweepConfig | None) -> int 
     return None
 
 
+#: Builds the engine of one prepared run from the run, the data and the simulator's arguments.
+EngineFactory = Callable[..., Engine]
+
+
+def _in_process(run: PreparedRun, data: FederatedData, **kwargs: Any) -> Engine:
+    return Simulator(**kwargs)
+
+
 def train_run(
     run: PreparedRun,
     data: FederatedData,
@@ -69,8 +78,10 @@ def train_run(
     sweep: SweepConfig | None = None,
     *,
     resume: bool = False,
+    engine_factory: EngineFactory | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Trains one prepared run on the in-process engine and writes its directory.
+    """Trains one prepared run on an engine (``engine_factory``; default the in-process
+    simulator) and writes its directory.
 
     ``resume``: continue the run in ``run_dir`` from its last checkpoint (its ledger keeps
     everything it recorded, a round cut short included).
@@ -108,7 +119,10 @@ def train_run(
                 ledger.record_release(run.plan.releases)
                 accountant.compose_release(run.plan.releases)
     write_text(run_dir / "config.toml", config_text)
-    engine = Simulator(
+    make_engine = engine_factory or _in_process
+    engine = make_engine(
+        run,
+        data,
         algorithm=run.algorithm,
         model=model,
         train=run.train,
@@ -149,6 +163,8 @@ def train_run(
                 "target_accuracy": sweep.target_accuracy,
                 "target_round": target_round(results, sweep),
             }
+        fields = getattr(engine, "summary_fields", None)
+        extra = {**(extra or {}), **(fields() if fields is not None else {})}
         return summary(run, results, status, by_adversary, extra)
 
     def reached(result: RoundResult) -> bool:
@@ -245,6 +261,7 @@ def run_experiment(
     progress: ProgressFactory | None = None,
     log: Callable[[str], None] = logger.info,
     resume: bool = False,
+    engine_factory: EngineFactory | None = None,
 ) -> dict[str, Any]:
     """Runs every algorithm of ``config`` (or every cell of its sweep); writes
     ``out_dir/<algorithm>/...`` and a comparison.
@@ -272,7 +289,14 @@ def run_experiment(
     data, releases, scaling = _prepare_data(config, out, log)
     if config.sweep is not None:
         return run_sweep(
-            config, data, out, overwrite=overwrite, progress=progress, log=log, resume=resume
+            config,
+            data,
+            out,
+            overwrite=overwrite,
+            progress=progress,
+            log=log,
+            resume=resume,
+            engine_factory=engine_factory,
         )
     runs = []
     for name in config.algorithms:
@@ -298,7 +322,9 @@ def run_experiment(
             log(f"{run.name}: already {done['status']}; kept as it is")
             rows, run_summary = read_rows(out / run.name, run.training.rounds)[0], done
         else:
-            rows, run_summary = train_run(run, data, out / run.name, progress, resume=resume)
+            rows, run_summary = train_run(
+                run, data, out / run.name, progress, resume=resume, engine_factory=engine_factory
+            )
         all_rows[run.name] = rows
         summaries.append(run_summary)
     if scaling is not None:  # released once every run's ledger recorded its events
@@ -327,6 +353,7 @@ def resume_experiment(
     *,
     progress: ProgressFactory | None = None,
     log: Callable[[str], None] = logger.info,
+    engine_factory: EngineFactory | None = None,
 ) -> dict[str, Any]:
     """Continues the experiment in ``out_dir`` from the config it started with: completed runs
     are kept, each other run continues after its last completed round, and every event its
@@ -351,4 +378,11 @@ def resume_experiment(
             "the weighting protocol) and nothing was trained or recorded; start it again with "
             f"silodp run CONFIG --out {out}."
         )
-    return run_experiment(load_config(path), out, progress=progress, log=log, resume=True)
+    return run_experiment(
+        load_config(path),
+        out,
+        progress=progress,
+        log=log,
+        resume=True,
+        engine_factory=engine_factory,
+    )

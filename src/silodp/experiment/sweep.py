@@ -30,6 +30,7 @@ def run_sweep(
     progress: ProgressFactory | None,
     log: Callable[[str], None],
     resume: bool = False,
+    engine_factory: Any = None,
 ) -> dict[str, Any]:
     """Runs every cell of ``config.sweep``; writes the table (``prifedsync_table.md``/``.csv``)
     and ``personalised_vs_global.png`` into ``out``."""
@@ -54,7 +55,15 @@ def run_sweep(
         if done is not None:
             rows, run_summary = read_rows(out / run.name, run.training.rounds)[0], done
         else:
-            rows, run_summary = train_run(run, data, out / run.name, progress, sweep, resume=resume)
+            rows, run_summary = train_run(
+                run,
+                data,
+                out / run.name,
+                progress,
+                sweep,
+                resume=resume,
+                engine_factory=engine_factory,
+            )
         label = run.name.removeprefix(f"{name}/")
         all_rows[label] = rows
         summaries.append(run_summary)

@@ -166,6 +166,34 @@ class Simulator:
             faults.reached("silo_recorded", round_index)
         return bool(planned)
 
+    def record_update(self, round_index: int, update: SiloUpdate) -> None:
+        """Records a silo's events in the ledger before its message reaches the server."""
+        if self.ledger is not None and update.privacy is not None:
+            self.ledger.record(round_index, f"silo:{update.silo}", update.privacy)
+            faults.reached("silo_recorded", round_index)
+
+    def silo_updates(
+        self, round_index: int, chosen: list[int], instructions: Any, *, record: bool
+    ) -> list[SiloUpdate]:
+        """Runs the chosen silos' local updates (here: in this process, one after another);
+        ``record``: each silo's events go to the ledger as its update ends. Another engine
+        overrides this to run them where the silos are; the updates it returns are the silos
+        that took part."""
+        updates: list[SiloUpdate] = []
+        for s in chosen:
+            coins = self.coins(round_index, SILO_STREAM, s)
+            update = self.algorithm.local_update(
+                self.model, self.params, self.silos[s], coins, instructions, self.states[s]
+            )
+            if record:
+                self.record_update(round_index, update)
+            updates.append(update)
+        return updates
+
+    def to_aggregate(self, updates: list[SiloUpdate]) -> list[SiloUpdate]:
+        """What the server's aggregation sees of the silos' updates (here: every one)."""
+        return updates
+
     def run_round(self, round_index: int, *, evaluate_now: bool = True) -> RoundResult:
         """One round: local updates of the sampled silos, accounting, aggregation, evaluation."""
         start = time.perf_counter()
@@ -176,19 +204,10 @@ class Simulator:
         instructions = self.algorithm.configure_round(
             round_index, self.coins(round_index, SERVER_STREAM)
         )
-        updates: list[SiloUpdate] = []
-        for s in chosen:
-            coins = self.coins(round_index, SILO_STREAM, s)
-            update = self.algorithm.local_update(
-                self.model, self.params, self.silos[s], coins, instructions, self.states[s]
-            )
-            if self.ledger is not None and not from_plan and update.privacy is not None:
-                # recorded before the silo's message reaches the server
-                self.ledger.record(round_index, f"silo:{s}", update.privacy)
-                faults.reached("silo_recorded", round_index)
-            updates.append(update)
+        updates = self.silo_updates(round_index, chosen, instructions, record=not from_plan)
+        chosen = [u.silo for u in updates]
         epsilon, routes, mu, estimates = self._account(round_index, updates)
-        self.params = self.algorithm.aggregate(self.params, updates, self.states)
+        self.params = self.algorithm.aggregate(self.params, self.to_aggregate(updates), self.states)
         metrics: dict[str, float | None] = {}
         if evaluate_now:
             metrics = dict(self.algorithm.evaluate(self.model, self.params, self.states, self.test))

@@ -1,0 +1,51 @@
+"""Engines for :func:`~silodp.experiment.run.run_experiment` whose silos run apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from silodp.data import FederatedDataset
+from silodp.engines.remote import RemoteEngine, Transport
+from silodp.engines.silo import write_silo_data
+from silodp.experiment.run import EngineFactory
+
+__all__ = ["remote_engine_factory", "silo_file", "write_silo_files"]
+
+
+def silo_file(directory: str | Path, silo: int) -> Path:
+    """Where :func:`write_silo_files` puts silo ``silo``'s records."""
+    return Path(directory) / f"silo-{silo}.npz"
+
+
+def write_silo_files(train: FederatedDataset, directory: str | Path) -> list[Path]:
+    """Every silo's records (before any run's bounds), one file per silo."""
+    return [write_silo_data(train, s, silo_file(directory, s)) for s in range(train.num_silos)]
+
+
+def remote_engine_factory(
+    transport: Transport,
+    *,
+    timeout: float = 600.0,
+    on_failure: str = "abort",
+    connect_timeout: float = 300.0,
+) -> EngineFactory:
+    """An engine factory whose runs exchange messages with the silos through ``transport``."""
+
+    def make(run: Any, data: Any, **kwargs: Any) -> RemoteEngine:
+        train = data.train
+        return RemoteEngine(
+            transport=transport,
+            records=train,
+            timeout=timeout,
+            on_failure=on_failure,
+            connect_timeout=connect_timeout,
+            model_spec={
+                "name": run.config.model.name,
+                "feature_shape": list(train.feature_shape),
+                "num_classes": train.num_classes,
+            },
+            **kwargs,
+        )
+
+    return make

@@ -1,0 +1,132 @@
+"""The messages between the server and a silo when they run apart, and their checks.
+
+Every message is a kind and a body (:mod:`silodp.engines.wire` turns the body into bytes). The
+server checks each silo's reply before it is used (:func:`update_from_wire`): a missing key,
+a tensor of the wrong shape or dtype, a non-finite value or a count out of range is refused
+with an error naming the silo and what was wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from silodp.accounting import SiloPrivacy
+from silodp.algorithms import SiloUpdate
+from silodp.errors import InvalidValueError
+from silodp.privacy.gradients import Params
+
+__all__ = ["KINDS", "MalformedReplyError", "update_from_wire", "update_to_wire"]
+
+#: the server's first message to every node: which silo are you, which records do you hold
+HELLO = "hello"
+#: the run: the calibrated algorithm, its public set-up, the model, which records to train on
+SETUP = "setup"
+#: every silo's public key for the masked sum (the leader answers with the sealed seed)
+DIRECTORY = "directory"
+#: the leader's sealed seed, relayed to one silo
+SEED = "seed"
+#: one round: the global model, the round's instructions, the silo's state
+TRAIN = "train"
+KINDS = (HELLO, SETUP, DIRECTORY, SEED, TRAIN)
+#: the key of a masked message (uint64, the secure sum's input) in an update's ``params``
+MASKED = "__masked__"
+
+
+class MalformedReplyError(InvalidValueError):
+    """A silo's reply that is not what the server asked for."""
+
+
+def update_to_wire(update: SiloUpdate) -> dict[str, Any]:
+    return {
+        "silo": update.silo,
+        "params": update.params,
+        "num_records": update.num_records,
+        "privacy": update.privacy,
+        "group_sizes": update.group_sizes,
+        "subjects_per_batch": update.subjects_per_batch,
+        "payload": update.payload,
+    }
+
+
+def _fail(silo: int, what: str) -> MalformedReplyError:
+    return MalformedReplyError(f"Silo {silo} sent a malformed reply: {what}.")
+
+
+def _check_params(silo: int, params: Any, like: Params, masked_size: int | None) -> Params:
+    if masked_size is not None:
+        if not isinstance(params, dict) or set(params) != {MASKED}:
+            raise _fail(silo, "expected a masked message for the secure sum")
+        masked = params[MASKED]
+        if not isinstance(masked, np.ndarray) or masked.dtype != np.uint64:
+            raise _fail(silo, "expected the masked message as uint64")
+        if masked.shape != (masked_size,):
+            raise _fail(silo, f"expected {masked_size} masked values, got {masked.shape}")
+        return {MASKED: masked}  # type: ignore[dict-item]
+    if not isinstance(params, dict) or set(params) != set(like):
+        keys = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise _fail(silo, f"expected parameters {sorted(like)}, got {keys}")
+    for name, ref in like.items():
+        t = params[name]
+        if not isinstance(t, torch.Tensor):
+            raise _fail(silo, f"parameter {name!r} is a {type(t).__name__}, not a tensor")
+        if t.shape != ref.shape:
+            raise _fail(
+                silo, f"parameter {name!r} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}"
+            )
+        if not (t.is_floating_point() and t.dtype in (ref.dtype, torch.float64)):
+            raise _fail(silo, f"parameter {name!r} has dtype {t.dtype}, expected {ref.dtype}")
+        if not bool(torch.isfinite(t).all()):
+            raise _fail(silo, f"parameter {name!r} holds NaN or inf")
+    return params
+
+
+def _check_counts(silo: int, name: str, values: Any) -> list[int]:
+    if not isinstance(values, list) or any(
+        isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values
+    ):
+        raise _fail(silo, f"expected {name} as a list of counts >= 0")
+    return values
+
+
+def update_from_wire(
+    reply: Any, *, silo: int, like: Params, masked_size: int | None = None
+) -> SiloUpdate:
+    """Silo ``silo``'s update from its reply, checked against the global model ``like``
+    (``masked_size``: the update's message is the secure sum's masked vector of that size).
+
+    Raises:
+      MalformedReplyError: what was wrong, naming the silo.
+    """
+    if not isinstance(reply, dict):
+        raise _fail(silo, f"expected a mapping, got {type(reply).__name__}")
+    missing = sorted({"update", "state"} - set(reply))
+    if missing:
+        raise _fail(silo, f"missing {missing}")
+    body = reply["update"]
+    keys = ("silo", "params", "num_records", "privacy", "group_sizes", "subjects_per_batch")
+    if not isinstance(body, dict) or any(k not in body for k in keys):
+        raise _fail(silo, f"expected an update with {list(keys)}")
+    if body["silo"] != silo:
+        raise _fail(silo, f"it answers as silo {body['silo']!r}")
+    n = body["num_records"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise _fail(silo, f"num_records={n!r}, expected an int >= 1")
+    privacy = body["privacy"]
+    if privacy is not None and not isinstance(privacy, SiloPrivacy):
+        raise _fail(silo, "its events are not a SiloPrivacy")
+    for value in (body.get("payload"),):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _fail(silo, "its payload holds NaN or inf")
+    return SiloUpdate(
+        silo=silo,
+        params=_check_params(silo, body["params"], like, masked_size),
+        num_records=n,
+        privacy=privacy,
+        group_sizes=_check_counts(silo, "group_sizes", body["group_sizes"]),
+        subjects_per_batch=_check_counts(silo, "subjects_per_batch", body["subjects_per_batch"]),
+        payload=body.get("payload"),
+    )

@@ -1,0 +1,341 @@
+"""The server's side when the silos run apart: the simulator's round, with messages.
+
+:class:`RemoteEngine` is the in-process :class:`~silodp.federated.simulator.Simulator` with its
+one silo-facing step (:meth:`silo_updates`) replaced by messages through a :class:`Transport`
+(Flower's grid, or a loopback for tests): silo sampling, the round's instructions, the ledger,
+the accounting, aggregation and evaluation are the simulator's own code. Before the first
+round it learns which node is which silo from their replies (refusing unknown or duplicate
+silos and records other than planned), sends each silo the calibrated algorithm and, for the
+algorithms whose guarantee against the server needs it, sets up the masked sum
+(:mod:`silodp.crypto.masked_sum`): the server then sees only the sum of the silos' messages.
+
+Faults: every wait has a timeout. A silo that fails, times out or sends a malformed reply
+aborts the round (:class:`SiloFailureError`), or with ``on_failure="skip"`` is left out of it
+where the algorithm allows it (a skipped silo's events are not recorded: it released nothing).
+Algorithms that need every silo (the ULDP family) and the masked sum always abort.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from silodp._validation import check_choice
+from silodp.algorithms import SiloUpdate
+from silodp.crypto.masked_sum import unmask_sum
+from silodp.data import FederatedDataset
+from silodp.engines import messages as msg
+from silodp.engines import wire
+from silodp.engines.silo import silo_digest
+from silodp.errors import SilodpError
+from silodp.federated.simulator import Simulator
+
+__all__ = ["FAILURE_POLICIES", "RemoteEngine", "SiloFailureError", "Transport", "kept_mask"]
+
+logger = logging.getLogger(__name__)
+
+FAILURE_POLICIES = ("abort", "skip")
+
+
+class SiloFailureError(SilodpError):
+    """A silo failed, timed out or sent a malformed reply where the round cannot go on."""
+
+
+class Transport(Protocol):
+    """Moves messages between the server and the nodes the silos run on."""
+
+    def wait_for_nodes(self, count: int, timeout: float) -> list[int]:
+        """The connected nodes' ids once ``count`` are connected (fewer after ``timeout``)."""
+        ...
+
+    def exchange(
+        self, requests: Mapping[int, tuple[str, bytes]], timeout: float
+    ) -> dict[int, bytes | str]:
+        """Sends each node its ``(kind, body)``; each node's reply body, or a string saying
+        why there is none (an error it raised, or no answer within ``timeout`` seconds)."""
+        ...
+
+
+def _row_keys(x: np.ndarray, y: np.ndarray, subject: np.ndarray) -> list[bytes]:
+    flat = np.ascontiguousarray(x).reshape(len(y), -1)
+    return [
+        hashlib.blake2b(flat[i].tobytes() + y[i].tobytes() + subject[i].tobytes()).digest()
+        for i in range(len(y))
+    ]
+
+
+def kept_mask(full: FederatedDataset, kept: FederatedDataset, silo: int) -> np.ndarray:
+    """Which of silo ``silo``'s records in ``full`` (in order) the bounded ``kept`` holds: the
+    bounds keep an ordered subset, so each kept record is matched to the next equal one."""
+    a, b = full.silo_indices(silo), kept.silo_indices(silo)
+    keys_full = _row_keys(full.x[a], full.y[a], full.subject[a])
+    keys_kept = _row_keys(kept.x[b], kept.y[b], kept.subject[b])
+    mask = np.zeros(len(a), dtype=bool)
+    j = 0
+    for i, key in enumerate(keys_full):
+        if j < len(keys_kept) and key == keys_kept[j]:
+            mask[i] = True
+            j += 1
+    if j != len(keys_kept):
+        raise ValueError(f"Silo {silo}'s bounded records are not a subset of its records.")
+    return mask
+
+
+class RemoteEngine(Simulator):
+    """Runs the silos' local updates where the silos are, through ``transport``.
+
+    Args (beyond :class:`Simulator`'s):
+      transport: the message channel to the nodes.
+      records: every silo's records before the run's bounds (what each silo's file holds).
+      timeout: seconds any one exchange may take.
+      on_failure: ``"abort"`` the run at a failed silo, or ``"skip"`` it for the round where
+        the algorithm allows it.
+      connect_timeout: seconds to wait for every silo's node to connect.
+      model_spec: the model's ``name``, ``feature_shape`` and ``num_classes``.
+    """
+
+    def __init__(
+        self,
+        *,
+        transport: Transport,
+        records: FederatedDataset,
+        timeout: float = 600.0,
+        on_failure: str = "abort",
+        connect_timeout: float = 300.0,
+        model_spec: Mapping[str, Any],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        #: the run's records after its bounds (what the silos train on)
+        self.bounded: FederatedDataset = kwargs["train"]
+        self.model_spec = dict(model_spec)
+        self.transport = transport
+        self.records = records
+        self.timeout = float(timeout)
+        self.connect_timeout = float(connect_timeout)
+        self.on_failure = check_choice("on_failure", on_failure, FAILURE_POLICIES)
+        grid = None
+        if self.algorithm.needs_secure_aggregation():
+            grid = self.algorithm.secure_sum_grid()
+        #: the grid of the masked sum's integers (None: messages go to the server as they are)
+        self.grid = grid
+        self.nodes: dict[int, int] = {}
+        self._dim = sum(int(v.numel()) for v in self.params.values())
+        self._connect()
+
+    @property
+    def secure_sum(self) -> bool:
+        return self.grid is not None
+
+    def summary_fields(self) -> dict[str, Any]:
+        if self.secure_sum:
+            aggregation = "masked sum: the server saw only the sum of the silos' messages"
+        elif self.algorithm.needs_secure_aggregation():
+            aggregation = "clear (no noise, no guarantee): the server saw each silo's message"
+        else:
+            aggregation = "clear: the server saw each silo's message"
+        return {"aggregation": aggregation}
+
+    # --- set-up ---------------------------------------------------------------------------
+    def _exchange(self, requests: Mapping[int, tuple[str, Any]], what: str) -> dict[int, Any]:
+        """Sends each silo its message; every silo's decoded reply, or SiloFailureError."""
+        by_node = {self.nodes[s]: (kind, wire.encode(body)) for s, (kind, body) in requests.items()}
+        replies = self.transport.exchange(by_node, self.timeout)
+        out, failed = {}, {}
+        for s in requests:
+            reply = replies.get(self.nodes[s], f"no answer within {self.timeout:g} s")
+            if isinstance(reply, str):
+                failed[s] = reply
+                continue
+            try:
+                out[s] = wire.decode(reply)
+            except wire.WireError as err:
+                failed[s] = f"unreadable reply ({err})"
+        if failed:
+            raise SiloFailureError(
+                f"{what}: " + "; ".join(f"silo {s}: {why}" for s, why in sorted(failed.items()))
+            )
+        return out
+
+    def _connect(self) -> None:
+        expected = self.records.num_silos
+        nodes = self.transport.wait_for_nodes(expected, self.connect_timeout)
+        if len(nodes) < expected:
+            raise SiloFailureError(
+                f"Expected {expected} silos' nodes to connect within {self.connect_timeout:g} s; "
+                f"{len(nodes)} did."
+            )
+        replies = self.transport.exchange(
+            {n: (msg.HELLO, wire.encode({})) for n in nodes}, self.timeout
+        )
+        seen: dict[int, int] = {}
+        for node, reply in replies.items():
+            if isinstance(reply, str):
+                raise SiloFailureError(f"Node {node} did not say which silo it is: {reply}")
+            hello = wire.decode(reply)
+            silo = hello.get("silo") if isinstance(hello, dict) else None
+            if isinstance(silo, bool) or not isinstance(silo, int) or not 0 <= silo < expected:
+                raise SiloFailureError(
+                    f"Node {node} answers as silo {silo!r}; expected one of 0..{expected - 1}."
+                )
+            if silo in seen:
+                raise SiloFailureError(
+                    f"Nodes {seen[silo]} and {node} both answer as silo {silo}; expected one "
+                    "node per silo."
+                )
+            idx = self.records.silo_indices(silo)
+            digest = silo_digest(
+                self.records.x[idx], self.records.y[idx], self.records.subject[idx]
+            )
+            if hello.get("records") != len(idx) or hello.get("digest") != digest:
+                raise SiloFailureError(
+                    f"Silo {silo} (node {node}) holds {hello.get('records')!r} records with "
+                    f"digest {str(hello.get('digest'))[:12]}…; the run was planned for "
+                    f"{len(idx)} records with digest {digest[:12]}…."
+                )
+            seen[silo] = node
+        missing = sorted(set(range(expected)) - set(seen))
+        if missing:
+            raise SiloFailureError(f"No node answers as silo(s) {missing}.")
+        self.nodes = seen
+        self._setup()
+
+    def _setup(self) -> None:
+        algorithm = self.algorithm
+        public = algorithm.silo_setup()
+        session = secrets.token_bytes(16)
+        silos_sample = bool(getattr(algorithm.config, "subject_sampler", None) == "silos")
+        sample_key = None
+        side = getattr(algorithm, "silo_side", None)
+        if self.noise == "seeded" and side is not None:
+            # seeded coins: the run is reproducible by anyone who knows the seed anyway
+            sample_key = side.sample_key._key
+        ids = sorted(self.nodes)
+        requests = {}
+        for s in ids:
+            requests[s] = (
+                msg.SETUP,
+                {
+                    "silo": s,
+                    "digest": None,
+                    "keep": None,
+                    "algorithm": algorithm.name,
+                    "config": algorithm.config,
+                    "public": public,
+                    "model": self.model_spec,
+                    "noise": self.noise,
+                    "seed": self.seed,
+                    "secure_sum": self.secure_sum,
+                    "grid": self.grid,
+                    "session": session,
+                    "silo_ids": ids,
+                    "silos_sample": silos_sample,
+                    "sample_key": sample_key,
+                },
+            )
+        for s in ids:
+            body = requests[s][1]
+            idx = self.records.silo_indices(s)
+            body["digest"] = silo_digest(
+                self.records.x[idx], self.records.y[idx], self.records.subject[idx]
+            )
+            body["keep"] = kept_mask(self.records, self.bounded, s)
+        replies = self._exchange(requests, "set-up")
+        if not self.secure_sum:
+            return
+        directory = {s: replies[s]["dh_public"] for s in ids}
+        sealed = self._exchange(
+            {s: (msg.DIRECTORY, {"directory": directory}) for s in ids}, "key exchange"
+        )
+        leader = ids[0]
+        seeds = sealed[leader]["sealed"]
+        if sorted(seeds) != ids[1:]:
+            raise SiloFailureError(f"Silo {leader} sealed the seed for {sorted(seeds)}.")
+        if seeds:
+            self._exchange({s: (msg.SEED, {"sealed": seeds[s]}) for s in ids[1:]}, "seed relay")
+
+    # --- one round ------------------------------------------------------------------------
+    def silo_updates(
+        self, round_index: int, chosen: list[int], instructions: Any, *, record: bool
+    ) -> list[SiloUpdate]:
+        requests = {
+            s: (
+                msg.TRAIN,
+                {
+                    "round": round_index,
+                    "params": self.params,
+                    "instructions": instructions,
+                    "state": self.states[s],
+                },
+            )
+            for s in chosen
+        }
+        by_node = {self.nodes[s]: (k, wire.encode(b)) for s, (k, b) in requests.items()}
+        started = time.perf_counter()
+        replies = self.transport.exchange(by_node, self.timeout)
+        updates, failed = [], {}
+        for s in chosen:
+            reply = replies.get(self.nodes[s], f"no answer within {self.timeout:g} s")
+            try:
+                if isinstance(reply, str):
+                    raise msg.MalformedReplyError(reply)
+                body = wire.decode(reply)
+                update = msg.update_from_wire(
+                    body,
+                    silo=s,
+                    like=self.params,
+                    masked_size=self._dim if self.secure_sum else None,
+                )
+            except (wire.WireError, msg.MalformedReplyError) as err:
+                failed[s] = str(err)
+                continue
+            self.states[s] = body["state"]
+            updates.append(update)
+        if failed:
+            why = "; ".join(f"silo {s}: {w}" for s, w in sorted(failed.items()))
+            may_skip = not (self.secure_sum or self.algorithm.needs_every_silo())
+            if self.on_failure == "abort" or not may_skip or not updates:
+                raise SiloFailureError(
+                    f"Round {round_index}: {why}. The round is aborted"
+                    + ("" if may_skip else f" ({self.algorithm.name} needs every silo)")
+                    + "; nothing of it was aggregated."
+                )
+            logger.warning("round %d: skipping %s", round_index, why)
+        logger.debug(
+            "round %d: %d replies in %.2f s",
+            round_index,
+            len(updates),
+            time.perf_counter() - started,
+        )
+        if record:
+            for update in updates:
+                self.record_update(round_index, update)
+        return updates
+
+    def to_aggregate(self, updates: list[SiloUpdate]) -> list[SiloUpdate]:
+        return [self._unmasked_sum(updates)] if self.secure_sum else updates
+
+    def _unmasked_sum(self, updates: list[SiloUpdate]) -> SiloUpdate:
+        """One update holding the sum of every silo's message (what the server learns)."""
+        assert self.grid is not None
+        total = unmask_sum([u.params[msg.MASKED] for u in updates])  # type: ignore[misc]
+        flat = torch.from_numpy(total.astype(np.float64)) * self.grid
+        params, start = {}, 0
+        for k, v in self.params.items():
+            size = int(v.numel())
+            params[k] = flat[start : start + size].reshape(v.shape)
+            start += size
+        return replace(
+            updates[0],
+            params=params,
+            group_sizes=[g for u in updates for g in u.group_sizes],
+            subjects_per_batch=[d for u in updates for d in u.subjects_per_batch],
+        )

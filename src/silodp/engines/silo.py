@@ -1,0 +1,206 @@
+"""A silo where its data is: its records, the algorithm's local update, its secrets.
+
+:class:`SiloRuntime` answers the server's messages (:mod:`silodp.engines.messages` names them)
+with exactly the code the in-process simulator runs: the same algorithm object (rebuilt from
+the calibrated config and the public set-up, :meth:`Algorithm.at_silo`), the same coins, the
+same local update. What is secret to the silos stays here: the key pair and pairwise keys of
+the masked sum, the shared seed from which the subject sample is drawn, and the records.
+
+A silo's records come from a file of its own (:func:`write_silo_data`, written per silo by
+``silodp federation up`` or by the simulation): features, labels and the federation-wide
+subject ids, with a digest the server checks before anything trains.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from silodp.algorithms import SiloData, SiloUpdate, algorithm_class
+from silodp.crypto.masked_sum import MaskedSumParty
+from silodp.crypto.sampling import SharedSampleKey
+from silodp.data import FederatedDataset
+from silodp.engines import messages as msg
+from silodp.errors import InvalidValueError
+from silodp.federated.simulator import SILO_STREAM, round_coins
+from silodp.io import atomic_write
+from silodp.models import build_model
+
+__all__ = ["SiloFile", "SiloRuntime", "read_silo_data", "silo_digest", "write_silo_data"]
+
+
+def silo_digest(x: np.ndarray, y: np.ndarray, subject: np.ndarray) -> str:
+    """SHA-256 of a silo's records (features, labels, subject ids) in file order."""
+    h = hashlib.sha256()
+    for a in (x, y, subject):
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class SiloFile:
+    """One silo's records as read from its file."""
+
+    silo: int
+    x: np.ndarray
+    y: np.ndarray
+    subject: np.ndarray
+
+    @property
+    def digest(self) -> str:
+        return silo_digest(self.x, self.y, self.subject)
+
+
+def write_silo_data(train: FederatedDataset, silo: int, path: Path) -> Path:
+    """Writes silo ``silo``'s records of ``train`` to ``path`` (``.npz``, atomically)."""
+    idx = train.silo_indices(silo)
+    import io
+
+    buffer = io.BytesIO()
+    np.savez(
+        buffer,
+        silo=np.int64(silo),
+        x=np.ascontiguousarray(train.x[idx]),
+        y=train.y[idx],
+        subject=train.subject[idx],
+    )
+    atomic_write(path, lambda p: p.write_bytes(buffer.getvalue()))
+    return path
+
+
+def read_silo_data(path: str | Path) -> SiloFile:
+    """The silo file at ``path``.
+
+    Raises:
+      InvalidValueError: no such file, or not a silo file.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidValueError(f"Expected a silo data file at {str(p)!r}; there is none.")
+    try:
+        with np.load(p, allow_pickle=False) as blob:
+            return SiloFile(int(blob["silo"]), blob["x"], blob["y"], blob["subject"])
+    except (KeyError, ValueError, OSError) as err:
+        raise InvalidValueError(
+            f"Expected {str(p)!r} to be a silo data file (silo, x, y, subject): {err}"
+        ) from err
+
+
+class SiloRuntime:
+    """One silo's side of every run the server starts (one at a time)."""
+
+    def __init__(self, data: SiloFile) -> None:
+        self.data = data
+        self._run: dict[str, Any] = {}
+
+    def handle(self, kind: str, body: Any) -> Any:
+        """The reply to the server's message ``kind`` with ``body``.
+
+        Raises:
+          InvalidValueError: an unknown message, or one out of order.
+        """
+        handler = {
+            msg.HELLO: self._hello,
+            msg.SETUP: self._setup,
+            msg.DIRECTORY: self._directory,
+            msg.SEED: self._seed,
+            msg.TRAIN: self._train,
+        }.get(kind)
+        if handler is None:
+            raise InvalidValueError(f"Expected a message kind among {msg.KINDS}, got {kind!r}.")
+        if kind not in (msg.HELLO, msg.SETUP) and not self._run:
+            raise InvalidValueError(f"Silo {self.data.silo}: {kind!r} before any set-up.")
+        return handler(body)
+
+    def _hello(self, body: Any) -> dict[str, Any]:
+        return {"silo": self.data.silo, "records": len(self.data.y), "digest": self.data.digest}
+
+    def _setup(self, body: dict[str, Any]) -> dict[str, Any]:
+        d = self.data
+        if body["silo"] != d.silo:
+            raise InvalidValueError(f"Silo {d.silo}: set-up addressed to silo {body['silo']}.")
+        if body["digest"] != d.digest:
+            raise InvalidValueError(
+                f"Silo {d.silo}: the server planned for other records (digest "
+                f"{body['digest'][:12]}…, this silo's file has {d.digest[:12]}…)."
+            )
+        keep = np.asarray(body["keep"], dtype=bool)
+        if keep.shape != d.y.shape:
+            raise InvalidValueError(
+                f"Silo {d.silo}: expected a keep mask of {len(d.y)} records, got {keep.shape}."
+            )
+        idx = np.flatnonzero(keep)
+        silo = SiloData(
+            silo=d.silo,
+            x=torch.from_numpy(np.ascontiguousarray(d.x[idx])),
+            y=torch.from_numpy(d.y[idx]),
+            subject=torch.from_numpy(d.subject[idx]),
+        )
+        model = body["model"]
+        party = None
+        if body["secure_sum"]:
+            party = MaskedSumParty(d.silo, body["silo_ids"], body["session"])
+        sample_key = body.get("sample_key")
+        self._run = {
+            "body": body,
+            "silo": silo,
+            "model": build_model(
+                model["name"], tuple(model["feature_shape"]), model["num_classes"], seed=0
+            ),
+            "party": party,
+            "sample_key": None if sample_key is None else SharedSampleKey(sample_key),
+            "algorithm": None,
+        }
+        return {"dh_public": None if party is None else party.public_key}
+
+    def _directory(self, body: dict[str, Any]) -> dict[str, Any]:
+        party = self._run["party"]
+        if party is None:
+            raise InvalidValueError(f"Silo {self.data.silo}: no masked sum in this run.")
+        return {"sealed": party.receive_directory(body["directory"])}
+
+    def _seed(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._run["party"].receive_seed(*body["sealed"])
+        return {}
+
+    def _algorithm(self) -> Any:
+        run = self._run
+        if run["algorithm"] is None:
+            body = run["body"]
+            key = run["sample_key"]
+            if key is None and run["party"] is not None and body["silos_sample"]:
+                key = run["party"].sample_key
+            run["algorithm"] = algorithm_class(body["algorithm"]).at_silo(
+                body["config"], body["public"], sample_key=key
+            )
+        return run["algorithm"]
+
+    def _train(self, body: dict[str, Any]) -> dict[str, Any]:
+        run = self._run
+        setup = run["body"]
+        round_index = int(body["round"])
+        coins = round_coins(setup["noise"], setup["seed"], round_index, SILO_STREAM, self.data.silo)
+        algorithm = self._algorithm()
+        state = body["state"]
+        update = algorithm.local_update(
+            run["model"], body["params"], run["silo"], coins, body["instructions"], state
+        )
+        if run["party"] is not None:
+            update = replace(update, params=self._masked(update, round_index, setup["grid"]))
+        return {"update": msg.update_to_wire(update), "state": state}
+
+    def _masked(self, update: SiloUpdate, round_index: int, grid: float) -> dict[str, Any]:
+        """The update's message as integer steps of ``grid``, masked for the secure sum."""
+        flat = torch.cat([v.reshape(-1).to(torch.float64) for v in update.params.values()])
+        steps = flat / grid
+        if not torch.equal(steps, torch.round(steps)):
+            raise InvalidValueError(f"Silo {self.data.silo}: its message is off the noise grid.")
+        masked = self._run["party"].mask(steps.to(torch.int64).numpy(), round_index)
+        return {msg.MASKED: masked}
