@@ -249,18 +249,21 @@ class RemoteEngine(Simulator):
             )
             body["keep"] = kept_mask(self.records, self.bounded, s)
         replies = self._exchange(requests, "set-up")
+        self._setups = {s: requests[s][1] for s in ids}
+        self._keys: dict[str, Any] = {"directory": None, "sealed": None}
         if not self.secure_sum:
             return
         directory = {s: replies[s]["dh_public"] for s in ids}
         sealed = self._exchange(
-            {s: (msg.DIRECTORY, {"directory": directory}) for s in ids}, "key exchange"
+            {s: (msg.DIRECTORY, {"setup": self._setups[s], "directory": directory}) for s in ids},
+            "key exchange",
         )
         leader = ids[0]
         seeds = sealed[leader]["sealed"]
         if sorted(seeds) != ids[1:]:
             raise SiloFailureError(f"Silo {leader} sealed the seed for {sorted(seeds)}.")
-        if seeds:
-            self._exchange({s: (msg.SEED, {"sealed": seeds[s]}) for s in ids[1:]}, "seed relay")
+        # public: relayed with every round, so that a silo needs to keep nothing but its secret
+        self._keys = {"directory": directory, "sealed": seeds}
 
     # --- one round ------------------------------------------------------------------------
     def silo_updates(
@@ -271,6 +274,8 @@ class RemoteEngine(Simulator):
                 msg.TRAIN,
                 {
                     "round": round_index,
+                    "setup": self._setups[s],
+                    **self._keys,
                     "params": self.params,
                     "instructions": instructions,
                     "state": self.states[s],

@@ -14,6 +14,7 @@ subject ids, with a digest the server checks before anything trains.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import torch
 
 from silodp.algorithms import SiloData, SiloUpdate, algorithm_class
 from silodp.crypto.masked_sum import MaskedSumParty
+from silodp.crypto.prg import ChaCha20Prg, derive_key
 from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
 from silodp.engines import messages as msg
@@ -31,7 +33,14 @@ from silodp.federated.simulator import SILO_STREAM, round_coins
 from silodp.io import atomic_write
 from silodp.models import build_model
 
-__all__ = ["SiloFile", "SiloRuntime", "read_silo_data", "silo_digest", "write_silo_data"]
+__all__ = [
+    "SiloFile",
+    "SiloRuntime",
+    "read_silo_data",
+    "silo_digest",
+    "silo_secret",
+    "write_silo_data",
+]
 
 
 def silo_digest(x: np.ndarray, y: np.ndarray, subject: np.ndarray) -> str:
@@ -93,18 +102,38 @@ def read_silo_data(path: str | Path) -> SiloFile:
         ) from err
 
 
-class SiloRuntime:
-    """One silo's side of every run the server starts (one at a time)."""
+def silo_secret(path: str | Path) -> bytes:
+    """The silo's own 32-byte secret kept at ``path`` (created there, mode 0600, on first
+    use): every key of the silo's side of the masked sum derives from it and the session."""
+    p = Path(path)
+    if not p.is_file():
+        secret = os.urandom(32)
+        atomic_write(p, lambda q: (q.write_bytes(secret), q.chmod(0o600)))
+    secret = p.read_bytes()
+    if len(secret) != 32:
+        raise InvalidValueError(f"Expected a 32-byte silo secret in {str(p)!r}.")
+    return secret
 
-    def __init__(self, data: SiloFile) -> None:
+
+class SiloRuntime:
+    """One silo's side of every run the server starts.
+
+    It keeps nothing between messages that it could not rebuild: each round's message carries
+    the run's public set-up (and the masked sum's public key directory and sealed seed), and
+    the silo's keys derive from its ``secret`` and the session, so a silo process may start
+    afresh for every message (as Flower's deployment runs it) or after a restart.
+    """
+
+    def __init__(self, data: SiloFile, secret: bytes | None = None) -> None:
         self.data = data
-        self._run: dict[str, Any] = {}
+        self.secret = secret if secret is not None else os.urandom(32)
+        self._cache: dict[str, Any] = {}
 
     def handle(self, kind: str, body: Any) -> Any:
         """The reply to the server's message ``kind`` with ``body``.
 
         Raises:
-          InvalidValueError: an unknown message, or one out of order.
+          InvalidValueError: an unknown message, or one that does not fit this silo.
         """
         handler = {
             msg.HELLO: self._hello,
@@ -115,79 +144,98 @@ class SiloRuntime:
         }.get(kind)
         if handler is None:
             raise InvalidValueError(f"Expected a message kind among {msg.KINDS}, got {kind!r}.")
-        if kind not in (msg.HELLO, msg.SETUP) and not self._run:
-            raise InvalidValueError(f"Silo {self.data.silo}: {kind!r} before any set-up.")
+        if not isinstance(body, dict):
+            raise InvalidValueError(f"Expected a mapping as the body of {kind!r}.")
         return handler(body)
 
-    def _hello(self, body: Any) -> dict[str, Any]:
+    def _hello(self, body: dict[str, Any]) -> dict[str, Any]:
         return {"silo": self.data.silo, "records": len(self.data.y), "digest": self.data.digest}
 
-    def _setup(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _party(self, setup: dict[str, Any]) -> MaskedSumParty:
+        session = setup["session"]
+        source = ChaCha20Prg(derive_key(self.secret, b"silodp/engine/masked-sum", salt=session))
+        return MaskedSumParty(self.data.silo, setup["silo_ids"], session, source=source)
+
+    def _run(self, setup: dict[str, Any]) -> dict[str, Any]:
+        """The run ``setup`` describes (built once per session in this process)."""
+        if self._cache.get("session") == setup.get("session"):
+            return self._cache
         d = self.data
-        if body["silo"] != d.silo:
-            raise InvalidValueError(f"Silo {d.silo}: set-up addressed to silo {body['silo']}.")
-        if body["digest"] != d.digest:
+        if setup["silo"] != d.silo:
+            raise InvalidValueError(f"Silo {d.silo}: set-up addressed to silo {setup['silo']}.")
+        if setup["digest"] != d.digest:
             raise InvalidValueError(
                 f"Silo {d.silo}: the server planned for other records (digest "
-                f"{body['digest'][:12]}…, this silo's file has {d.digest[:12]}…)."
+                f"{setup['digest'][:12]}…, this silo's file has {d.digest[:12]}…)."
             )
-        keep = np.asarray(body["keep"], dtype=bool)
+        keep = np.asarray(setup["keep"], dtype=bool)
         if keep.shape != d.y.shape:
             raise InvalidValueError(
                 f"Silo {d.silo}: expected a keep mask of {len(d.y)} records, got {keep.shape}."
             )
         idx = np.flatnonzero(keep)
-        silo = SiloData(
-            silo=d.silo,
-            x=torch.from_numpy(np.ascontiguousarray(d.x[idx])),
-            y=torch.from_numpy(d.y[idx]),
-            subject=torch.from_numpy(d.subject[idx]),
-        )
-        model = body["model"]
-        party = None
-        if body["secure_sum"]:
-            party = MaskedSumParty(d.silo, body["silo_ids"], body["session"])
-        sample_key = body.get("sample_key")
-        self._run = {
-            "body": body,
-            "silo": silo,
+        model = setup["model"]
+        self._cache = {
+            "session": setup["session"],
+            "silo": SiloData(
+                silo=d.silo,
+                x=torch.from_numpy(np.ascontiguousarray(d.x[idx])),
+                y=torch.from_numpy(d.y[idx]),
+                subject=torch.from_numpy(d.subject[idx]),
+            ),
             "model": build_model(
                 model["name"], tuple(model["feature_shape"]), model["num_classes"], seed=0
             ),
-            "party": party,
-            "sample_key": None if sample_key is None else SharedSampleKey(sample_key),
+            "party": self._party(setup) if setup["secure_sum"] else None,
             "algorithm": None,
         }
-        return {"dh_public": None if party is None else party.public_key}
+        return self._cache
+
+    def _setup(self, body: dict[str, Any]) -> dict[str, Any]:
+        run = self._run(body)
+        return {"dh_public": None if run["party"] is None else run["party"].public_key}
 
     def _directory(self, body: dict[str, Any]) -> dict[str, Any]:
-        party = self._run["party"]
+        party = self._run(body["setup"])["party"]
         if party is None:
             raise InvalidValueError(f"Silo {self.data.silo}: no masked sum in this run.")
         return {"sealed": party.receive_directory(body["directory"])}
 
     def _seed(self, body: dict[str, Any]) -> dict[str, Any]:
-        self._run["party"].receive_seed(*body["sealed"])
+        run = self._run(body["setup"])
+        party = run["party"]
+        if party is None:
+            raise InvalidValueError(f"Silo {self.data.silo}: no masked sum in this run.")
+        if "keyed" not in run:
+            sealed = party.receive_directory(body["directory"])
+            if party.silo_id != party.leader:
+                party.receive_seed(*body["sealed"][party.silo_id])
+            elif sorted(sealed) != sorted(body["sealed"]):
+                raise InvalidValueError(f"Silo {party.silo_id}: the relayed seeds differ.")
+            run["keyed"] = True
         return {}
 
-    def _algorithm(self) -> Any:
-        run = self._run
+    def _algorithm(self, setup: dict[str, Any]) -> Any:
+        run = self._run(setup)
         if run["algorithm"] is None:
-            body = run["body"]
-            key = run["sample_key"]
-            if key is None and run["party"] is not None and body["silos_sample"]:
+            key = None
+            if setup.get("sample_key") is not None:
+                key = SharedSampleKey(setup["sample_key"])
+            elif run["party"] is not None and setup["silos_sample"]:
                 key = run["party"].sample_key
-            run["algorithm"] = algorithm_class(body["algorithm"]).at_silo(
-                body["config"], body["public"], sample_key=key
+            run["algorithm"] = algorithm_class(setup["algorithm"]).at_silo(
+                setup["config"], setup["public"], sample_key=key
             )
         return run["algorithm"]
 
     def _train(self, body: dict[str, Any]) -> dict[str, Any]:
-        run = self._run
-        setup = run["body"]
+        setup = body["setup"]
+        run = self._run(setup)
+        if run["party"] is not None:
+            self._seed(body)
         round_index = int(body["round"])
         coins = round_coins(setup["noise"], setup["seed"], round_index, SILO_STREAM, self.data.silo)
-        algorithm = self._algorithm()
+        algorithm = self._algorithm(setup)
         state = body["state"]
         update = algorithm.local_update(
             run["model"], body["params"], run["silo"], coins, body["instructions"], state
@@ -202,5 +250,5 @@ class SiloRuntime:
         steps = flat / grid
         if not torch.equal(steps, torch.round(steps)):
             raise InvalidValueError(f"Silo {self.data.silo}: its message is off the noise grid.")
-        masked = self._run["party"].mask(steps.to(torch.int64).numpy(), round_index)
+        masked = self._cache["party"].mask(steps.to(torch.int64).numpy(), round_index)
         return {msg.MASKED: masked}
