@@ -108,7 +108,12 @@ def silo_secret(path: str | Path) -> bytes:
     p = Path(path)
     if not p.is_file():
         secret = os.urandom(32)
-        atomic_write(p, lambda q: (q.write_bytes(secret), q.chmod(0o600)))
+
+        def write(q: Path) -> None:
+            q.write_bytes(secret)
+            q.chmod(0o600)
+
+        atomic_write(p, write)
     secret = p.read_bytes()
     if len(secret) != 32:
         raise InvalidValueError(f"Expected a 32-byte silo secret in {str(p)!r}.")

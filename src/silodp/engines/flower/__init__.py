@@ -1,0 +1,14 @@
+"""silodp on Flower: the only package that imports ``flwr``.
+
+:mod:`.transport` carries the remote engine's messages over Flower's grid; :mod:`.apps` holds
+the ServerApp (the experiment, run by the server) and the ClientApp (a silo's
+:class:`~silodp.engines.silo.SiloRuntime`); :mod:`.simulation` runs both on Flower's simulation
+engine and :mod:`.deployment` starts a local federation (SuperLink and SuperNodes).
+"""
+
+import os
+
+# never report to Flower's telemetry or check for updates from anything silodp starts
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")

@@ -1,0 +1,100 @@
+"""The ServerApp (runs the experiment, the silos through the grid) and the ClientApp (a silo).
+
+The ServerApp reads its run config: ``config`` (the experiment's TOML file, on the server's
+machine), ``out`` (the output directory), and optionally ``resume``, ``overwrite``,
+``timeout``, ``connect-timeout`` and ``on-failure``. The ClientApp reads its node config:
+``data`` (the silo's records, a file of :func:`~silodp.engines.silo.write_silo_data`; its
+secret is kept beside it as ``<data>.key``), or in a simulation ``partition-id`` with the run
+config's ``silo-dir``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from silodp.engines import wire
+from silodp.engines.factory import remote_engine_factory, silo_file
+from silodp.engines.flower.transport import GridTransport, reply_content, request_of
+from silodp.engines.silo import SiloRuntime, read_silo_data, silo_secret
+from silodp.errors import SilodpError
+
+__all__ = ["client_app", "server_app", "silo_data_path"]
+
+logger = logging.getLogger("silodp")
+
+server_app = ServerApp()
+client_app = ClientApp()
+
+#: where a simulation's virtual silos find their data files (``silo-<partition-id>.npz``)
+SILO_DIR_ENV = "SILODP_SILO_DIR"
+
+#: one runtime per silo data file in this process
+_RUNTIMES: dict[str, SiloRuntime] = {}
+
+
+def silo_data_path(context: Context) -> Path:
+    """The silo's data file: the node config's ``data``, else (simulation) the run config's
+    ``silo-dir`` and the node's ``partition-id``."""
+    node = context.node_config
+    if "data" in node:
+        return Path(str(node["data"]))
+    directory = context.run_config.get("silo-dir") or os.environ.get(SILO_DIR_ENV)
+    if "partition-id" in node and directory:
+        return silo_file(str(directory), int(node["partition-id"]))
+    raise SilodpError(
+        "Expected the SuperNode's node config to name the silo's data file (data=PATH)."
+    )
+
+
+def _runtime(context: Context) -> SiloRuntime:
+    path = silo_data_path(context)
+    key = str(path.resolve())
+    if key not in _RUNTIMES:
+        _RUNTIMES[key] = SiloRuntime(read_silo_data(path), silo_secret(f"{path}.key"))
+    return _RUNTIMES[key]
+
+
+@client_app.query()
+def silo_query(message: Message, context: Context) -> Message:
+    """A silo's reply to one of the server's messages (errors go back as Flower errors)."""
+    kind, body = request_of(message)
+    reply = _runtime(context).handle(kind, wire.decode(body))
+    return Message(reply_content(wire.encode(reply)), reply_to=message)
+
+
+def _option(config: Any, key: str, default: Any) -> Any:
+    return config[key] if key in config else default
+
+
+@server_app.main()
+def experiment(grid: Grid, context: Context) -> None:
+    """Runs the experiment of the run config's ``config`` file with the connected silos."""
+    from silodp.config import load_config
+    from silodp.experiment.run import resume_experiment, run_experiment
+
+    rc = context.run_config
+    factory = remote_engine_factory(
+        GridTransport(grid),
+        timeout=float(_option(rc, "timeout", 600.0)),
+        on_failure=str(_option(rc, "on-failure", "abort")),
+        connect_timeout=float(_option(rc, "connect-timeout", 300.0)),
+    )
+    out = Path(str(rc["out"]))
+    log = logger.info
+    if bool(_option(rc, "resume", False)):
+        resume_experiment(out, log=log, engine_factory=factory)
+        return
+    run_experiment(
+        load_config(str(rc["config"])),
+        out,
+        overwrite=bool(_option(rc, "overwrite", False)),
+        log=log,
+        engine_factory=factory,
+    )

@@ -1,0 +1,96 @@
+"""Flower's simulation engine (Ray): virtual silos in worker processes of this machine."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.simulation import run_simulation
+
+from silodp.config import ExperimentConfig
+from silodp.data.build import build_federated_data
+from silodp.engines.factory import remote_engine_factory, write_silo_files
+from silodp.engines.flower.apps import SILO_DIR_ENV, client_app
+from silodp.engines.flower.transport import GridTransport
+from silodp.errors import InvalidValueError, SilodpError
+
+__all__ = ["FEDERATION_DIR", "simulate"]
+
+logger = logging.getLogger(__name__)
+
+#: where a simulation keeps its virtual silos' data files, inside the output directory
+FEDERATION_DIR = ".federation"
+
+
+def check_engine_config(config: ExperimentConfig) -> None:
+    """Refuses what the engines whose silos run apart do not support yet."""
+    if config.data.scaling == "dp":
+        raise InvalidValueError(
+            "Expected [data] scaling other than 'dp' with a Flower engine: the DP feature "
+            "statistics are computed by the in-process engine only."
+        )
+
+
+def simulate(
+    config: ExperimentConfig,
+    out_dir: str | Path,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    timeout: float = 600.0,
+    on_failure: str = "abort",
+    num_cpus: int | None = None,
+    log: Callable[[str], None] = logger.info,
+) -> dict[str, Any]:
+    """Runs ``config`` on Flower's simulation engine: one virtual SuperNode per silo, each a
+    :class:`~silodp.engines.silo.SiloRuntime` reading its own data file; the ServerApp runs
+    the experiment (:func:`~silodp.experiment.run.run_experiment`) in this process.
+
+    Returns the experiment summary (``out_dir/summary.json``).
+    """
+    from silodp.experiment.run import resume_experiment, run_experiment
+
+    check_engine_config(config)
+    out = Path(out_dir)
+    data = build_federated_data(config.data)
+    silo_dir = out / FEDERATION_DIR / "silos"
+    write_silo_files(data.train, silo_dir)
+    os.environ[SILO_DIR_ENV] = str(silo_dir.resolve())
+    failures: list[BaseException] = []
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        factory = remote_engine_factory(GridTransport(grid), timeout=timeout, on_failure=on_failure)
+        try:
+            if resume:
+                resume_experiment(out, log=log, engine_factory=factory)
+            else:
+                run_experiment(config, out, overwrite=overwrite, log=log, engine_factory=factory)
+        except BaseException as err:
+            failures.append(err)
+            raise
+
+    cpus = num_cpus or os.cpu_count() or 1
+    run_simulation(
+        server_app=app,
+        client_app=client_app,
+        num_supernodes=data.train.num_silos,
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False},
+        },
+    )
+    if failures:
+        raise failures[0]
+    summary_path = out / "summary.json"
+    if not summary_path.is_file():
+        raise SilodpError(f"The Flower simulation ended without writing {summary_path}.")
+    result: dict[str, Any] = json.loads(summary_path.read_text())
+    return result

@@ -1,0 +1,64 @@
+"""The remote engine's messages over a Flower grid (the Message API)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+__all__ = ["RECORD", "GridTransport", "request_of", "reply_content"]
+
+#: the record holding silodp's message in a Flower message
+RECORD = "silodp"
+
+
+def reply_content(body: bytes) -> RecordDict:
+    return RecordDict({RECORD: ConfigRecord({"body": body})})
+
+
+def request_of(message: Message) -> tuple[str, bytes]:
+    """The ``(kind, body)`` of a silodp message received by a ClientApp."""
+    record = message.content[RECORD]
+    return str(record["kind"]), bytes(record["body"])  # type: ignore[arg-type]
+
+
+class GridTransport:
+    """Sends each node a ``query`` message; replies, Flower errors and timeouts by node."""
+
+    def __init__(self, grid: Grid, *, poll: float = 1.0) -> None:
+        self.grid = grid
+        self.poll = poll
+
+    def wait_for_nodes(self, count: int, timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
+        while True:
+            nodes = sorted(self.grid.get_node_ids())
+            if len(nodes) >= count or time.monotonic() >= deadline:
+                return nodes
+            time.sleep(self.poll)
+
+    def exchange(
+        self, requests: Mapping[int, tuple[str, bytes]], timeout: float
+    ) -> dict[int, bytes | str]:
+        messages = [
+            Message(
+                RecordDict({RECORD: ConfigRecord({"kind": kind, "body": body})}),
+                dst_node_id=node,
+                message_type="query",
+                ttl=timeout + 60.0,
+            )
+            for node, (kind, body) in requests.items()
+        ]
+        out: dict[int, bytes | str] = {}
+        for reply in self.grid.send_and_receive(messages, timeout=timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                out[node] = f"the silo's process failed: {reply.error.reason}"
+                continue
+            try:
+                out[node] = bytes(reply.content[RECORD]["body"])  # type: ignore[arg-type]
+            except (KeyError, TypeError) as err:
+                out[node] = f"a reply without silodp's record ({err})"
+        return out
