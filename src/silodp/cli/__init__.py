@@ -72,6 +72,24 @@ def run(
             "run's directory); overrides [privacy] ledger."
         ),
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="Where the silos run: inprocess (one process), flower-sim (Flower's simulation "
+            "engine, one virtual SuperNode per silo) or flower-deploy (the local federation "
+            "of `silodp federation up`)."
+        ),
+    ] = "inprocess",
+    on_failure: Annotated[
+        str,
+        typer.Option(
+            help="A silo that fails or times out in a round: abort the run, or skip it for the "
+            "round where the algorithm allows it (Flower engines)."
+        ),
+    ] = "abort",
+    timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for the silos' replies (Flower engines).")
+    ] = 600.0,
 ) -> None:
     """Run an experiment: train every listed algorithm, write metrics, summaries and plots.
 
@@ -80,6 +98,15 @@ def run(
     from silodp.experiment import resume_experiment, run_experiment
     from silodp.ledger import BudgetExceededError
 
+    from silodp.engines import ENGINES
+
+    if engine not in ENGINES:
+        fail(f"Expected --engine to be one of {', '.join(ENGINES)}; got {engine!r}.")
+    if on_failure not in ("abort", "skip"):
+        fail(f"Expected --on-failure to be abort or skip; got {on_failure!r}.")
+    if engine != "inprocess":
+        _run_on_flower(config, out, engine, overwrite, resume, on_failure, timeout)
+        return
     if resume is not None:
         try:
             summary = resume_experiment(
@@ -108,6 +135,58 @@ def run(
             progress=None if quiet else _progress,
             log=typer.echo,
         )
+    except BudgetExceededError as err:
+        fail(str(err), code=BUDGET_EXIT_CODE)
+    except (SilodpError, ProtocolError, ValueError, FileNotFoundError) as err:
+        fail(str(err))
+    _print_summary(summary, out)
+
+
+def _run_on_flower(
+    config: Path | None,
+    out: Path,
+    engine: str,
+    overwrite: bool,
+    resume: Path | None,
+    on_failure: str,
+    timeout: float,
+) -> None:
+    """``silodp run --engine flower-sim|flower-deploy``."""
+    from silodp.experiment.run import EXPERIMENT_FILE
+    from silodp.ledger import BudgetExceededError
+
+    path = (resume / EXPERIMENT_FILE) if resume is not None else (config or default_config_path())
+    out = resume if resume is not None else out
+    try:
+        cfg = load_config(path)
+    except SilodpError as err:
+        fail(str(err))
+    typer.echo(f"silodp: running {cfg.name!r} ({', '.join(cfg.algorithms)}) on {engine}")
+    try:
+        if engine == "flower-sim":
+            from silodp.engines.flower.simulation import simulate
+
+            summary = simulate(
+                cfg,
+                out,
+                overwrite=overwrite,
+                resume=resume is not None,
+                timeout=timeout,
+                on_failure=on_failure,
+                log=typer.echo,
+            )
+        else:
+            from silodp.engines.flower.deployment import submit
+
+            summary = submit(
+                path,
+                out,
+                overwrite=overwrite,
+                resume=resume is not None,
+                timeout=timeout,
+                on_failure=on_failure,
+                log=typer.echo,
+            )
     except BudgetExceededError as err:
         fail(str(err), code=BUDGET_EXIT_CODE)
     except (SilodpError, ProtocolError, ValueError, FileNotFoundError) as err:

@@ -1,0 +1,154 @@
+"""The remote engine through a loopback transport: the same numbers as in process, the masked
+sum's secrecy and exactness, the wire codec's refusals, and the failure policies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tomli_w
+import torch
+
+from silodp.config import load_config
+from silodp.crypto.masked_sum import MaskedSumParty, unmask_sum
+from silodp.data.build import build_federated_data
+from silodp.engines import wire
+from silodp.engines.factory import remote_engine_factory, write_silo_files
+from silodp.engines.loopback import LoopbackTransport
+from silodp.engines.remote import SiloFailureError
+from silodp.engines.silo import SiloRuntime, read_silo_data
+from silodp.experiment.run import run_experiment
+
+BASE = {
+    "data": {"source": "digits", "num_silos": 3, "num_subjects": 30, "max_records": 300,
+             "test_fraction": 0.2},
+    "model": {"name": "mlp"},
+    "training": {"rounds": 2, "local_steps": 2, "batch_size": 16, "lr": 0.5},
+    "privacy": {"noise_multiplier": 1.5, "group_size": 4, "noise": "seeded"},
+}
+
+
+def _setup(tmp: Path, algorithm: str, **privacy):
+    raw = json.loads(json.dumps(BASE))
+    raw.update(name="remote", algorithms=[algorithm])
+    raw["privacy"].update(privacy)
+    path = tmp / "c.toml"
+    path.write_text(tomli_w.dumps(raw))
+    config = load_config(path)
+    data = build_federated_data(config.data)
+    files = write_silo_files(data.train, tmp / "silos")
+    transport = LoopbackTransport({70 + s: SiloRuntime(read_silo_data(f)) for s, f in
+                                   enumerate(files)})
+    return config, transport
+
+
+def _model(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model.pt")
+
+
+@pytest.mark.parametrize(
+    "algorithm,privacy",
+    [("higradavg_dp", {}), ("local_item_dp", {}), ("uldp_avg", {"subject_rate": 0.5}),
+     ("uldp_naive", {}), ("prifedsync", {})],
+)
+def test_same_model_and_epsilon_as_in_process(tmp_path, algorithm, privacy):
+    config, transport = _setup(tmp_path, algorithm, **privacy)
+    local = run_experiment(config, tmp_path / "a", log=lambda m: None)
+    remote = run_experiment(config, tmp_path / "b", log=lambda m: None,
+                            engine_factory=remote_engine_factory(transport))
+    a, b = _model(tmp_path / "a" / algorithm), _model(tmp_path / "b" / algorithm)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert local["runs"][0]["epsilon"] == remote["runs"][0]["epsilon"]
+    secure = algorithm.startswith("uldp")
+    assert remote["runs"][0]["aggregation"].startswith("masked sum" if secure else "clear")
+
+
+def test_masked_messages_hide_each_silo_and_sum_exactly():
+    ids = [0, 1, 2]
+    parties = {i: MaskedSumParty(i, ids, b"s" * 16) for i in ids}
+    directory = {i: p.public_key for i, p in parties.items()}
+    sealed = {}
+    for p in parties.values():
+        sealed.update(p.receive_directory(directory))
+    for r, (nonce, ct) in sealed.items():
+        parties[r].receive_seed(nonce, ct)
+    rng = np.random.default_rng(0)
+    values = {i: rng.integers(-2**40, 2**40, size=1000) for i in ids}
+    masked = {i: parties[i].mask(values[i], 3) for i in ids}
+    assert np.array_equal(unmask_sum(list(masked.values())), sum(values.values()))
+    # one message alone looks uniform: its top bit is set about half the time
+    assert 0.4 < float((masked[1] >> np.uint64(63)).mean()) < 0.6
+    # any two of three do not sum to the two values
+    assert not np.array_equal(unmask_sum([masked[0], masked[1]]), values[0] + values[1])
+    # every silo derives the same sample key, the masks change with the round
+    assert parties[1].sample_key.sample(2, 50, 0.5).tolist() == \
+        parties[2].sample_key.sample(2, 50, 0.5).tolist()
+    assert not np.array_equal(parties[0].mask(values[0], 4), masked[0])
+
+
+def test_wire_round_trip_and_refusals():
+    from silodp.algorithms.uldp_common import RoundWeights
+
+    value = {"w": RoundWeights(torch.rand(2, 3), None, 4), 3: (2**80, b"k", 0.1)}
+    back = wire.decode(wire.encode(value))
+    assert torch.equal(back["w"].weights, value["w"].weights) and back[3] == value[3]
+    blob = wire.encode(value)
+    for bad in (blob[:40], b"garbage", blob[:-10]):
+        with pytest.raises(wire.WireError):
+            wire.decode(bad)
+    with pytest.raises(wire.WireError, match="silodp dataclass"):
+        wire._from_tree({"$object": "os:system", "fields": {}}, {})
+    with pytest.raises(wire.WireError, match="can send"):
+        wire.encode(object())
+
+
+def test_a_dead_silo_aborts_or_is_skipped(tmp_path):
+    config, transport = _setup(tmp_path, "local_item_dp")
+    transport.down.add(71)  # silo 1 never answers
+    with pytest.raises(SiloFailureError, match="Node 71 did not say which silo"):
+        run_experiment(config, tmp_path / "a", log=lambda m: None,
+                       engine_factory=remote_engine_factory(transport))
+    # connected for set-up, dead in the rounds: skipped, and its events are not counted
+    transport.down.clear()
+    factory = remote_engine_factory(transport, on_failure="skip")
+
+    def dying(run, data, **kw):
+        engine = factory(run, data, **kw)
+        transport.down.add(71)
+        return engine
+
+    skipped = run_experiment(config, tmp_path / "b", log=lambda m: None, engine_factory=dying)
+    transport.down.clear()
+    full = run_experiment(config, tmp_path / "c", log=lambda m: None)
+    rows = [json.loads(x) for x in (tmp_path / "b" / "local_item_dp" / "metrics.jsonl")
+            .read_text().splitlines()]
+    assert all(r["silos"] == [0, 2] for r in rows)
+    assert skipped["runs"][0]["epsilon"]["record"] <= full["runs"][0]["epsilon"]["record"]
+
+
+def test_uldp_aborts_the_round_when_a_silo_is_missing(tmp_path):
+    config, transport = _setup(tmp_path, "uldp_avg")
+    factory = remote_engine_factory(transport, on_failure="skip")
+
+    def dying(run, data, **kw):
+        engine = factory(run, data, **kw)
+        transport.down.add(72)
+        return engine
+
+    with pytest.raises(SiloFailureError, match="needs every silo"):
+        run_experiment(config, tmp_path / "a", log=lambda m: None, engine_factory=dying)
+
+
+def test_a_node_with_other_records_is_refused(tmp_path):
+    config, transport = _setup(tmp_path, "local_item_dp")
+    other = transport.runtimes[70].data
+    transport.runtimes[70].data = type(other)(0, other.x[:-1], other.y[:-1], other.subject[:-1])
+    with pytest.raises(SiloFailureError, match="planned for"):
+        run_experiment(config, tmp_path / "a", log=lambda m: None,
+                       engine_factory=remote_engine_factory(transport))
+    transport.runtimes[70].data = transport.runtimes[71].data
+    with pytest.raises(SiloFailureError, match="both answer as silo 1"):
+        run_experiment(config, tmp_path / "b", log=lambda m: None,
+                       engine_factory=remote_engine_factory(transport))
