@@ -90,22 +90,24 @@ def run(
     timeout: Annotated[
         float, typer.Option(help="Seconds to wait for the silos' replies (Flower engines).")
     ] = 600.0,
+    federation: Annotated[
+        Path, typer.Option(help="The directory of `silodp federation up` (flower-deploy).")
+    ] = Path(".silodp-federation"),
 ) -> None:
     """Run an experiment: train every listed algorithm, write metrics, summaries and plots.
 
     Exit codes: 0 done, 2 bad input (nothing trained), 3 a privacy budget stopped a run (its
     model and results so far are kept)."""
+    from silodp.engines import ENGINES
     from silodp.experiment import resume_experiment, run_experiment
     from silodp.ledger import BudgetExceededError
-
-    from silodp.engines import ENGINES
 
     if engine not in ENGINES:
         fail(f"Expected --engine to be one of {', '.join(ENGINES)}; got {engine!r}.")
     if on_failure not in ("abort", "skip"):
         fail(f"Expected --on-failure to be abort or skip; got {on_failure!r}.")
     if engine != "inprocess":
-        _run_on_flower(config, out, engine, overwrite, resume, on_failure, timeout)
+        _run_on_flower(config, out, engine, overwrite, resume, on_failure, timeout, federation)
         return
     if resume is not None:
         try:
@@ -150,6 +152,7 @@ def _run_on_flower(
     resume: Path | None,
     on_failure: str,
     timeout: float,
+    federation: Path,
 ) -> None:
     """``silodp run --engine flower-sim|flower-deploy``."""
     from silodp.experiment.run import EXPERIMENT_FILE
@@ -181,6 +184,7 @@ def _run_on_flower(
             summary = submit(
                 path,
                 out,
+                directory=federation,
                 overwrite=overwrite,
                 resume=resume is not None,
                 timeout=timeout,
@@ -252,10 +256,12 @@ def describe(
 
 
 from silodp.cli.account import account  # noqa: E402  (registers the command)
+from silodp.cli.federation import federation_app  # noqa: E402
 from silodp.cli.ledger import ledger_app  # noqa: E402
 
 app.command()(account)
 app.add_typer(ledger_app, name="ledger")
+app.add_typer(federation_app, name="federation")
 
 
 def main() -> None:  # pragma: no cover - console entry point

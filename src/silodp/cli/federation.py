@@ -1,0 +1,46 @@
+"""``silodp federation up|down``: a local Flower federation for trying deployment out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from silodp.cli.common import fail
+from silodp.errors import SilodpError
+
+federation_app = typer.Typer(
+    help="Start and stop a local Flower federation (SuperLink + one SuperNode per silo, on "
+    "127.0.0.1, with TLS and SuperNode authentication).",
+    no_args_is_help=True,
+)
+
+DIRECTORY = typer.Option(help="Where the federation keeps its keys, data files and logs.")
+
+
+@federation_app.command("up")
+def up(
+    config: Annotated[Path, typer.Argument(help="Experiment TOML whose data the silos hold.")],
+    silos: Annotated[
+        int | None, typer.Option(help="Expected number of silos (checked against the data).")
+    ] = None,
+    directory: Annotated[Path, DIRECTORY] = Path(".silodp-federation"),
+) -> None:
+    """Start the federation; then `silodp run CONFIG --engine flower-deploy`."""
+    from silodp.engines.flower.deployment import up as start
+
+    try:
+        state = start(config, directory=directory, log=typer.echo)
+    except SilodpError as err:
+        fail(str(err))
+    if silos is not None and silos != state["silos"]:
+        typer.echo(f"note: the data of {config} has {state['silos']} silos, not {silos}")
+
+
+@federation_app.command("down")
+def down(directory: Annotated[Path, DIRECTORY] = Path(".silodp-federation")) -> None:
+    """Stop every process of the federation (by the PIDs `up` recorded)."""
+    from silodp.engines.flower.deployment import down as stop
+
+    stop(directory=directory, log=typer.echo)

@@ -1,0 +1,389 @@
+"""A Flower deployment on this machine: ``silodp federation up`` / ``down`` and runs on it.
+
+``up`` writes a federation directory (default ``.silodp-federation``) with a certificate
+authority and the SuperLink's TLS certificate (for 127.0.0.1), one authentication key pair per
+SuperNode (registered with the SuperLink through its Control API), each silo's data file and
+secret, and starts one SuperLink and one SuperNode per silo, every one bound to 127.0.0.1 and
+in its own process session; ``down`` stops them by their recorded PIDs (process groups).
+:func:`submit` runs an experiment on it with ``flwr run``: the ServerApp runs the experiment
+in the SuperLink's ServerApp process and writes the results where this machine can read them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from silodp.config import load_config
+from silodp.data.build import build_federated_data
+from silodp.engines.factory import silo_file, write_silo_files
+from silodp.engines.flower.simulation import check_engine_config
+from silodp.errors import InvalidValueError, SilodpError
+
+__all__ = ["DEFAULT_DIR", "down", "submit", "up"]
+
+DEFAULT_DIR = Path(".silodp-federation")
+STATE = "federation.json"
+CONNECTION = "silodp"
+APP_DIR = Path(__file__).parent / "app"
+
+
+def _bin(name: str) -> str:
+    return str(Path(sys.executable).parent / name)
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}",
+            "FLWR_HOME": str(home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "NO_PROXY": "127.0.0.1,localhost",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+    path.chmod(0o600)
+
+
+def _certificates(pki: Path) -> None:
+    """A CA and the SuperLink's certificate for 127.0.0.1/localhost (for trying it out)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    pki.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC)
+    life = dt.timedelta(days=30)
+
+    def key_pem(key: Any) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "silodp federation CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + life)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP384R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + life)
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    (pki / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    _write_private(pki / "ca.key", key_pem(ca_key))
+    (pki / "server.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_private(pki / "server.key", key_pem(key))
+
+
+def _node_key(keys: Path, silo: int) -> Path:
+    """A SuperNode's authentication key pair (EC P-384, OpenSSH format)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    keys.mkdir(parents=True, exist_ok=True)
+    k = ec.generate_private_key(ec.SECP384R1())
+    private = keys / f"silo-{silo}"
+    _write_private(
+        private,
+        k.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        ),
+    )
+    public = k.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    (keys / f"silo-{silo}.pub").write_bytes(public + f" silo-{silo}\n".encode())
+    return private
+
+
+def _spawn(
+    state: dict[str, Any], name: str, cmd: list[str], env: dict[str, str], logs: Path
+) -> None:
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / f"{name}.log", "ab") as log:
+        p = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    state["processes"][name] = p.pid
+
+
+def _save(directory: Path, state: dict[str, Any]) -> None:
+    (directory / STATE).write_text(json.dumps(state, indent=1))
+
+
+def _wait_port(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise SilodpError(f"The SuperLink did not listen on 127.0.0.1:{port} within {timeout:g} s.")
+
+
+def _flwr(args: list[str], home: Path, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [_bin("flwr"), *args], env=_env(home), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def up(
+    config_path: str | Path,
+    *,
+    directory: str | Path = DEFAULT_DIR,
+    log: Callable[[str], None] = print,
+    wait: float = 120.0,
+) -> dict[str, Any]:
+    """Starts a SuperLink and one SuperNode per silo of ``config_path``'s data on 127.0.0.1,
+    with TLS and SuperNode authentication; returns the federation's state (also written to
+    ``directory/federation.json``).
+
+    Raises:
+      InvalidValueError: a federation is already up in ``directory``.
+    """
+    d = Path(directory).resolve()
+    if (d / STATE).is_file() and _alive_pids(json.loads((d / STATE).read_text())):
+        raise InvalidValueError(
+            f"Expected no federation running in {str(d)!r}; stop it with silodp federation down."
+        )
+    config = load_config(config_path)
+    check_engine_config(config)
+    data = build_federated_data(config.data)
+    silos = data.train.num_silos
+    d.mkdir(parents=True, exist_ok=True)
+    write_silo_files(data.train, d / "silos")
+    _certificates(d / "pki")
+    port = _free_port()
+    home = d / "home"
+    home.mkdir(exist_ok=True)
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+        f'address = "127.0.0.1:{port}"\nroot-certificates = "{d / "pki" / "ca.crt"}"\n'
+    )
+    state: dict[str, Any] = {
+        "port": port,
+        "silos": silos,
+        "processes": {},
+        "config": str(Path(config_path).resolve()),
+    }
+    logs = d / "logs"
+    _spawn(
+        state,
+        "superlink",
+        [
+            _bin("flower-superlink"),
+            "--ssl-ca-certfile",
+            str(d / "pki" / "ca.crt"),
+            "--ssl-certfile",
+            str(d / "pki" / "server.pem"),
+            "--ssl-keyfile",
+            str(d / "pki" / "server.key"),
+            "--enable-supernode-auth",
+            "--disable-runtime-dependency-installation",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        _env(d / "home-superlink"),
+        logs,
+    )
+    _save(d, state)
+    _wait_port(port, 60.0)
+    log(f"SuperLink on 127.0.0.1:{port} (TLS, SuperNode authentication)")
+    for s in range(silos):
+        private = _node_key(d / "keys", s)
+        done = _flwr(
+            [
+                "supernode",
+                "register",
+                f"{private}.pub",
+                CONNECTION,
+                "--name",
+                f"silo-{s}",
+                "--format",
+                "json",
+            ],
+            home,
+        )
+        if done.returncode != 0:
+            raise SilodpError(
+                f"Registering silo {s}'s SuperNode key failed: {done.stdout}{done.stderr}"
+            )
+        data_path = silo_file(d / "silos", s)
+        _spawn(
+            state,
+            f"supernode-{s}",
+            [
+                _bin("flower-supernode"),
+                "--superlink",
+                f"127.0.0.1:{port}",
+                "--root-certificates",
+                str(d / "pki" / "ca.crt"),
+                "--auth-supernode-private-key",
+                str(private),
+                "--node-config",
+                f"silo={s} data='{data_path}'",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(_free_port()),
+            ],
+            _env(d / f"home-silo-{s}"),
+            logs,
+        )
+        _save(d, state)
+    log(f"{silos} SuperNodes started, one per silo, each reading its own data file")
+    return state
+
+
+def _alive_pids(state: dict[str, Any]) -> list[int]:
+    alive = []
+    for pid in state.get("processes", {}).values():
+        try:
+            os.kill(pid, 0)
+            alive.append(pid)
+        except ProcessLookupError:
+            pass
+    return alive
+
+
+def down(*, directory: str | Path = DEFAULT_DIR, log: Callable[[str], None] = print) -> None:
+    """Stops every process ``up`` started (their process groups, by recorded PID)."""
+    d = Path(directory).resolve()
+    if not (d / STATE).is_file():
+        log(f"no federation in {d}")
+        return
+    state = json.loads((d / STATE).read_text())
+    pids = list(state.get("processes", {}).values())
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and _alive_pids(state):
+        time.sleep(0.2)
+    for pid in _alive_pids(state):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    state["processes"] = {}
+    _save(d, state)
+    log(f"stopped {len(pids)} processes of the federation in {d}")
+
+
+def submit(
+    config_path: str | Path,
+    out: str | Path,
+    *,
+    directory: str | Path = DEFAULT_DIR,
+    overwrite: bool = False,
+    resume: bool = False,
+    timeout: float = 600.0,
+    on_failure: str = "abort",
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Runs the experiment on the federation ``up`` started (``flwr run``, streaming its log);
+    returns the experiment summary the ServerApp wrote."""
+    d = Path(directory).resolve()
+    if not (d / STATE).is_file() or not _alive_pids(json.loads((d / STATE).read_text())):
+        raise InvalidValueError(
+            f"Expected a running federation in {str(d)!r}; start one with "
+            "silodp federation up CONFIG."
+        )
+    out_dir = Path(out).resolve()
+    settings = {
+        "config": str(Path(config_path).resolve()),
+        "out": str(out_dir),
+        "resume": resume,
+        "overwrite": overwrite,
+        "timeout": float(timeout),
+        "on-failure": on_failure,
+    }
+    args = ["run", str(APP_DIR), CONNECTION, "--stream"]
+    for key, value in settings.items():
+        args += ["--run-config", f"{key}={json.dumps(value)}"]
+    proc = subprocess.Popen(
+        [_bin("flwr"), *args],
+        env=_env(d / "home"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            log(line.rstrip())
+        proc.wait()
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGTERM)
+        raise
+    summary_path = out_dir / "summary.json"
+    if not summary_path.is_file():
+        raise SilodpError(
+            f"The run on the federation ended without writing {summary_path} (flwr exit "
+            f"{proc.returncode}); see the log above and {d / 'logs'}."
+        )
+    result: dict[str, Any] = json.loads(summary_path.read_text())
+    return result
