@@ -118,9 +118,9 @@ def update_from_wire(
     privacy = body["privacy"]
     if privacy is not None and not isinstance(privacy, SiloPrivacy):
         raise _fail(silo, "its events are not a SiloPrivacy")
-    for value in (body.get("payload"),):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise _fail(silo, "its payload holds NaN or inf")
+    payload = body.get("payload")
+    if isinstance(payload, float) and not math.isfinite(payload):
+        raise _fail(silo, "its payload holds NaN or inf")
     return SiloUpdate(
         silo=silo,
         params=_check_params(silo, body["params"], like, masked_size),
@@ -128,5 +128,5 @@ def update_from_wire(
         privacy=privacy,
         group_sizes=_check_counts(silo, "group_sizes", body["group_sizes"]),
         subjects_per_batch=_check_counts(silo, "subjects_per_batch", body["subjects_per_batch"]),
-        payload=body.get("payload"),
+        payload=payload,
     )

@@ -145,11 +145,15 @@ class RemoteEngine(Simulator):
         return {"aggregation": aggregation}
 
     # --- set-up ---------------------------------------------------------------------------
-    def _exchange(self, requests: Mapping[int, tuple[str, Any]], what: str) -> dict[int, Any]:
-        """Sends each silo its message; every silo's decoded reply, or SiloFailureError."""
+    def _send(
+        self, requests: Mapping[int, tuple[str, Any]]
+    ) -> tuple[dict[int, Any], dict[int, str]]:
+        """Sends each silo its message: every silo's decoded reply, and why the others gave
+        none (a failure, a timeout or an unreadable reply)."""
         by_node = {self.nodes[s]: (kind, wire.encode(body)) for s, (kind, body) in requests.items()}
         replies = self.transport.exchange(by_node, self.timeout)
-        out, failed = {}, {}
+        out: dict[int, Any] = {}
+        failed: dict[int, str] = {}
         for s in requests:
             reply = replies.get(self.nodes[s], f"no answer within {self.timeout:g} s")
             if isinstance(reply, str):
@@ -159,6 +163,11 @@ class RemoteEngine(Simulator):
                 out[s] = wire.decode(reply)
             except wire.WireError as err:
                 failed[s] = f"unreadable reply ({err})"
+        return out, failed
+
+    def _exchange(self, requests: Mapping[int, tuple[str, Any]], what: str) -> dict[int, Any]:
+        """:meth:`_send`, where every silo must answer (else SiloFailureError)."""
+        out, failed = self._send(requests)
         if failed:
             raise SiloFailureError(
                 f"{what}: " + "; ".join(f"silo {s}: {why}" for s, why in sorted(failed.items()))
@@ -213,11 +222,6 @@ class RemoteEngine(Simulator):
         public = algorithm.silo_setup()
         session = secrets.token_bytes(16)
         silos_sample = bool(getattr(algorithm.config, "subject_sampler", None) == "silos")
-        sample_key = None
-        side = getattr(algorithm, "silo_side", None)
-        if self.noise == "seeded" and side is not None:
-            # seeded coins: the run is reproducible by anyone who knows the seed anyway
-            sample_key = side.sample_key._key
         ids = sorted(self.nodes)
         requests = {}
         for s in ids:
@@ -238,7 +242,6 @@ class RemoteEngine(Simulator):
                     "session": session,
                     "silo_ids": ids,
                     "silos_sample": silos_sample,
-                    "sample_key": sample_key,
                 },
             )
         for s in ids:
@@ -283,26 +286,23 @@ class RemoteEngine(Simulator):
             )
             for s in chosen
         }
-        by_node = {self.nodes[s]: (k, wire.encode(b)) for s, (k, b) in requests.items()}
         started = time.perf_counter()
-        replies = self.transport.exchange(by_node, self.timeout)
-        updates, failed = [], {}
+        replies, failed = self._send(requests)
+        updates = []
         for s in chosen:
-            reply = replies.get(self.nodes[s], f"no answer within {self.timeout:g} s")
+            if s not in replies:
+                continue
             try:
-                if isinstance(reply, str):
-                    raise msg.MalformedReplyError(reply)
-                body = wire.decode(reply)
                 update = msg.update_from_wire(
-                    body,
+                    replies[s],
                     silo=s,
                     like=self.params,
                     masked_size=self._dim if self.secure_sum else None,
                 )
-            except (wire.WireError, msg.MalformedReplyError) as err:
+            except msg.MalformedReplyError as err:
                 failed[s] = str(err)
                 continue
-            self.states[s] = body["state"]
+            self.states[s] = replies[s]["state"]
             updates.append(update)
         if failed:
             why = "; ".join(f"silo {s}: {w}" for s, w in sorted(failed.items()))

@@ -14,6 +14,7 @@ subject ids, with a digest the server checks before anything trains.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,9 +30,11 @@ from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
 from silodp.engines import messages as msg
 from silodp.errors import InvalidValueError
+from silodp.experiment.prepare import SETUP_STREAM
 from silodp.federated.simulator import SILO_STREAM, round_coins
 from silodp.io import atomic_write
 from silodp.models import build_model
+from silodp.privacy.randomness import Coins
 
 __all__ = [
     "SiloFile",
@@ -70,8 +73,6 @@ class SiloFile:
 def write_silo_data(train: FederatedDataset, silo: int, path: Path) -> Path:
     """Writes silo ``silo``'s records of ``train`` to ``path`` (``.npz``, atomically)."""
     idx = train.silo_indices(silo)
-    import io
-
     buffer = io.BytesIO()
     np.savez(
         buffer,
@@ -224,9 +225,12 @@ class SiloRuntime:
         run = self._run(setup)
         if run["algorithm"] is None:
             key = None
-            if setup.get("sample_key") is not None:
-                key = SharedSampleKey(setup["sample_key"])
-            elif run["party"] is not None and setup["silos_sample"]:
+            if setup["silos_sample"] and setup["noise"] == "seeded":
+                # as the run's set-up drew it: reproducible by whoever knows the seed
+                key = SharedSampleKey.generate(
+                    Coins.for_mode("seeded", setup["seed"], SETUP_STREAM)
+                )
+            elif setup["silos_sample"] and run["party"] is not None:
                 key = run["party"].sample_key
             run["algorithm"] = algorithm_class(setup["algorithm"]).at_silo(
                 setup["config"], setup["public"], sample_key=key
