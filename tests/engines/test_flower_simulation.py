@@ -17,8 +17,13 @@ def test_ten_silo_simulation_matches_in_process(tmp_path):
     raw = {
         "name": "sim10",
         "algorithms": ["uldp_avg"],
-        "data": {"source": "digits", "num_silos": 10, "num_subjects": 60, "max_records": 600,
-                 "test_fraction": 0.2},
+        "data": {
+            "source": "digits",
+            "num_silos": 10,
+            "num_subjects": 60,
+            "max_records": 600,
+            "test_fraction": 0.2,
+        },
         "model": {"name": "mlp"},
         "training": {"rounds": 2, "local_steps": 1, "batch_size": 16, "lr": 0.5},
         "privacy": {"noise_multiplier": 1.5, "noise": "seeded", "subject_rate": 0.5},
@@ -29,9 +34,21 @@ def test_ten_silo_simulation_matches_in_process(tmp_path):
     for engine in ("inprocess", "flower-sim"):
         out = tmp_path / engine
         done = subprocess.run(
-            [sys.executable, "-m", "silodp.cli", "run", str(config), "--out", str(out),
-             "--engine", engine, "--quiet"],
-            capture_output=True, text=True, timeout=900,
+            [
+                sys.executable,
+                "-m",
+                "silodp.cli",
+                "run",
+                str(config),
+                "--out",
+                str(out),
+                "--engine",
+                engine,
+                "--quiet",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         runs[engine] = out

@@ -22,25 +22,32 @@ from silodp.engines.silo import SiloRuntime, read_silo_data
 from silodp.experiment.run import run_experiment
 
 BASE = {
-    "data": {"source": "digits", "num_silos": 3, "num_subjects": 30, "max_records": 300,
-             "test_fraction": 0.2},
+    "data": {
+        "source": "digits",
+        "num_silos": 3,
+        "num_subjects": 30,
+        "max_records": 300,
+        "test_fraction": 0.2,
+    },
     "model": {"name": "mlp"},
     "training": {"rounds": 2, "local_steps": 2, "batch_size": 16, "lr": 0.5},
     "privacy": {"noise_multiplier": 1.5, "group_size": 4, "noise": "seeded"},
 }
 
 
-def _setup(tmp: Path, algorithm: str, **privacy):
+def _setup(tmp: Path, algorithm: str, data=None, **privacy):
     raw = json.loads(json.dumps(BASE))
     raw.update(name="remote", algorithms=[algorithm])
     raw["privacy"].update(privacy)
+    raw["data"].update(data or {})
     path = tmp / "c.toml"
     path.write_text(tomli_w.dumps(raw))
     config = load_config(path)
     data = build_federated_data(config.data)
     files = write_silo_files(data.train, tmp / "silos")
-    transport = LoopbackTransport({70 + s: SiloRuntime(read_silo_data(f)) for s, f in
-                                   enumerate(files)})
+    transport = LoopbackTransport(
+        {70 + s: SiloRuntime(read_silo_data(f)) for s, f in enumerate(files)}
+    )
     return config, transport
 
 
@@ -50,19 +57,47 @@ def _model(run_dir: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize(
     "algorithm,privacy",
-    [("higradavg_dp", {}), ("local_item_dp", {}), ("uldp_avg", {"subject_rate": 0.5}),
-     ("uldp_naive", {}), ("prifedsync", {})],
+    [
+        ("higradavg_dp", {}),
+        ("local_item_dp", {}),
+        ("uldp_avg", {"subject_rate": 0.5}),
+        ("uldp_naive", {}),
+        ("prifedsync", {}),
+    ],
 )
 def test_same_model_and_epsilon_as_in_process(tmp_path, algorithm, privacy):
     config, transport = _setup(tmp_path, algorithm, **privacy)
     local = run_experiment(config, tmp_path / "a", log=lambda m: None)
-    remote = run_experiment(config, tmp_path / "b", log=lambda m: None,
-                            engine_factory=remote_engine_factory(transport))
+    remote = run_experiment(
+        config, tmp_path / "b", log=lambda m: None, engine_factory=remote_engine_factory(transport)
+    )
     a, b = _model(tmp_path / "a" / algorithm), _model(tmp_path / "b" / algorithm)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert local["runs"][0]["epsilon"] == remote["runs"][0]["epsilon"]
     secure = algorithm.startswith("uldp")
     assert remote["runs"][0]["aggregation"].startswith("masked sum" if secure else "clear")
+
+
+@pytest.mark.slow  # Paillier work: ~30 s each
+@pytest.mark.parametrize("sampler", ["server", "silos"])
+def test_weighting_protocol_over_messages(tmp_path, sampler):
+    # a small model keeps the Paillier work short: 4 features, 2 classes
+    data = {"source": "synthetic", "num_features": 4, "num_classes": 2}
+    config, transport = _setup(
+        tmp_path, "uldp_avg_w", data=data, n_max=60, subject_rate=0.5, subject_sampler=sampler
+    )
+    local = run_experiment(config, tmp_path / "a", log=lambda m: None)
+    remote = run_experiment(
+        config, tmp_path / "b", log=lambda m: None, engine_factory=remote_engine_factory(transport)
+    )
+    assert remote["runs"][0]["aggregation"].startswith("private weighting protocol")
+    assert local["runs"][0]["epsilon"] == remote["runs"][0]["epsilon"]
+    a, b = _model(tmp_path / "a" / "uldp_avg_w"), _model(tmp_path / "b" / "uldp_avg_w")
+    if sampler == "server":  # the sample comes from the seeded coins: the very same model
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    else:  # from the protocol's own shared seed, fresh in every session
+        assert not all(torch.equal(a[k], b[k]) for k in a)
+        assert all(torch.isfinite(b[k]).all() for k in b)
 
 
 def test_masked_messages_hide_each_silo_and_sum_exactly():
@@ -75,7 +110,7 @@ def test_masked_messages_hide_each_silo_and_sum_exactly():
     for r, (nonce, ct) in sealed.items():
         parties[r].receive_seed(nonce, ct)
     rng = np.random.default_rng(0)
-    values = {i: rng.integers(-2**40, 2**40, size=1000) for i in ids}
+    values = {i: rng.integers(-(2**40), 2**40, size=1000) for i in ids}
     masked = {i: parties[i].mask(values[i], 3) for i in ids}
     assert np.array_equal(unmask_sum(list(masked.values())), sum(values.values()))
     # one message alone looks uniform: its top bit is set about half the time
@@ -83,8 +118,10 @@ def test_masked_messages_hide_each_silo_and_sum_exactly():
     # any two of three do not sum to the two values
     assert not np.array_equal(unmask_sum([masked[0], masked[1]]), values[0] + values[1])
     # every silo derives the same sample key, the masks change with the round
-    assert parties[1].sample_key.sample(2, 50, 0.5).tolist() == \
-        parties[2].sample_key.sample(2, 50, 0.5).tolist()
+    assert (
+        parties[1].sample_key.sample(2, 50, 0.5).tolist()
+        == parties[2].sample_key.sample(2, 50, 0.5).tolist()
+    )
     assert not np.array_equal(parties[0].mask(values[0], 4), masked[0])
 
 
@@ -108,8 +145,12 @@ def test_a_dead_silo_aborts_or_is_skipped(tmp_path):
     config, transport = _setup(tmp_path, "local_item_dp")
     transport.down.add(71)  # silo 1 never answers
     with pytest.raises(SiloFailureError, match="Node 71 did not say which silo"):
-        run_experiment(config, tmp_path / "a", log=lambda m: None,
-                       engine_factory=remote_engine_factory(transport))
+        run_experiment(
+            config,
+            tmp_path / "a",
+            log=lambda m: None,
+            engine_factory=remote_engine_factory(transport),
+        )
     # connected for set-up, dead in the rounds: skipped, and its events are not counted
     transport.down.clear()
     factory = remote_engine_factory(transport, on_failure="skip")
@@ -122,8 +163,10 @@ def test_a_dead_silo_aborts_or_is_skipped(tmp_path):
     skipped = run_experiment(config, tmp_path / "b", log=lambda m: None, engine_factory=dying)
     transport.down.clear()
     full = run_experiment(config, tmp_path / "c", log=lambda m: None)
-    rows = [json.loads(x) for x in (tmp_path / "b" / "local_item_dp" / "metrics.jsonl")
-            .read_text().splitlines()]
+    rows = [
+        json.loads(x)
+        for x in (tmp_path / "b" / "local_item_dp" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert all(r["silos"] == [0, 2] for r in rows)
     assert skipped["runs"][0]["epsilon"]["record"] <= full["runs"][0]["epsilon"]["record"]
 
@@ -146,9 +189,17 @@ def test_a_node_with_other_records_is_refused(tmp_path):
     other = transport.runtimes[70].data
     transport.runtimes[70].data = type(other)(0, other.x[:-1], other.y[:-1], other.subject[:-1])
     with pytest.raises(SiloFailureError, match="planned for"):
-        run_experiment(config, tmp_path / "a", log=lambda m: None,
-                       engine_factory=remote_engine_factory(transport))
+        run_experiment(
+            config,
+            tmp_path / "a",
+            log=lambda m: None,
+            engine_factory=remote_engine_factory(transport),
+        )
     transport.runtimes[70].data = transport.runtimes[71].data
     with pytest.raises(SiloFailureError, match="both answer as silo 1"):
-        run_experiment(config, tmp_path / "b", log=lambda m: None,
-                       engine_factory=remote_engine_factory(transport))
+        run_experiment(
+            config,
+            tmp_path / "b",
+            log=lambda m: None,
+            engine_factory=remote_engine_factory(transport),
+        )

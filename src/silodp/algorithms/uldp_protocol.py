@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -29,7 +29,7 @@ from silodp.algorithms.uldp_common import (
     record_weights,
 )
 from silodp.crypto.messages import EncryptedWeights, MaskedWeightedSum
-from silodp.crypto.protocol import ProtocolConfig, WeightingSession, with_identities
+from silodp.crypto.protocol import Parties, ProtocolConfig, WeightingSession, with_identities
 from silodp.crypto.randomness import RandomSource
 from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
@@ -102,7 +102,7 @@ class UldpAvgW(UldpAvg):
         config: AlgorithmConfig,
         *,
         weights: np.ndarray | None = None,
-        protocol: WeightingSession | None = None,
+        protocol: WeightingSession | Parties | None = None,
         num_subjects: int | None = None,
         sample_key: SharedSampleKey | None = None,
     ) -> None:
@@ -145,15 +145,10 @@ class UldpAvgW(UldpAvg):
         histograms = {
             s: {a: int(c) for a, c in enumerate(hist[s]) if c} for s in range(train.num_silos)
         }
-        std = cfg.noise_multiplier * cfg.clip / math.sqrt(train.num_silos)
-        protocol_config = ProtocolConfig(
-            silo_ids=tuple(range(train.num_silos)),
-            subject_ids=tuple(range(train.num_subjects)),
-            n_max=cfg.n_max,
-            delta_bound=cfg.clip,
-            noise_bound=NOISE_BOUND_STDS * std,
-            precision=PROTOCOL_PRECISION,
-            key_bits=cfg.key_bits,
+        protocol_config = cls.protocol_config(
+            cfg,
+            num_silos=train.num_silos,
+            num_subjects=train.num_subjects,
             insecure_test_key_bits=insecure_test_key_bits,
         )
         # identity keys registered "out of band": here, by the process that plays every party
@@ -161,13 +156,57 @@ class UldpAvgW(UldpAvg):
         session = WeightingSession(protocol_config, histograms, source=root, identities=identities)
         return cls(cfg, protocol=session, num_subjects=train.num_subjects)
 
+    @staticmethod
+    def protocol_config(
+        config: UldpAvgWConfig,
+        *,
+        num_silos: int,
+        num_subjects: int,
+        insecure_test_key_bits: int | None = None,
+    ) -> ProtocolConfig:
+        """The weighting protocol's public parameters for a federation of ``num_silos`` silos
+        and ``num_subjects`` subjects (identity keys not yet registered)."""
+        std = config.noise_multiplier * config.clip / math.sqrt(num_silos)
+        return ProtocolConfig(
+            silo_ids=tuple(range(num_silos)),
+            subject_ids=tuple(range(num_subjects)),
+            n_max=config.n_max,
+            delta_bound=config.clip,
+            noise_bound=NOISE_BOUND_STDS * std,
+            precision=PROTOCOL_PRECISION,
+            key_bits=config.key_bits,
+            insecure_test_key_bits=insecure_test_key_bits,
+        )
+
     def silo_setup(self) -> dict[str, Any]:
+        """With the protocol: only the public subject count; each silo's party of the
+        protocol is set up by messages (:mod:`silodp.engines.weighting`) and handed to
+        :meth:`at_silo` as ``setup["parties"]``."""
         if self.protocol is not None:
-            raise InvalidValueError(
-                f"Expected {self.name} with weighting='clear' on an engine whose silos run "
-                "apart: the private weighting protocol runs only in process for now."
-            )
+            return {"weighting": "protocol", "num_subjects": self.num_subjects}
         return super().silo_setup()
+
+    @classmethod
+    def at_silo(
+        cls,
+        config: AlgorithmConfig,
+        setup: Mapping[str, Any],
+        *,
+        sample_key: SharedSampleKey | None = None,
+    ) -> Algorithm:
+        if setup.get("weighting") != "protocol":
+            return super().at_silo(config, setup, sample_key=sample_key)
+        parties = setup.get("parties")
+        if parties is None:
+            raise InvalidValueError(
+                f"{cls.name}: expected the silo's party of the weighting protocol, set up "
+                "before the first round."
+            )
+        return cls(config, protocol=parties, num_subjects=int(setup["num_subjects"]))
+
+    def secure_sum_grid(self) -> float | None:
+        """None with the protocol: its own encrypted, masked sum is the secure aggregation."""
+        return None if self.protocol is not None else super().secure_sum_grid()
 
     def _silo_count(self) -> int:
         if self.config.num_silos is None and self.protocol is not None:

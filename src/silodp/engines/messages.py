@@ -16,6 +16,7 @@ import torch
 
 from silodp.accounting import SiloPrivacy
 from silodp.algorithms import SiloUpdate
+from silodp.crypto.messages import MaskedWeightedSum
 from silodp.errors import InvalidValueError
 from silodp.privacy.gradients import Params
 
@@ -29,9 +30,11 @@ SETUP = "setup"
 DIRECTORY = "directory"
 #: the leader's sealed seed, relayed to one silo
 SEED = "seed"
+#: a set-up stage of the private weighting protocol (:mod:`silodp.engines.weighting`)
+WEIGHTING = "weighting"
 #: one round: the global model, the round's instructions, the silo's state
 TRAIN = "train"
-KINDS = (HELLO, SETUP, DIRECTORY, SEED, TRAIN)
+KINDS = (HELLO, SETUP, DIRECTORY, SEED, WEIGHTING, TRAIN)
 #: the key of a masked message (uint64, the secure sum's input) in an update's ``params``
 MASKED = "__masked__"
 
@@ -93,10 +96,17 @@ def _check_counts(silo: int, name: str, values: Any) -> list[int]:
 
 
 def update_from_wire(
-    reply: Any, *, silo: int, like: Params, masked_size: int | None = None
+    reply: Any,
+    *,
+    silo: int,
+    like: Params,
+    masked_size: int | None = None,
+    encrypted: bool = False,
 ) -> SiloUpdate:
     """Silo ``silo``'s update from its reply, checked against the global model ``like``
-    (``masked_size``: the update's message is the secure sum's masked vector of that size).
+    (``masked_size``: the update's message is the secure sum's masked vector of that size;
+    ``encrypted``: its message is the weighting protocol's masked weighted sum, whose values
+    the protocol's server checks).
 
     Raises:
       MalformedReplyError: what was wrong, naming the silo.
@@ -121,9 +131,17 @@ def update_from_wire(
     payload = body.get("payload")
     if isinstance(payload, float) and not math.isfinite(payload):
         raise _fail(silo, "its payload holds NaN or inf")
+    if encrypted:
+        if body["params"] != {}:
+            raise _fail(silo, "expected no parameters beside the encrypted weighted sum")
+        if not isinstance(payload, MaskedWeightedSum) or payload.sender != silo:
+            raise _fail(silo, "expected its masked weighted sum as the payload")
+        params: Params = {}
+    else:
+        params = _check_params(silo, body["params"], like, masked_size)
     return SiloUpdate(
         silo=silo,
-        params=_check_params(silo, body["params"], like, masked_size),
+        params=params,
         num_records=n,
         privacy=privacy,
         group_sizes=_check_counts(silo, "group_sizes", body["group_sizes"]),

@@ -30,10 +30,11 @@ import torch
 
 from silodp._validation import check_choice
 from silodp.algorithms import SiloUpdate
+from silodp.crypto.errors import ProtocolError
 from silodp.crypto.masked_sum import unmask_sum
 from silodp.data import FederatedDataset
 from silodp.engines import messages as msg
-from silodp.engines import wire
+from silodp.engines import weighting, wire
 from silodp.engines.silo import silo_digest
 from silodp.errors import SilodpError
 from silodp.federated.simulator import Simulator
@@ -128,6 +129,8 @@ class RemoteEngine(Simulator):
         #: the grid of the masked sum's integers (None: messages go to the server as they are)
         self.grid = grid
         self.nodes: dict[int, int] = {}
+        self._identities: dict[int, bytes] = {}
+        self._relay: dict[int, Any] = {}
         self._dim = sum(int(v.numel()) for v in self.params.values())
         self._connect()
 
@@ -136,7 +139,12 @@ class RemoteEngine(Simulator):
         return self.grid is not None
 
     def summary_fields(self) -> dict[str, Any]:
-        if self.secure_sum:
+        if self._relay:
+            aggregation = (
+                "private weighting protocol: the server decrypted only the sum of the silos' "
+                "masked, encrypted messages"
+            )
+        elif self.secure_sum:
             aggregation = "masked sum: the server saw only the sum of the silos' messages"
         elif self.algorithm.needs_secure_aggregation():
             aggregation = "clear (no noise, no guarantee): the server saw each silo's message"
@@ -211,6 +219,10 @@ class RemoteEngine(Simulator):
                     f"{len(idx)} records with digest {digest[:12]}…."
                 )
             seen[silo] = node
+            identity = hello.get("identity")
+            if not isinstance(identity, bytes):
+                raise SiloFailureError(f"Silo {silo} (node {node}) gave no identity key.")
+            self._identities[silo] = identity
         missing = sorted(set(range(expected)) - set(seen))
         if missing:
             raise SiloFailureError(f"No node answers as silo(s) {missing}.")
@@ -251,9 +263,12 @@ class RemoteEngine(Simulator):
                 self.records.x[idx], self.records.y[idx], self.records.subject[idx]
             )
             body["keep"] = kept_mask(self.records, self.bounded, s)
-        replies = self._exchange(requests, "set-up")
         self._setups = {s: requests[s][1] for s in ids}
         self._keys: dict[str, Any] = {"directory": None, "sealed": None}
+        if weighting.uses_protocol(algorithm):
+            replies = self._weighting_setup(algorithm)
+        else:
+            replies = self._exchange(requests, "set-up")
         if not self.secure_sum:
             return
         directory = {s: replies[s]["dh_public"] for s in ids}
@@ -268,6 +283,32 @@ class RemoteEngine(Simulator):
         # public: relayed with every round, so that a silo needs to keep nothing but its secret
         self._keys = {"directory": directory, "sealed": seeds}
 
+    def _weighting_setup(self, algorithm: Any) -> dict[int, Any]:
+        """The weighting protocol's set-up (:mod:`silodp.engines.weighting`) within the run's:
+        the set-up message carries its public part, two more exchanges finish it."""
+        replies: dict[int, Any] = {}
+
+        def setup(public: dict[str, Any]) -> dict[int, Any]:
+            for body in self._setups.values():
+                body["weighting"] = public
+            replies.update(
+                self._exchange({s: (msg.SETUP, b) for s, b in self._setups.items()}, "set-up")
+            )
+            return replies
+
+        def ask(stage: str, bodies: Mapping[int, dict[str, Any]]) -> dict[int, Any]:
+            requests = {
+                s: (msg.WEIGHTING, {"setup": self._setups[s], "stage": stage, **body})
+                for s, body in bodies.items()
+            }
+            return self._exchange(requests, f"weighting protocol set-up ({stage})")
+
+        try:
+            self._relay = weighting.server_setup(algorithm, self._identities, setup, ask)
+        except (ProtocolError, ValueError) as err:
+            raise SiloFailureError(f"Weighting protocol set-up failed: {err}") from err
+        return replies
+
     # --- one round ------------------------------------------------------------------------
     def silo_updates(
         self, round_index: int, chosen: list[int], instructions: Any, *, record: bool
@@ -279,6 +320,7 @@ class RemoteEngine(Simulator):
                     "round": round_index,
                     "setup": self._setups[s],
                     **self._keys,
+                    "weighting": self._relay.get(s),
                     "params": self.params,
                     "instructions": instructions,
                     "state": self.states[s],
@@ -298,6 +340,7 @@ class RemoteEngine(Simulator):
                     silo=s,
                     like=self.params,
                     masked_size=self._dim if self.secure_sum else None,
+                    encrypted=bool(self._relay),
                 )
             except msg.MalformedReplyError as err:
                 failed[s] = str(err)

@@ -26,9 +26,11 @@ import torch
 from silodp.algorithms import SiloData, SiloUpdate, algorithm_class
 from silodp.crypto.masked_sum import MaskedSumParty
 from silodp.crypto.prg import ChaCha20Prg, derive_key
+from silodp.crypto.protocol import Parties
 from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
 from silodp.engines import messages as msg
+from silodp.engines import weighting
 from silodp.errors import InvalidValueError
 from silodp.experiment.prepare import SETUP_STREAM
 from silodp.federated.simulator import SILO_STREAM, round_coins
@@ -146,6 +148,7 @@ class SiloRuntime:
             msg.SETUP: self._setup,
             msg.DIRECTORY: self._directory,
             msg.SEED: self._seed,
+            msg.WEIGHTING: self._weighting,
             msg.TRAIN: self._train,
         }.get(kind)
         if handler is None:
@@ -155,7 +158,12 @@ class SiloRuntime:
         return handler(body)
 
     def _hello(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {"silo": self.data.silo, "records": len(self.data.y), "digest": self.data.digest}
+        return {
+            "silo": self.data.silo,
+            "records": len(self.data.y),
+            "digest": self.data.digest,
+            "identity": weighting.identity_key(self.secret).public_bytes,
+        }
 
     def _party(self, setup: dict[str, Any]) -> MaskedSumParty:
         session = setup["session"]
@@ -199,7 +207,37 @@ class SiloRuntime:
 
     def _setup(self, body: dict[str, Any]) -> dict[str, Any]:
         run = self._run(body)
-        return {"dh_public": None if run["party"] is None else run["party"].public_key}
+        reply: dict[str, Any] = {
+            "dh_public": None if run["party"] is None else run["party"].public_key
+        }
+        if body.get("weighting") is not None:
+            reply["key_share"] = self._weighting_party(body)[1]
+        return reply
+
+    def _weighting_party(
+        self, setup: dict[str, Any], relay: dict[str, Any] | None = None
+    ) -> tuple[Any, Any]:
+        """This silo's party of the weighting protocol, rebuilt as far as ``relay`` goes."""
+        public = setup.get("weighting")
+        if public is None:
+            raise InvalidValueError(f"Silo {self.data.silo}: no weighting protocol in this run.")
+        subjects = self._run(setup)["silo"].subject.numpy()
+        return weighting.silo_party(self.secret, self.data.silo, subjects, public, relay)
+
+    def _weighting(self, body: dict[str, Any]) -> dict[str, Any]:
+        stage = body.get("stage")
+        if stage == weighting.DIRECTORY:
+            _, sealed = self._weighting_party(body["setup"], {"directory": body["directory"]})
+            return {"sealed": sealed}
+        if stage == weighting.SEED:
+            relay = {"directory": body["directory"], "sealed": body["sealed"]}
+            party, histogram = self._weighting_party(body["setup"], relay)
+            self._cache["weighting"] = party
+            return {"histogram": histogram}
+        raise InvalidValueError(
+            f"Silo {self.data.silo}: expected a weighting stage among "
+            f"{(weighting.DIRECTORY, weighting.SEED)}, got {stage!r}."
+        )
 
     def _directory(self, body: dict[str, Any]) -> dict[str, Any]:
         party = self._run(body["setup"])["party"]
@@ -221,8 +259,11 @@ class SiloRuntime:
             run["keyed"] = True
         return {}
 
-    def _algorithm(self, setup: dict[str, Any]) -> Any:
+    def _algorithm(self, setup: dict[str, Any], relay: dict[str, Any] | None = None) -> Any:
+        """The algorithm as this silo runs it (``relay``: the weighting protocol's transcript,
+        to rebuild this silo's party in a fresh process)."""
         run = self._run(setup)
+        d = self.data.silo
         if run["algorithm"] is None:
             key = None
             if setup["silos_sample"] and setup["noise"] == "seeded":
@@ -232,8 +273,14 @@ class SiloRuntime:
                 )
             elif setup["silos_sample"] and run["party"] is not None:
                 key = run["party"].sample_key
+            public = setup["public"]
+            if setup.get("weighting") is not None:
+                party = run.get("weighting")
+                if party is None:
+                    party = self._weighting_party(setup, relay)[0]
+                public = {**public, "parties": Parties(setup["weighting"]["config"], {d: party})}
             run["algorithm"] = algorithm_class(setup["algorithm"]).at_silo(
-                setup["config"], setup["public"], sample_key=key
+                setup["config"], public, sample_key=key
             )
         return run["algorithm"]
 
@@ -244,7 +291,7 @@ class SiloRuntime:
             self._seed(body)
         round_index = int(body["round"])
         coins = round_coins(setup["noise"], setup["seed"], round_index, SILO_STREAM, self.data.silo)
-        algorithm = self._algorithm(setup)
+        algorithm = self._algorithm(setup, body.get("weighting"))
         state = body["state"]
         update = algorithm.local_update(
             run["model"], body["params"], run["silo"], coins, body["instructions"], state

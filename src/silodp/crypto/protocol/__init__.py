@@ -7,8 +7,9 @@
 * :mod:`~silodp.crypto.protocol.silo`: a :class:`Silo` (histogram, keys, blinds, its masked
   weighted sum per round) and its :class:`SiloStage`;
 * :mod:`~silodp.crypto.protocol.session`: the protocol step by step and the in-process driver:
-  :class:`WeightingSession`, :func:`run_weighting_round`, :func:`with_identities` and the
-  clear-text reference :func:`plaintext_weighted_sum`;
+  :class:`WeightingSession`, :func:`run_weighting_round`, :func:`with_identities`, the
+  clear-text reference :func:`plaintext_weighted_sum`, and :class:`Parties` (the parties one
+  process plays when they run apart);
 * :mod:`~silodp.crypto.protocol.estimate`: :class:`RoundEstimate`, the modelled cost of a round.
 
 Imports go one way: ``config`` <- ``server``, ``silo``, ``estimate`` <- ``session``.
@@ -18,6 +19,7 @@ from silodp.crypto.protocol.config import ProtocolConfig
 from silodp.crypto.protocol.estimate import RoundEstimate
 from silodp.crypto.protocol.server import RoundResult, Server, ServerStage
 from silodp.crypto.protocol.session import (
+    Parties,
     WeightingSession,
     plaintext_weighted_sum,
     run_weighting_round,
@@ -26,6 +28,7 @@ from silodp.crypto.protocol.session import (
 from silodp.crypto.protocol.silo import Silo, SiloStage
 
 __all__ = [
+    "Parties",
     "ProtocolConfig",
     "RoundEstimate",
     "RoundResult",

@@ -58,10 +58,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from silodp.crypto.errors import SubjectBoundError
+from silodp.crypto.errors import StageError, SubjectBoundError
 from silodp.crypto.identity import IdentityKey, generate_identity
 from silodp.crypto.messages import SealedSeed, SiloId, SubjectId
 from silodp.crypto.paillier import DEFAULT_KEY_BITS, PaillierKeyPair
@@ -74,6 +75,7 @@ from silodp.crypto.randomness import RandomSource, SystemRandomSource
 from silodp.crypto.rerandomize import RerandomizationMode
 
 __all__ = [
+    "Parties",
     "WeightingSession",
     "plaintext_weighted_sum",
     "run_weighting_round",
@@ -90,6 +92,23 @@ def with_identities(
     identities = {s: generate_identity(src) for s in config.silo_ids}
     registry = tuple((s, key.public_bytes) for s, key in sorted(identities.items()))
     return dataclasses.replace(config, identity_keys=registry), identities
+
+
+@dataclass(frozen=True)
+class Parties:
+    """The parties one process plays when they run apart (each set up by messages): the
+    server alone, or one silo alone. Like :class:`WeightingSession`, it has ``config``,
+    ``server`` and ``silos``; asking a silo's process for the server raises StageError."""
+
+    config: ProtocolConfig
+    silos: Mapping[SiloId, Silo] = field(default_factory=dict)
+    own_server: Server | None = None
+
+    @property
+    def server(self) -> Server:
+        if self.own_server is None:
+            raise StageError("This process plays no server of the weighting protocol.")
+        return self.own_server
 
 
 def _child_source(source: RandomSource) -> RandomSource:
