@@ -10,8 +10,8 @@ config's ``silo-dir``.
 
 from __future__ import annotations
 
-import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,6 @@ from silodp.engines.silo import SiloRuntime, read_silo_data, silo_secret
 from silodp.errors import SilodpError
 
 __all__ = ["client_app", "server_app", "silo_data_path"]
-
-logger = logging.getLogger("silodp")
 
 server_app = ServerApp()
 client_app = ClientApp()
@@ -69,6 +67,25 @@ def silo_query(message: Message, context: Context) -> Message:
     return Message(reply_content(wire.encode(reply)), reply_to=message)
 
 
+def _say(message: str) -> None:
+    """A line in the run's log (the ServerApp's output is what ``flwr run --stream`` shows)."""
+    print(f"silodp: {message}", file=sys.stderr, flush=True)
+
+
+def _round_lines(name: str, rounds: int) -> Any:
+    """One log line per round: the run's progress, readable in a streamed log."""
+
+    def update(row: dict[str, Any]) -> None:
+        parts = [f"{name}: round {row['round']}/{rounds}"]
+        if row.get("test_accuracy") is not None:
+            parts.append(f"accuracy {row['test_accuracy']:.3f}")
+        eps = row.get("epsilon") or {}
+        parts += [f"ε_{unit} {value:.3g}" for unit, value in eps.items() if value is not None]
+        _say(", ".join(parts))
+
+    return update
+
+
 def _option(config: Any, key: str, default: Any) -> Any:
     return config[key] if key in config else default
 
@@ -87,14 +104,14 @@ def experiment(grid: Grid, context: Context) -> None:
         connect_timeout=float(_option(rc, "connect-timeout", 300.0)),
     )
     out = Path(str(rc["out"]))
-    log = logger.info
     if bool(_option(rc, "resume", False)):
-        resume_experiment(out, log=log, engine_factory=factory)
+        resume_experiment(out, log=_say, progress=_round_lines, engine_factory=factory)
         return
     run_experiment(
         load_config(str(rc["config"])),
         out,
         overwrite=bool(_option(rc, "overwrite", False)),
-        log=log,
+        log=_say,
+        progress=_round_lines,
         engine_factory=factory,
     )

@@ -30,7 +30,7 @@ from silodp.engines.factory import silo_file, write_silo_files
 from silodp.engines.flower.simulation import check_engine_config
 from silodp.errors import InvalidValueError, SilodpError
 
-__all__ = ["DEFAULT_DIR", "down", "submit", "up"]
+__all__ = ["DEFAULT_DIR", "descendants", "down", "stop_processes", "submit", "up"]
 
 DEFAULT_DIR = Path(".silodp-federation")
 STATE = "federation.json"
@@ -300,36 +300,73 @@ def _alive_pids(state: dict[str, Any]) -> list[int]:
     for pid in state.get("processes", {}).values():
         try:
             os.kill(pid, 0)
-            alive.append(pid)
         except ProcessLookupError:
-            pass
+            continue
+        try:  # a zombie (exited, not yet reaped) is not alive
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+        except OSError:
+            continue
+        alive.append(pid)
     return alive
 
 
+def descendants(pids: list[int]) -> list[int]:
+    """Every live process descending from ``pids`` (from ``/proc``; Flower starts its
+    SuperExec and app processes as children, some in sessions of their own)."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: list[int] = []
+    frontier = set(pids)
+    while frontier:
+        children = {p for p, pp in parent.items() if pp in frontier and p not in found}
+        found.extend(sorted(children))
+        frontier = children
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        for kill in (os.killpg, os.kill):  # its group, and itself if it leads none
+            try:
+                kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _alive(pids: list[int]) -> list[int]:
+    return _alive_pids({"processes": dict(enumerate(pids))})
+
+
+def stop_processes(pids: list[int], grace: float = 15.0) -> None:
+    """Stops ``pids`` and all their descendants: SIGTERM, then SIGKILL after ``grace``."""
+    every = [*pids, *descendants(pids)]
+    _signal_all(every, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and _alive(every):
+        time.sleep(0.2)
+    _signal_all(_alive(every), signal.SIGKILL)
+
+
 def down(*, directory: str | Path = DEFAULT_DIR, log: Callable[[str], None] = print) -> None:
-    """Stops every process ``up`` started (their process groups, by recorded PID)."""
+    """Stops every process ``up`` started, by recorded PID, with their descendants."""
     d = Path(directory).resolve()
     if not (d / STATE).is_file():
         log(f"no federation in {d}")
         return
     state = json.loads((d / STATE).read_text())
     pids = list(state.get("processes", {}).values())
-    for pid in pids:
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and _alive_pids(state):
-        time.sleep(0.2)
-    for pid in _alive_pids(state):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    stop_processes(pids)
     state["processes"] = {}
     _save(d, state)
-    log(f"stopped {len(pids)} processes of the federation in {d}")
+    log(f"stopped {len(pids)} processes of the federation in {d} (and their children)")
 
 
 def submit(
@@ -360,6 +397,7 @@ def submit(
         "timeout": float(timeout),
         "on-failure": on_failure,
     }
+    started = time.time()
     args = ["run", str(APP_DIR), CONNECTION, "--stream"]
     for key, value in settings.items():
         args += ["--run-config", f"{key}={json.dumps(value)}"]
@@ -380,10 +418,12 @@ def submit(
         os.killpg(proc.pid, signal.SIGTERM)
         raise
     summary_path = out_dir / "summary.json"
-    if not summary_path.is_file():
+    if not summary_path.is_file() or summary_path.stat().st_mtime < started:
         raise SilodpError(
             f"The run on the federation ended without writing {summary_path} (flwr exit "
-            f"{proc.returncode}); see the log above and {d / 'logs'}."
+            f"{proc.returncode}); see the log above and {d / 'logs'}. A run that stopped "
+            f"part-way continues from its last completed round with: silodp run --resume "
+            f"{out_dir} --engine flower-deploy --federation {d}"
         )
     result: dict[str, Any] = json.loads(summary_path.read_text())
     return result

@@ -1,0 +1,229 @@
+"""A real Flower deployment on 127.0.0.1 (SuperLink with TLS and SuperNode authentication, one
+SuperNode per silo), driven through the CLI as a user would: the same numbers as in process,
+a SuperNode killed mid-run under both failure policies, and a ServerApp killed and resumed.
+
+Every process the tests start is stopped by PID (with its descendants), and the tests check
+that none is left and that the SuperLink's port is free again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tomli_w
+import torch
+
+from silodp.engines.flower.deployment import descendants
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+CONFIG = {
+    "name": "deploy",
+    "algorithms": ["higradavg_dp", "uldp_avg", "uldp_avg_w"],
+    "data": {"source": "digits", "num_silos": 3, "num_subjects": 30, "max_records": 300,
+             "test_fraction": 0.2},
+    "model": {"name": "mlp"},
+    "training": {"rounds": 2, "local_steps": 2, "batch_size": 16, "lr": 0.5},
+    "privacy": {"noise_multiplier": 1.5, "group_size": 4, "noise": "seeded", "n_max": 60},
+}
+#: long enough for a message round trip on a loaded machine, short enough to wait out twice
+TIMEOUT = "30"
+
+
+def _write(path: Path, **changes) -> Path:
+    raw = json.loads(json.dumps(CONFIG))
+    for key, value in changes.items():
+        table, _, field = key.partition("__")
+        if field:
+            raw[table][field] = value
+        else:
+            raw[table] = value
+    path.write_text(tomli_w.dumps(raw))
+    return path
+
+
+def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "silodp.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _start(log: Path, *args: str) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen([sys.executable, "-m", "silodp.cli", *args], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_for(log: Path, text: str, proc: subprocess.Popen, limit: float = 600) -> None:
+    deadline = time.monotonic() + limit
+    while text not in log.read_text():
+        assert proc.poll() is None, f"ended before {text!r}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} within {limit} s"
+        time.sleep(0.3)
+
+
+def _finish(proc: subprocess.Popen, log: Path, limit: float = 900) -> str:
+    try:
+        proc.wait(timeout=limit)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return log.read_text()
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
+class Federation:
+    def __init__(self, config: Path, directory: Path) -> None:
+        self.directory = directory
+        up = _cli("federation", "up", str(config), "--silos", "3", "--directory", str(directory),
+                  timeout=300)
+        assert up.returncode == 0, up.stdout + up.stderr
+        self.state = json.loads((directory / "federation.json").read_text())
+
+    def pid(self, name: str) -> int:
+        return int(self.state["processes"][name])
+
+    def kill(self, pid: int) -> None:
+        for p in [pid, *descendants([pid])]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def down(self) -> None:
+        started = list(self.state["processes"].values())
+        every = started + descendants(started)
+        done = _cli("federation", "down", "--directory", str(self.directory), timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert _alive(every) == [], f"left running: {_alive(every)}"
+        with socket.socket() as s:  # the SuperLink's port is free again
+            s.bind(("127.0.0.1", self.state["port"]))
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    root = tmp_path_factory.mktemp("deploy")
+    fed = Federation(_write(root / "c.toml"), root / "federation")
+    yield fed
+    fed.down()
+
+
+def test_three_algorithms_match_in_process(federation, tmp_path):
+    config = _write(tmp_path / "c.toml")
+    deployed = _cli("run", str(config), "--engine", "flower-deploy", "--federation",
+                    str(federation.directory), "--out", str(tmp_path / "deploy"), "--quiet")
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+    assert "higradavg_dp: round 2/2" in deployed.stdout  # the ServerApp's progress, streamed
+    local = _cli("run", str(config), "--out", str(tmp_path / "local"), "--quiet")
+    assert local.returncode == 0, local.stdout + local.stderr
+    aggregation = {
+        "higradavg_dp": "clear",
+        "uldp_avg": "masked sum",
+        "uldp_avg_w": "private weighting protocol",
+    }
+    for algorithm, how in aggregation.items():
+        a = torch.load(tmp_path / "local" / algorithm / "model.pt")
+        b = torch.load(tmp_path / "deploy" / algorithm / "model.pt")
+        assert all(torch.equal(a[k], b[k]) for k in a), algorithm
+        sa, sb = (json.loads((tmp_path / d / algorithm / "summary.json").read_text())
+                  for d in ("local", "deploy"))
+        assert sa["epsilon"] == sb["epsilon"] and sb["epsilon"]["subject"] > 0
+        assert sb["aggregation"].startswith(how)
+
+
+def _serverapps(federation: Federation) -> list[int]:
+    found = []
+    for pid in descendants([federation.pid("superlink")]):
+        try:
+            if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def test_killed_server_app_resumes_without_spending_twice(federation, tmp_path):
+    config = _write(tmp_path / "c.toml", algorithms=["higradavg_dp"], training__rounds=3)
+    out = tmp_path / "run"
+    log = tmp_path / "run.log"
+    proc = _start(log, "run", str(config), "--engine", "flower-deploy", "--federation",
+                  str(federation.directory), "--out", str(out), "--timeout", TIMEOUT)
+    _wait_for(log, "higradavg_dp: round 1/3", proc)
+    apps = _serverapps(federation)
+    assert len(apps) == 1
+    federation.kill(apps[0])
+    text = _finish(proc, log)
+    assert proc.returncode != 0 and "--resume" in text, text[-2000:]
+    resumed = _cli("run", "--resume", str(out), "--engine", "flower-deploy", "--federation",
+                   str(federation.directory), "--timeout", TIMEOUT)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    local = _cli("run", str(config), "--out", str(tmp_path / "local"), "--quiet")
+    assert local.returncode == 0, local.stdout + local.stderr
+    a = torch.load(tmp_path / "local" / "higradavg_dp" / "model.pt")
+    b = torch.load(out / "higradavg_dp" / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    sa, sb = (json.loads((d / "higradavg_dp" / "summary.json").read_text())
+              for d in (tmp_path / "local", out))
+    assert sb["status"] == "complete" and sb["epsilon"] == sa["epsilon"]
+    with sqlite3.connect(out / "higradavg_dp" / "ledger.sqlite") as db:
+        per_round = dict(db.execute("select round, count(*) from events group by round"))
+    assert per_round == {1: 3, 2: 3, 3: 3}  # round 1 spent once, by each silo
+
+
+def test_killed_supernode_aborts_the_run(federation, tmp_path):
+    # the last test on the shared federation: it leaves silo 2's SuperNode dead
+    config = _write(tmp_path / "c.toml", algorithms=["higradavg_dp"], training__rounds=3)
+    log = tmp_path / "run.log"
+    proc = _start(log, "run", str(config), "--engine", "flower-deploy", "--federation",
+                  str(federation.directory), "--out", str(tmp_path / "run"), "--timeout",
+                  TIMEOUT, "--on-failure", "abort")
+    _wait_for(log, "higradavg_dp: round 1/3", proc)
+    federation.kill(federation.pid("supernode-2"))
+    text = _finish(proc, log)
+    assert proc.returncode != 0
+    assert f"Round 2: silo 2: no answer within {TIMEOUT} s" in text, text[-3000:]
+    assert not (tmp_path / "run" / "higradavg_dp" / "summary.json").exists()
+
+
+def test_killed_supernode_is_skipped(tmp_path):
+    config = _write(tmp_path / "c.toml", algorithms=["higradavg_dp"], training__rounds=3)
+    fed = Federation(config, tmp_path / "federation")
+    try:
+        log = tmp_path / "run.log"
+        out = tmp_path / "run"
+        proc = _start(log, "run", str(config), "--engine", "flower-deploy", "--federation",
+                      str(fed.directory), "--out", str(out), "--timeout", TIMEOUT,
+                      "--on-failure", "skip")
+        _wait_for(log, "higradavg_dp: round 1/3", proc)
+        fed.kill(fed.pid("supernode-2"))
+        text = _finish(proc, log)
+        assert proc.returncode == 0, text[-3000:]
+        assert "round 2: skipping silo 2" in text and "round 3: skipping silo 2" in text
+        summary = json.loads((out / "higradavg_dp" / "summary.json").read_text())
+        assert summary["status"] == "complete" and summary["rounds_completed"] == 3
+        with sqlite3.connect(out / "higradavg_dp" / "ledger.sqlite") as db:
+            spent = sorted(db.execute("select round, party from events"))
+        # the skipped silo spent nothing in the rounds it missed
+        assert spent == [(1, "silo:0"), (1, "silo:1"), (1, "silo:2"), (2, "silo:0"),
+                         (2, "silo:1"), (3, "silo:0"), (3, "silo:1")]
+    finally:
+        fed.down()
