@@ -16,11 +16,29 @@ runner = CliRunner()
 
 
 def test_account_json_shape_and_value() -> None:
-    result = runner.invoke(app, [
-        "account", "--algorithm", "local_item_dp", "--noise-multiplier", "1.0",
-        "--delta", "1e-5", "--sample-rate", "0.01", "--steps", "100", "--rounds", "10",
-        "--silos", "4", "--group-size", "2", "--json",
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "account",
+            "--algorithm",
+            "local_item_dp",
+            "--noise-multiplier",
+            "1.0",
+            "--delta",
+            "1e-5",
+            "--sample-rate",
+            "0.01",
+            "--steps",
+            "100",
+            "--rounds",
+            "10",
+            "--silos",
+            "4",
+            "--group-size",
+            "2",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert set(out["epsilon"]) == {"record", "subject"}
@@ -34,10 +52,23 @@ def test_account_json_shape_and_value() -> None:
 
 
 def test_account_user_ldp_matches_gaussian_dp_closed_form() -> None:
-    result = runner.invoke(app, [
-        "account", "--algorithm", "user_ldp", "--noise-multiplier", "20", "--steps", "5",
-        "--rounds", "4", "--silos", "3", "--json",
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "account",
+            "--algorithm",
+            "user_ldp",
+            "--noise-multiplier",
+            "20",
+            "--steps",
+            "5",
+            "--rounds",
+            "4",
+            "--silos",
+            "3",
+            "--json",
+        ],
+    )
     out = json.loads(result.output)
     # 20 steps of a Gaussian with multiplier 20/2 per silo, three silos at subject level
     mu_silo = math.sqrt(20) / 10.0
@@ -48,10 +79,27 @@ def test_account_user_ldp_matches_gaussian_dp_closed_form() -> None:
 
 
 def test_account_target_epsilon_returns_a_sigma_meeting_it() -> None:
-    result = runner.invoke(app, [
-        "account", "--algorithm", "higradavg_dp", "--target-epsilon", "3", "--sample-rate",
-        "0.05", "--steps", "20", "--rounds", "5", "--silos", "2", "--group-size", "3", "--json",
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "account",
+            "--algorithm",
+            "higradavg_dp",
+            "--target-epsilon",
+            "3",
+            "--sample-rate",
+            "0.05",
+            "--steps",
+            "20",
+            "--rounds",
+            "5",
+            "--silos",
+            "2",
+            "--group-size",
+            "3",
+            "--json",
+        ],
+    )
     out = json.loads(result.output)
     assert out["noise_multiplier_source"] == "calibrated"
     assert out["epsilon"]["subject"] <= 3.0
@@ -65,10 +113,23 @@ def test_account_target_epsilon_returns_a_sigma_meeting_it() -> None:
         (["--algorithm", "nope", "--noise-multiplier", "1"], "'nope'"),
         (["--algorithm", "local_item_dp"], "exactly one of"),
         (["--algorithm", "local_item_dp", "--noise-multiplier", "1", "--delta", "0"], "delta=0"),
-        (["--algorithm", "local_item_dp", "--noise-multiplier", "1", "--sample-rate", "1.5"],
-         "1.5"),
-        (["--algorithm", "user_ldp", "--target-epsilon", "1e-9", "--steps", "100",
-          "--rounds", "100"], "unreachable"),
+        (
+            ["--algorithm", "local_item_dp", "--noise-multiplier", "1", "--sample-rate", "1.5"],
+            "1.5",
+        ),
+        (
+            [
+                "--algorithm",
+                "user_ldp",
+                "--target-epsilon",
+                "1e-9",
+                "--steps",
+                "100",
+                "--rounds",
+                "100",
+            ],
+            "unreachable",
+        ),
         (["--algorithm", "user_ldp", "--target-epsilon", "1", "--unit", "record"], "'record'"),
     ],
 )
@@ -148,11 +209,29 @@ def _uldp_epsilon(sigma: float, known: bool, *, q: float = 0.1, rounds: int = 50
 def test_account_uldp_subject_sampling_per_adversary(
     sampler: str, weighting: str, knowing: set[str]
 ) -> None:
-    result = runner.invoke(app, [
-        "account", "--algorithm", "uldp_avg_w", "--noise-multiplier", "1.0",
-        "--sample-rate", "0.1", "--rounds", "50", "--silos", "3", "--delta", "1e-5",
-        "--subject-sampler", sampler, "--weighting", weighting, "--json",
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "account",
+            "--algorithm",
+            "uldp_avg_w",
+            "--noise-multiplier",
+            "1.0",
+            "--sample-rate",
+            "0.1",
+            "--rounds",
+            "50",
+            "--silos",
+            "3",
+            "--delta",
+            "1e-5",
+            "--subject-sampler",
+            sampler,
+            "--weighting",
+            weighting,
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     by = {who: eps["subject"] for who, eps in out["epsilon_by_adversary"].items()}
@@ -163,3 +242,17 @@ def test_account_uldp_subject_sampling_per_adversary(
     silos = _uldp_epsilon(math.sqrt(2 / 3), "silos" in knowing)
     assert silos <= by["silos"] <= silos * (1 + 2e-3)
     assert out["epsilon"]["subject"] == max(by.values())
+
+
+def test_federation_up_refuses_a_silo_count_other_than_the_data(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text(
+        'name = "f"\nalgorithms = ["fedavg"]\n[data]\nsource = "digits"\nnum_silos = 3\n'
+        "max_records = 200\n"
+    )
+    result = runner.invoke(
+        app, ["federation", "up", str(config), "--silos", "4", "--directory", str(tmp_path / "fed")]
+    )
+    assert result.exit_code == 2
+    assert "Expected --silos 4 to match the 3 silos" in result.output
+    assert not (tmp_path / "fed" / "federation.json").exists()  # nothing was started

@@ -11,8 +11,21 @@ from silodp.cli import app
 
 runner = CliRunner()
 ARGS = [
-    "account", "--algorithm", "prifedsync", "--sample-rate", "0.01", "--steps", "10",
-    "--rounds", "20", "--clients", "10", "--client-rate", "0.5", "--delta", "1e-5",
+    "account",
+    "--algorithm",
+    "prifedsync",
+    "--sample-rate",
+    "0.01",
+    "--steps",
+    "10",
+    "--rounds",
+    "20",
+    "--clients",
+    "10",
+    "--client-rate",
+    "0.5",
+    "--delta",
+    "1e-5",
 ]
 
 
@@ -28,7 +41,10 @@ def test_json_has_the_fields_and_the_rigorous_epsilon() -> None:
     assert out["plan"]["clients"] == 10 and out["plan"]["client_rate"] == 0.5
     assert "server" in out["threat_model"]
     plan = PriFedSyncPlan(
-        noise_multiplier=1.0, sample_rates=(0.01,) * 10, local_steps=10, rounds=20,
+        noise_multiplier=1.0,
+        sample_rates=(0.01,) * 10,
+        local_steps=10,
+        rounds=20,
         client_rate=0.5,
     )
     assert out["epsilon"]["record"] == account_prifedsync(plan)[-1].epsilon["record"]
@@ -53,8 +69,9 @@ def test_target_epsilon_calibrates() -> None:
 
 
 def test_bad_values_name_the_value() -> None:
-    bad = runner.invoke(app, [*ARGS[:-6], "--clients", "10", "--client-rate", "1.5",
-                              "--noise-multiplier", "1.0"])
+    bad = runner.invoke(
+        app, [*ARGS[:-6], "--clients", "10", "--client-rate", "1.5", "--noise-multiplier", "1.0"]
+    )
     assert bad.exit_code != 0
     assert "client_rate=1.5" in bad.output
     bad = runner.invoke(app, [*ARGS, "--noise-multiplier", "1.0", "--batch-sampling", "x"])

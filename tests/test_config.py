@@ -19,7 +19,11 @@ from silodp.config import (
 def test_default_demo_config_parses_and_lists_the_five_algorithms() -> None:
     cfg = load_config(default_config_path())
     assert cfg.algorithms == (
-        "fedavg", "local_item_dp", "local_group_dp", "higradavg_dp", "user_ldp"
+        "fedavg",
+        "local_item_dp",
+        "local_group_dp",
+        "higradavg_dp",
+        "user_ldp",
     )
     assert cfg.data.source == "digits"
     assert cfg.privacy.epsilon == 4.0 and cfg.privacy.delta == 1e-5
@@ -43,8 +47,9 @@ def test_overrides_apply_per_algorithm() -> None:
     cfg = parse_config(
         {
             "algorithms": ["local_item_dp", "higradavg_dp"],
-            "algorithm": {"higradavg_dp": {"sampling": "subject", "lr": 0.3,
-                                           "noise_multiplier": 2.0}},
+            "algorithm": {
+                "higradavg_dp": {"sampling": "subject", "lr": 0.3, "noise_multiplier": 2.0}
+            },
         }
     )
     _, privacy = cfg.for_algorithm("higradavg_dp")

@@ -199,7 +199,9 @@ def test_poisson_batches_use_dp_accounting_replace_one() -> None:
     plan = _plan(batch_sampling="poisson", sample_rates=(0.02,), local_steps=5, rounds=10)
     report = account_prifedsync(plan)[-1]
     ref = pld_lib.from_gaussian_mechanism(
-        standard_deviation=2.0, sensitivity=1.0, sampling_prob=0.02,
+        standard_deviation=2.0,
+        sensitivity=1.0,
+        sampling_prob=0.02,
         value_discretization_interval=1e-3,
         neighboring_relation=pld_lib.NeighborRel.REPLACE_ONE,
     ).self_compose(50)
@@ -207,9 +209,7 @@ def test_poisson_batches_use_dp_accounting_replace_one() -> None:
 
 
 def test_client_sampling_lowers_the_guarantee_and_is_monotone() -> None:
-    eps = [
-        account_prifedsync(_plan(client_rate=p))[-1].epsilon["record"] for p in (1.0, 0.5, 0.1)
-    ]
+    eps = [account_prifedsync(_plan(client_rate=p))[-1].epsilon["record"] for p in (1.0, 0.5, 0.1)]
     assert eps[0] > eps[1] > eps[2] > 0
     report = account_prifedsync(_plan(client_rate=0.5))[-1]
     assert report.epsilon_route["record"] == "pld-client-sampling"

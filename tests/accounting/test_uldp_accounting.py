@@ -35,6 +35,7 @@ def _with(settings: dict, **values: object) -> dict:
     """``settings`` with some hyperparameters changed."""
     return {**settings, **values}
 
+
 DELTA = 1e-5
 ULDP_WEIGHTED = ("uldp_avg", "uldp_sgd", "uldp_avg_w")
 

@@ -19,6 +19,7 @@ def _with(settings: dict, **values: object) -> dict:
     """``settings`` with some hyperparameters changed."""
     return {**settings, **values}
 
+
 ALPHA = 1e-6
 #: Algorithms whose local update is a sequence of mini-batch steps on the silo's records
 #: (the ULDP per-subject family is tested in test_uldp.py).
@@ -42,9 +43,7 @@ def _model_params(seed: int = 0):
     return model, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-CONFIG = dict(
-    local_steps=4, batch_size=8, lr=0.05, clip=0.7, noise_multiplier=1.3, group_size=4
-)
+CONFIG = dict(local_steps=4, batch_size=8, lr=0.05, clip=0.7, noise_multiplier=1.3, group_size=4)
 
 
 def _run(name: str, seed: int, config: dict = CONFIG, silo: SiloData | None = None):

@@ -136,7 +136,12 @@ def test_toy_plugin_runs_from_a_config_and_meets_its_target(toy, tmp_path: Path)
 def test_toy_plugin_is_accounted_by_the_account_report(toy) -> None:
     assert "boost" in _generated_options()
     out = account_report(
-        "toy_dp", noise_multiplier=1.0, sample_rate=0.1, steps=5, rounds=4, silos=2,
+        "toy_dp",
+        noise_multiplier=1.0,
+        sample_rate=0.1,
+        steps=5,
+        rounds=4,
+        silos=2,
         settings={"boost": 3.0},
     )
     assert out["epsilon"]["record"] == pytest.approx(

@@ -24,9 +24,7 @@ def _with(settings: dict, **values: object) -> dict:
 
 
 ALPHA = 1e-4
-CONFIG = dict(
-    local_steps=3, batch_size=5, lr=0.05, clip=0.7, noise_multiplier=1.3, client_rate=0.3
-)
+CONFIG = dict(local_steps=3, batch_size=5, lr=0.05, clip=0.7, noise_multiplier=1.3, client_rate=0.3)
 
 
 def _silo(n: int = 20, seed: int = 0) -> SiloData:

@@ -51,6 +51,7 @@ def _with(settings: dict, **values: object) -> dict:
     """``settings`` with some hyperparameters changed."""
     return {**settings, **values}
 
+
 ALPHA = 1e-6
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ULDP_WEIGHTED = ("uldp_avg", "uldp_sgd", "uldp_avg_w")
@@ -320,9 +321,7 @@ def test_non_sampled_subjects_do_not_touch_the_message(sampler) -> None:
 @pytest.mark.parametrize("name", ULDP_WEIGHTED)
 def test_local_update_contract(name) -> None:
     train = _federation(dtype=np.float32)
-    cfg = dict(
-        noise_multiplier=1.1, clip=0.3, subject_rate=0.6, local_epochs=2, weighting="clear"
-    )
+    cfg = dict(noise_multiplier=1.1, clip=0.3, subject_rate=0.6, local_epochs=2, weighting="clear")
     algo = make_algorithm(name, cfg, train, coins=Coins.seeded(1))
     model = MLP(5, 3, hidden=8)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
@@ -594,9 +593,7 @@ def test_sensitivity_bound_c_is_attained() -> None:
 )
 def test_uldp_naive_sensitivity_is_at_most_2sc(fed, clip, epochs, lr, data) -> None:
     silos, num_subjects, seed = fed
-    cfg = dict(
-        noise_multiplier=0.0, clip=clip, lr=lr, local_epochs=epochs, batch_size=64
-    )
+    cfg = dict(noise_multiplier=0.0, clip=clip, lr=lr, local_epochs=epochs, batch_size=64)
     algo = UldpNaive(cfg, num_silos=len(silos))
     removed = data.draw(st.integers(0, num_subjects - 1))
     params = _params(seed % 7)
@@ -615,9 +612,7 @@ def test_uldp_naive_sensitivity_exceeds_sc() -> None:
     subject = torch.tensor([0, 0, 0, 0, 0, 1])
     silos = [SiloData(0, x, y, subject), SiloData(1, x.clone(), y.clone(), subject.clone())]
     clip = 0.01
-    algo = UldpNaive(
-        dict(noise_multiplier=0.0, clip=clip, lr=0.5, batch_size=100), num_silos=2
-    )
+    algo = UldpNaive(dict(noise_multiplier=0.0, clip=clip, lr=0.5, batch_size=100), num_silos=2)
     params = _params()
     full = _sum_messages(algo, params, silos, None)
     reduced = _sum_messages(algo, params, [_without(s, 0) for s in silos], None)
@@ -743,9 +738,7 @@ def test_protocol_trained_model_equals_the_clear_weighted_model(q) -> None:
 @pytest.mark.parametrize("sampler", ["server", "silos"])
 def test_protocol_round_equals_the_clear_weighted_sum_over_the_sample(sampler) -> None:
     train = _federation(n=40, silos=2, subjects=6, seed=4)
-    cfg = dict(
-        noise_multiplier=0.0, clip=1.0, subject_rate=0.5, n_max=40, subject_sampler=sampler
-    )
+    cfg = dict(noise_multiplier=0.0, clip=1.0, subject_rate=0.5, n_max=40, subject_sampler=sampler)
     algo = _protocol(cfg, train, seed=1)
     instr = algo.configure_round(1, Coins.seeded(7))
     assert isinstance(instr, ProtocolRound)
@@ -933,9 +926,7 @@ def test_run_notes_say_which_epsilon_holds_against_whom() -> None:
     (note,) = [n for n in silos.run_notes() if "subject sample" in n]
     assert "drawn by the silos" in note and "against the server" in note
     assert "known-sample ε" in note
-    server = make_algorithm(
-        "uldp_avg", dict(subject_rate=0.3, subject_sampler="server"), train
-    )
+    server = make_algorithm("uldp_avg", dict(subject_rate=0.3, subject_sampler="server"), train)
     (note,) = [n for n in server.run_notes() if "subject sample" in n]
     assert "only for the released model" in note
     protocol = _protocol(dict(subject_rate=0.3, n_max=30), train)

@@ -28,8 +28,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 CONFIG = {
     "name": "deploy",
     "algorithms": ["higradavg_dp", "uldp_avg", "uldp_avg_w"],
-    "data": {"source": "digits", "num_silos": 3, "num_subjects": 30, "max_records": 300,
-             "test_fraction": 0.2},
+    "data": {
+        "source": "digits",
+        "num_silos": 3,
+        "num_subjects": 30,
+        "max_records": 300,
+        "test_fraction": 0.2,
+    },
     "model": {"name": "mlp"},
     "training": {"rounds": 2, "local_steps": 2, "batch_size": 16, "lr": 0.5},
     "privacy": {"noise_multiplier": 1.5, "group_size": 4, "noise": "seeded", "n_max": 60},
@@ -51,14 +56,19 @@ def _write(path: Path, **changes) -> Path:
 
 
 def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "silodp.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "silodp.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _start(log: Path, *args: str) -> subprocess.Popen:
     with log.open("w") as out:
-        return subprocess.Popen([sys.executable, "-m", "silodp.cli", *args], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "silodp.cli", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _wait_for(log: Path, text: str, proc: subprocess.Popen, limit: float = 600) -> None:
@@ -94,8 +104,16 @@ def _alive(pids: list[int]) -> list[int]:
 class Federation:
     def __init__(self, config: Path, directory: Path) -> None:
         self.directory = directory
-        up = _cli("federation", "up", str(config), "--silos", "3", "--directory", str(directory),
-                  timeout=300)
+        up = _cli(
+            "federation",
+            "up",
+            str(config),
+            "--silos",
+            "3",
+            "--directory",
+            str(directory),
+            timeout=300,
+        )
         assert up.returncode == 0, up.stdout + up.stderr
         self.state = json.loads((directory / "federation.json").read_text())
 
@@ -129,8 +147,17 @@ def federation(tmp_path_factory):
 
 def test_three_algorithms_match_in_process(federation, tmp_path):
     config = _write(tmp_path / "c.toml")
-    deployed = _cli("run", str(config), "--engine", "flower-deploy", "--federation",
-                    str(federation.directory), "--out", str(tmp_path / "deploy"), "--quiet")
+    deployed = _cli(
+        "run",
+        str(config),
+        "--engine",
+        "flower-deploy",
+        "--federation",
+        str(federation.directory),
+        "--out",
+        str(tmp_path / "deploy"),
+        "--quiet",
+    )
     assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
     assert "higradavg_dp: round 2/2" in deployed.stdout  # the ServerApp's progress, streamed
     local = _cli("run", str(config), "--out", str(tmp_path / "local"), "--quiet")
@@ -144,8 +171,10 @@ def test_three_algorithms_match_in_process(federation, tmp_path):
         a = torch.load(tmp_path / "local" / algorithm / "model.pt")
         b = torch.load(tmp_path / "deploy" / algorithm / "model.pt")
         assert all(torch.equal(a[k], b[k]) for k in a), algorithm
-        sa, sb = (json.loads((tmp_path / d / algorithm / "summary.json").read_text())
-                  for d in ("local", "deploy"))
+        sa, sb = (
+            json.loads((tmp_path / d / algorithm / "summary.json").read_text())
+            for d in ("local", "deploy")
+        )
         assert sa["epsilon"] == sb["epsilon"] and sb["epsilon"]["subject"] > 0
         assert sb["aggregation"].startswith(how)
 
@@ -165,24 +194,46 @@ def test_killed_server_app_resumes_without_spending_twice(federation, tmp_path):
     config = _write(tmp_path / "c.toml", algorithms=["higradavg_dp"], training__rounds=3)
     out = tmp_path / "run"
     log = tmp_path / "run.log"
-    proc = _start(log, "run", str(config), "--engine", "flower-deploy", "--federation",
-                  str(federation.directory), "--out", str(out), "--timeout", TIMEOUT)
+    proc = _start(
+        log,
+        "run",
+        str(config),
+        "--engine",
+        "flower-deploy",
+        "--federation",
+        str(federation.directory),
+        "--out",
+        str(out),
+        "--timeout",
+        TIMEOUT,
+    )
     _wait_for(log, "higradavg_dp: round 1/3", proc)
     apps = _serverapps(federation)
     assert len(apps) == 1
     federation.kill(apps[0])
     text = _finish(proc, log)
     assert proc.returncode != 0 and "--resume" in text, text[-2000:]
-    resumed = _cli("run", "--resume", str(out), "--engine", "flower-deploy", "--federation",
-                   str(federation.directory), "--timeout", TIMEOUT)
+    resumed = _cli(
+        "run",
+        "--resume",
+        str(out),
+        "--engine",
+        "flower-deploy",
+        "--federation",
+        str(federation.directory),
+        "--timeout",
+        TIMEOUT,
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     local = _cli("run", str(config), "--out", str(tmp_path / "local"), "--quiet")
     assert local.returncode == 0, local.stdout + local.stderr
     a = torch.load(tmp_path / "local" / "higradavg_dp" / "model.pt")
     b = torch.load(out / "higradavg_dp" / "model.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    sa, sb = (json.loads((d / "higradavg_dp" / "summary.json").read_text())
-              for d in (tmp_path / "local", out))
+    sa, sb = (
+        json.loads((d / "higradavg_dp" / "summary.json").read_text())
+        for d in (tmp_path / "local", out)
+    )
     assert sb["status"] == "complete" and sb["epsilon"] == sa["epsilon"]
     with sqlite3.connect(out / "higradavg_dp" / "ledger.sqlite") as db:
         per_round = dict(db.execute("select round, count(*) from events group by round"))
@@ -193,15 +244,29 @@ def test_killed_supernode_aborts_the_run(federation, tmp_path):
     # the last test on the shared federation: it leaves silo 2's SuperNode dead
     config = _write(tmp_path / "c.toml", algorithms=["higradavg_dp"], training__rounds=3)
     log = tmp_path / "run.log"
-    proc = _start(log, "run", str(config), "--engine", "flower-deploy", "--federation",
-                  str(federation.directory), "--out", str(tmp_path / "run"), "--timeout",
-                  TIMEOUT, "--on-failure", "abort")
+    proc = _start(
+        log,
+        "run",
+        str(config),
+        "--engine",
+        "flower-deploy",
+        "--federation",
+        str(federation.directory),
+        "--out",
+        str(tmp_path / "run"),
+        "--timeout",
+        TIMEOUT,
+        "--on-failure",
+        "abort",
+    )
     _wait_for(log, "higradavg_dp: round 1/3", proc)
     federation.kill(federation.pid("supernode-2"))
     text = _finish(proc, log)
     assert proc.returncode != 0
     assert f"Round 2: silo 2: no answer within {TIMEOUT} s" in text, text[-3000:]
-    assert not (tmp_path / "run" / "higradavg_dp" / "summary.json").exists()
+    # what ran is kept and says so: one round, and the run was not completed
+    summary = json.loads((tmp_path / "run" / "higradavg_dp" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds_completed"] == 1
 
 
 def test_killed_supernode_is_skipped(tmp_path):
@@ -210,9 +275,21 @@ def test_killed_supernode_is_skipped(tmp_path):
     try:
         log = tmp_path / "run.log"
         out = tmp_path / "run"
-        proc = _start(log, "run", str(config), "--engine", "flower-deploy", "--federation",
-                      str(fed.directory), "--out", str(out), "--timeout", TIMEOUT,
-                      "--on-failure", "skip")
+        proc = _start(
+            log,
+            "run",
+            str(config),
+            "--engine",
+            "flower-deploy",
+            "--federation",
+            str(fed.directory),
+            "--out",
+            str(out),
+            "--timeout",
+            TIMEOUT,
+            "--on-failure",
+            "skip",
+        )
         _wait_for(log, "higradavg_dp: round 1/3", proc)
         fed.kill(fed.pid("supernode-2"))
         text = _finish(proc, log)
@@ -223,7 +300,14 @@ def test_killed_supernode_is_skipped(tmp_path):
         with sqlite3.connect(out / "higradavg_dp" / "ledger.sqlite") as db:
             spent = sorted(db.execute("select round, party from events"))
         # the skipped silo spent nothing in the rounds it missed
-        assert spent == [(1, "silo:0"), (1, "silo:1"), (1, "silo:2"), (2, "silo:0"),
-                         (2, "silo:1"), (3, "silo:0"), (3, "silo:1")]
+        assert spent == [
+            (1, "silo:0"),
+            (1, "silo:1"),
+            (1, "silo:2"),
+            (2, "silo:0"),
+            (2, "silo:1"),
+            (3, "silo:0"),
+            (3, "silo:1"),
+        ]
     finally:
         fed.down()

@@ -78,6 +78,19 @@ def test_same_model_and_epsilon_as_in_process(tmp_path, algorithm, privacy):
     assert remote["runs"][0]["aggregation"].startswith("masked sum" if secure else "clear")
 
 
+def test_silos_sample_without_noise_from_an_exchanged_seed(tmp_path):
+    # σ = 0: no masked sum, but the silos still draw the subject sample from a seed the
+    # server never sees, so they exchange keys for it
+    config, transport = _setup(
+        tmp_path, "uldp_avg", noise_multiplier=0.0, noise="secure", subject_rate=0.5
+    )
+    remote = run_experiment(
+        config, tmp_path / "b", log=lambda m: None, engine_factory=remote_engine_factory(transport)
+    )
+    assert remote["runs"][0]["aggregation"].startswith("clear (no noise, no guarantee)")
+    assert remote["runs"][0]["status"] == "complete"
+
+
 @pytest.mark.slow  # Paillier work: ~30 s each
 @pytest.mark.parametrize("sampler", ["server", "silos"])
 def test_weighting_protocol_over_messages(tmp_path, sampler):

@@ -61,16 +61,22 @@ def test_small_femnist_config_runs_on_leaf_json(tmp_path: Path) -> None:
     _write_leaf(tmp_path / "train" / "a.json", _femnist_users(rng, 20, 6))
     _write_leaf(tmp_path / "test.json", _femnist_users(rng, 4, 3))
     raw = _config_from_file(
-        "femnist_small.toml", path=str(tmp_path / "train"), test_path=str(tmp_path / "test.json"),
-        num_silos=4, first_subjects=15,
+        "femnist_small.toml",
+        path=str(tmp_path / "train"),
+        test_path=str(tmp_path / "test.json"),
+        num_silos=4,
+        first_subjects=15,
     )
     summary = run_experiment(parse_config(raw), tmp_path / "out")
     data = json.loads((tmp_path / "out" / "silo_private" / "data.json").read_text())
     assert data["num_subjects"] == 15 and data["num_silos"] == 4
     for item in summary["runs"]:
         assert item["status"] == "complete"
-        assert 3.5 < item["epsilon"]["subject" if item["algorithm"] != "local_item_dp"
-                                      else "record"] <= 4.0
+        assert (
+            3.5
+            < item["epsilon"]["subject" if item["algorithm"] != "local_item_dp" else "record"]
+            <= 4.0
+        )
 
 
 @pytest.mark.slow
@@ -79,8 +85,10 @@ def test_shakespeare_config_runs_on_leaf_json(tmp_path: Path) -> None:
     _write_leaf(tmp_path / "train.json", _shakespeare_users(rng, 12, 5))
     _write_leaf(tmp_path / "test.json", _shakespeare_users(rng, 3, 2))
     raw = _config_from_file(
-        "shakespeare.toml", path=str(tmp_path / "train.json"),
-        test_path=str(tmp_path / "test.json"), num_silos=3,
+        "shakespeare.toml",
+        path=str(tmp_path / "train.json"),
+        test_path=str(tmp_path / "test.json"),
+        num_silos=3,
     )
     summary = run_experiment(parse_config(raw), tmp_path / "out")
     assert all(item["status"] == "complete" for item in summary["runs"])
@@ -93,15 +101,22 @@ def test_csv_table_with_subject_and_silo_columns(tmp_path: Path) -> None:
     label = (x[:, 0] + 0.3 * rng.normal(size=n) > 0).astype(int)
     lines = ["f0,f1,f2,f3,f4,label,patient,hospital"]
     for i in range(n):
-        lines.append(",".join(f"{v:.5f}" for v in x[i]) +
-                     f",{label[i]},p{rng.integers(0, 50)},h{rng.integers(0, 3)}")
+        lines.append(
+            ",".join(f"{v:.5f}" for v in x[i])
+            + f",{label[i]},p{rng.integers(0, 50)},h{rng.integers(0, 3)}"
+        )
     (tmp_path / "t.csv").write_text("\n".join(lines))
     raw = {
         "algorithms": ["higradavg_dp"],
-        "data": {"source": "table", "path": str(tmp_path / "t.csv"),
-                 "feature_columns": ["f0", "f1", "f2", "f3", "f4"], "label_column": "label",
-                 "subject_column": "patient", "silo_column": "hospital",
-                 "allocation": "column"},
+        "data": {
+            "source": "table",
+            "path": str(tmp_path / "t.csv"),
+            "feature_columns": ["f0", "f1", "f2", "f3", "f4"],
+            "label_column": "label",
+            "subject_column": "patient",
+            "silo_column": "hospital",
+            "allocation": "column",
+        },
         "training": {"rounds": 4, "local_steps": 5, "batch_size": 40, "lr": 0.5},
         "privacy": {"epsilon": 8.0},
     }

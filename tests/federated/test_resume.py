@@ -24,8 +24,13 @@ import torch
 from silodp.ledger.report import ledger_report, verify_ledger
 
 BASE = {
-    "data": {"source": "digits", "num_silos": 3, "num_subjects": 40, "max_records": 450,
-             "test_fraction": 0.2},
+    "data": {
+        "source": "digits",
+        "num_silos": 3,
+        "num_subjects": 40,
+        "max_records": 450,
+        "test_fraction": 0.2,
+    },
     "model": {"name": "mlp"},
     "training": {"rounds": 3, "local_steps": 2, "batch_size": 16, "lr": 0.5},
     "privacy": {"noise_multiplier": 1.5, "group_size": 4, "noise": "seeded"},
@@ -33,8 +38,9 @@ BASE = {
 EXTRA = {
     "local_item_dp": {},
     "higradavg_dp": {},
-    "uldp_avg_w": {"algorithm": {"uldp_avg_w": {"weighting": "protocol", "key_bits": 2048,
-                                              "n_max": 60}}},
+    "uldp_avg_w": {
+        "algorithm": {"uldp_avg_w": {"weighting": "protocol", "key_bits": 2048, "n_max": 60}}
+    },
     "prifedsync": {"training": {"client_rate": 0.7}},
 }
 
@@ -57,7 +63,10 @@ def _silodp(*args: str, kill_at: str | None = None) -> subprocess.CompletedProce
         env["SILODP_KILL_AT"] = kill_at
     return subprocess.run(
         [sys.executable, "-m", "silodp.cli", *args, "--quiet"],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -98,8 +107,11 @@ def test_killed_runs_resume_to_the_uninterrupted_result(name: str, tmp_path: Pat
     config = _config(tmp_path, name)
     full = tmp_path / "full"
     assert _silodp("run", str(config), "--out", str(full)).returncode == 0
-    for point, same in [("silo_recorded", False), ("checkpoint_written", True),
-                        ("round_written", True)]:
+    for point, same in [
+        ("silo_recorded", False),
+        ("checkpoint_written", True),
+        ("round_written", True),
+    ]:
         cut = tmp_path / point
         killed = _silodp("run", str(config), "--out", str(cut), kill_at=f"{point}:2")
         assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-500:])
@@ -122,8 +134,7 @@ def test_random_time_kills_resume_to_the_same_model(tmp_path: Path) -> None:
     env.pop("SILODP_KILL_AT", None)
     args = [sys.executable, "-m", "silodp.cli", "run", str(config), "--out", str(cut), "--quiet"]
     for attempt in range(3):
-        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(3.0, 9.0))
         proc.send_signal(signal.SIGKILL)  # this process, by its PID
         proc.wait(timeout=60)
@@ -131,8 +142,16 @@ def test_random_time_kills_resume_to_the_same_model(tmp_path: Path) -> None:
             continue  # killed before anything was written: start again
         args = [sys.executable, "-m", "silodp.cli", "run", "--resume", str(cut), "--quiet"]
     if not (cut / "experiment.toml").is_file():
-        args = [sys.executable, "-m", "silodp.cli", "run", str(config), "--out", str(cut),
-                "--quiet"]
+        args = [
+            sys.executable,
+            "-m",
+            "silodp.cli",
+            "run",
+            str(config),
+            "--out",
+            str(cut),
+            "--quiet",
+        ]
     finished = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert _same_model(full / "local_item_dp", cut / "local_item_dp")
@@ -163,8 +182,13 @@ def test_a_checkpoint_of_other_code_is_refused(tmp_path: Path) -> None:
     from silodp.errors import InvalidValueError
     from silodp.experiment.checkpoint import CHECKPOINT, code_version, load_checkpoint
 
-    state = {"round": 1, "engine": {}, "rows": ([], []), "config_hash": "abc",
-             "version": "0.0.1+000000000000"}
+    state = {
+        "round": 1,
+        "engine": {},
+        "rows": ([], []),
+        "config_hash": "abc",
+        "version": "0.0.1+000000000000",
+    }
     torch.save(state, tmp_path / CHECKPOINT)
     with pytest.raises(InvalidValueError, match="written by silodp"):
         load_checkpoint(tmp_path, "abc")

@@ -40,8 +40,14 @@ def test_run_writes_every_output(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "silo_private" / "data.json").read_text())["num_silos"] == 3
     for name in TINY["algorithms"]:
         run_dir = tmp_path / name
-        for f in ("config.toml", "metrics.jsonl", "summary.json", "model.pt",
-                  "accuracy_loss.png", "epsilon.png"):
+        for f in (
+            "config.toml",
+            "metrics.jsonl",
+            "summary.json",
+            "model.pt",
+            "accuracy_loss.png",
+            "epsilon.png",
+        ):
             assert (run_dir / f).is_file(), f
         rows = _metrics(run_dir / "metrics.jsonl")
         private = _metrics(run_dir / "silo_private" / "diagnostics.jsonl")
@@ -112,6 +118,7 @@ def test_interrupted_run_keeps_privacy_spent(tmp_path: Path) -> None:
             calls.append(row["round"])
             if row["round"] == 2:
                 raise KeyboardInterrupt
+
         return cb
 
     with pytest.raises(KeyboardInterrupt):

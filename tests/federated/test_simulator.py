@@ -142,9 +142,7 @@ def test_personalised_seeded_runs_repeat_and_secure_runs_differ() -> None:
     assert [a.sample_silos(r) for r in range(1, 5)] == [b.sample_silos(r) for r in range(1, 5)]
     c, d = _personalised("secure"), _personalised("secure")
     differ = any(not torch.equal(c.params[k], d.params[k]) for k in c.params)
-    assert differ or [c.sample_silos(r) for r in range(8)] != [
-        d.sample_silos(r) for r in range(8)
-    ]
+    assert differ or [c.sample_silos(r) for r in range(8)] != [d.sample_silos(r) for r in range(8)]
 
 
 def test_round_result_json_has_no_non_finite_numbers() -> None:

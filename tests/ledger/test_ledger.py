@@ -45,12 +45,16 @@ def _raw(**privacy: object) -> dict:
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 @pytest.mark.parametrize(
     "extra",
-    [{}, {"subject_rate": 0.3, "subject_sampler": "server", "weighting": "clear"},
-     {"sampling": "subject"}],
+    [
+        {},
+        {"subject_rate": 0.3, "subject_sampler": "server", "weighting": "clear"},
+        {"sampling": "subject"},
+    ],
 )
 def test_every_algorithms_events_round_trip_exactly(name: str, extra: dict) -> None:
-    algorithm = make_algorithm(name, {"num_silos": 3, "group_size": 3, "noise_multiplier": 1.3,
-                                      **extra})
+    algorithm = make_algorithm(
+        name, {"num_silos": 3, "group_size": 3, "noise_multiplier": 1.3, **extra}
+    )
     privacy = algorithm.silo_privacy(sampling_rate=0.1 if "subject_rate" not in extra else 0.3)
     if privacy is None:
         return
@@ -162,8 +166,9 @@ def test_shared_ledger_composes_runs_and_its_budget_stops_the_next(tmp_path: Pat
     cfg = tmp_path / "c.toml"
     raw = _raw(budget=budget)
     cfg.write_text("\n".join(_toml_lines(raw)))
-    result = runner.invoke(app, ["run", str(cfg), "--out", str(tmp_path / "d"), "--quiet",
-                                 "--ledger", str(shared)])
+    result = runner.invoke(
+        app, ["run", str(cfg), "--out", str(tmp_path / "d"), "--quiet", "--ledger", str(shared)]
+    )
     assert result.exit_code == 3 and "budget" in result.output
 
 
@@ -193,11 +198,24 @@ def test_a_round_the_budget_does_not_allow_stops_the_run_cleanly(tmp_path: Path)
     accountant = algorithm.make_accountant(span=3, delta=1e-5)
     mu_two = math.sqrt(4) / 10.0 * math.sqrt(3)
     budget = {"subject": gdp_epsilon(mu_two, 1e-5) * 1.02}  # two rounds fit, three do not
-    ledger = RunLedger(Ledger(tmp_path / "l.sqlite"), name="x", algorithm="user_ldp",
-                       accountant=accountant, noise={"mode": "seeded"}, budget=budget)
-    engine = Simulator(algorithm=algorithm, model=build_model("mlp", (64,), 10, seed=0),
-                       train=data.train, test=data.test, accountant=accountant, seed=0,
-                       noise="seeded", ledger=ledger)
+    ledger = RunLedger(
+        Ledger(tmp_path / "l.sqlite"),
+        name="x",
+        algorithm="user_ldp",
+        accountant=accountant,
+        noise={"mode": "seeded"},
+        budget=budget,
+    )
+    engine = Simulator(
+        algorithm=algorithm,
+        model=build_model("mlp", (64,), 10, seed=0),
+        train=data.train,
+        test=data.test,
+        accountant=accountant,
+        seed=0,
+        noise="seeded",
+        ledger=ledger,
+    )
     results, rows, _, status = record_rounds(
         engine, 3, tmp_path, lambda s, r: {"status": s, "rounds": len(r)}
     )
@@ -227,8 +245,12 @@ def test_dp_feature_statistics_are_recorded_as_a_release_before_they_are_written
     raw = _raw(noise_multiplier=None, epsilon=4.0, group_size=4)
     raw["algorithms"] = ["local_item_dp"]
     raw["data"] = {
-        "source": "table", "path": str(tmp_path / "t.csv"), "feature_columns": ["a", "b"],
-        "silo_column": "site", "allocation": "column", "scaling": "dp",
+        "source": "table",
+        "path": str(tmp_path / "t.csv"),
+        "feature_columns": ["a", "b"],
+        "silo_column": "site",
+        "allocation": "column",
+        "scaling": "dp",
         "feature_bounds": [[-3.0, 3.0], [-3.0, 3.0]],
     }
     summary = run_experiment(parse_config(raw), tmp_path / "out")

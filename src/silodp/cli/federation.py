@@ -23,7 +23,8 @@ DIRECTORY = typer.Option(help="Where the federation keeps its keys, data files a
 def up(
     config: Annotated[Path, typer.Argument(help="Experiment TOML whose data the silos hold.")],
     silos: Annotated[
-        int | None, typer.Option(help="Expected number of silos (checked against the data).")
+        int | None,
+        typer.Option(help="SuperNodes to start: one per silo, so it must match the data's silos."),
     ] = None,
     directory: Annotated[Path, DIRECTORY] = Path(".silodp-federation"),
 ) -> None:
@@ -31,11 +32,9 @@ def up(
     from silodp.engines.flower.deployment import up as start
 
     try:
-        state = start(config, directory=directory, log=typer.echo)
+        start(config, directory=directory, silos=silos, log=typer.echo)
     except SilodpError as err:
         fail(str(err))
-    if silos is not None and silos != state["silos"]:
-        typer.echo(f"note: the data of {config} has {state['silos']} silos, not {silos}")
 
 
 @federation_app.command("down")

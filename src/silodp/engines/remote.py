@@ -234,6 +234,7 @@ class RemoteEngine(Simulator):
         public = algorithm.silo_setup()
         session = secrets.token_bytes(16)
         silos_sample = bool(getattr(algorithm.config, "subject_sampler", None) == "silos")
+        protocol = weighting.uses_protocol(algorithm)
         ids = sorted(self.nodes)
         requests = {}
         for s in ids:
@@ -250,6 +251,9 @@ class RemoteEngine(Simulator):
                     "noise": self.noise,
                     "seed": self.seed,
                     "secure_sum": self.secure_sum,
+                    # the masked sum's keys; without it, the seed of a silos' sample (σ = 0)
+                    "key_exchange": self.secure_sum
+                    or (silos_sample and self.noise != "seeded" and not protocol),
                     "grid": self.grid,
                     "session": session,
                     "silo_ids": ids,
@@ -265,11 +269,11 @@ class RemoteEngine(Simulator):
             body["keep"] = kept_mask(self.records, self.bounded, s)
         self._setups = {s: requests[s][1] for s in ids}
         self._keys: dict[str, Any] = {"directory": None, "sealed": None}
-        if weighting.uses_protocol(algorithm):
+        if protocol:
             replies = self._weighting_setup(algorithm)
         else:
             replies = self._exchange(requests, "set-up")
-        if not self.secure_sum:
+        if not self._setups[ids[0]]["key_exchange"]:
             return
         directory = {s: replies[s]["dh_public"] for s in ids}
         sealed = self._exchange(

@@ -200,7 +200,7 @@ class SiloRuntime:
             "model": build_model(
                 model["name"], tuple(model["feature_shape"]), model["num_classes"], seed=0
             ),
-            "party": self._party(setup) if setup["secure_sum"] else None,
+            "party": self._party(setup) if setup["key_exchange"] else None,
             "algorithm": None,
         }
         return self._cache
@@ -296,7 +296,7 @@ class SiloRuntime:
         update = algorithm.local_update(
             run["model"], body["params"], run["silo"], coins, body["instructions"], state
         )
-        if run["party"] is not None:
+        if setup["secure_sum"]:
             update = replace(update, params=self._masked(update, round_index, setup["grid"]))
         return {"update": msg.update_to_wire(update), "state": state}
 

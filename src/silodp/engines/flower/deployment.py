@@ -189,6 +189,7 @@ def up(
     config_path: str | Path,
     *,
     directory: str | Path = DEFAULT_DIR,
+    silos: int | None = None,
     log: Callable[[str], None] = print,
     wait: float = 120.0,
 ) -> dict[str, Any]:
@@ -197,7 +198,8 @@ def up(
     ``directory/federation.json``).
 
     Raises:
-      InvalidValueError: a federation is already up in ``directory``.
+      InvalidValueError: a federation is already up in ``directory``, or ``silos`` (the
+        SuperNodes asked for) is not the number of silos of the config's data.
     """
     d = Path(directory).resolve()
     if (d / STATE).is_file() and _alive_pids(json.loads((d / STATE).read_text())):
@@ -207,6 +209,11 @@ def up(
     config = load_config(config_path)
     check_engine_config(config)
     data = build_federated_data(config.data)
+    if silos is not None and silos != data.train.num_silos:
+        raise InvalidValueError(
+            f"Expected --silos {silos} to match the {data.train.num_silos} silos of the data of "
+            f"{str(config_path)!r}: one SuperNode serves one silo."
+        )
     silos = data.train.num_silos
     d.mkdir(parents=True, exist_ok=True)
     write_silo_files(data.train, d / "silos")
@@ -380,13 +387,21 @@ def submit(
     on_failure: str = "abort",
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Runs the experiment on the federation ``up`` started (``flwr run``, streaming its log);
-    returns the experiment summary the ServerApp wrote."""
+    """Runs the experiment on the federation ``up`` started, or on the SuperLink named in
+    ``directory/home/config.toml`` (``flwr run``, streaming its log); returns the experiment
+    summary the ServerApp wrote (where the ServerApp's machine put ``out``)."""
     d = Path(directory).resolve()
-    if not (d / STATE).is_file() or not _alive_pids(json.loads((d / STATE).read_text())):
+    local = d / STATE
+    if local.is_file() and not _alive_pids(json.loads(local.read_text())):
         raise InvalidValueError(
-            f"Expected a running federation in {str(d)!r}; start one with "
-            "silodp federation up CONFIG."
+            f"Expected the federation in {str(d)!r} to be running; its processes have "
+            "stopped. Start it again with silodp federation up CONFIG."
+        )
+    if not (d / "home" / "config.toml").is_file():
+        raise InvalidValueError(
+            f"Expected a federation in {str(d)!r}: start one with silodp federation up CONFIG, "
+            f"or name a SuperLink elsewhere in {str(d / 'home' / 'config.toml')!r} "
+            f"([superlink.{CONNECTION}] address and root-certificates)."
         )
     out_dir = Path(out).resolve()
     settings = {

@@ -84,7 +84,13 @@ def simulate(
         num_supernodes=data.train.num_silos,
         backend_config={
             "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-            "init_args": {"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False},
+            "init_args": {
+                "num_cpus": cpus,
+                "num_gpus": 0,
+                "include_dashboard": False,
+                # Ray's servers bind the node's address: keep them on loopback
+                "_node_ip_address": "127.0.0.1",
+            },
         },
     )
     if failures:
