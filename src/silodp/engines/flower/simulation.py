@@ -88,8 +88,6 @@ def simulate(
                 "num_cpus": cpus,
                 "num_gpus": 0,
                 "include_dashboard": False,
-                # Ray's servers bind the node's address: keep them on loopback
-                "_node_ip_address": "127.0.0.1",
             },
         },
     )
