@@ -11,6 +11,7 @@ from silodp.models import MODELS, build_model
 CASES = [
     ("mlp", (7,), 3, lambda: torch.randn(5, 7)),
     ("mlp", (1, 8, 8), 10, lambda: torch.randn(5, 1, 8, 8)),
+    ("linear", (1, 8, 8), 10, lambda: torch.randn(5, 1, 8, 8)),
     ("mnist_cnn", (1, 8, 8), 10, lambda: torch.randn(4, 1, 8, 8)),
     ("mnist_cnn", (1, 28, 28), 10, lambda: torch.randn(3, 1, 28, 28)),
     ("femnist_cnn", (1, 28, 28), 62, lambda: torch.randn(2, 1, 28, 28)),

@@ -4,6 +4,8 @@
 * ``shakespeare_lstm`` — LEAF's stacked character LSTM (embedding 8, 2 x LSTM 256, linear head).
 * ``mnist_cnn`` — a small CNN for 28x28 (or 8x8) grey images.
 * ``mlp`` — a two-layer perceptron for flat or tabular features.
+* ``linear`` — softmax regression on the flattened features (each input feature owns one
+  column of the weight matrix; ``silodp audit`` trains it).
 
 Models use no batch-norm (per-example gradients need per-example independence); dropout is
 left out for the same reason.
@@ -57,6 +59,17 @@ class MnistCNN(nn.Module):
         x = self.pool(torch.relu(self.conv1(x)))
         x = self.pool(torch.relu(self.conv2(x)))
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+class Linear(nn.Module):
+    """Flatten, one linear layer: softmax regression."""
+
+    def __init__(self, num_features: int, num_classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(num_features, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
 
 
 class MLP(nn.Module):
@@ -141,6 +154,10 @@ def _mlp(shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return MLP(math.prod(shape), num_classes)
 
 
+def _linear(shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return Linear(math.prod(shape), num_classes)
+
+
 def _lstm(shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if len(shape) != 1:
         raise ValueError(f"Expected token-id features of shape (seq_len,), got {shape}.")
@@ -151,6 +168,7 @@ MODELS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "femnist_cnn": _femnist,
     "mnist_cnn": _mnist,
     "mlp": _mlp,
+    "linear": _linear,
     "shakespeare_lstm": _lstm,
 }
 

@@ -43,6 +43,7 @@ def _naive_per_example(model, x, y) -> dict[str, torch.Tensor]:
 # checked in float32 at 1e-4 relative.
 MODEL_CASES = [
     ("mlp", (6,), 4, 5, torch.float64),
+    ("linear", (2, 3), 4, 5, torch.float64),
     ("mnist_cnn", (1, 8, 8), 10, 4, torch.float64),
     ("mnist_cnn", (1, 28, 28), 10, 3, torch.float64),
     ("femnist_cnn", (1, 28, 28), 62, 2, torch.float64),
