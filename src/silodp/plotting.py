@@ -19,12 +19,14 @@ __all__ = [
     "plot_epsilon",
     "plot_personalised",
     "plot_training",
+    "save_figure",
 ]
 
 Metrics = Sequence[Mapping[str, Any]]
 
 
-def _save(fig: Any, path: Path) -> Path:
+def save_figure(fig: Any, path: Path) -> Path:
+    """Writes ``fig`` to ``path`` as a PNG (whole or not at all) and closes it."""
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
@@ -49,7 +51,7 @@ def plot_training(metrics: Metrics, path: Path, title: str) -> Path:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_epsilon(metrics: Metrics, path: Path, title: str, delta: float) -> Path:
@@ -87,7 +89,7 @@ def plot_epsilon(metrics: Metrics, path: Path, title: str, delta: float) -> Path
         ax.text(0.5, 0.5, "not private", ha="center", va="center", transform=ax.transAxes)
     ax.grid(alpha=0.3)
     ax.set_title(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _curve(ax: Any, metrics: Metrics, value: Any, **style: Any) -> None:
@@ -109,7 +111,7 @@ def plot_batch_histograms(metrics: Metrics, path: Path, title: str) -> Path:
     right.set_xlabel("distinct subjects in a mini-batch")
     right.set_ylabel("mini-batches")
     fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_comparison(
@@ -151,7 +153,7 @@ def plot_comparison(
     else:
         right.text(0.5, 0.5, "no private run", ha="center", va="center", transform=right.transAxes)
     right.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_personalised(
@@ -177,4 +179,4 @@ def plot_personalised(
     else:
         ax.legend(fontsize="x-small")
     ax.set_title(title)
-    return _save(fig, path)
+    return save_figure(fig, path)

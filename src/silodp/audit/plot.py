@@ -1,0 +1,64 @@
+"""The audit's figure: the attack's ROC against the trade-off curve of the claimed (ε, δ)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from silodp.plotting import plt, save_figure
+
+__all__ = ["dp_tradeoff_tpr", "plot_audit"]
+
+
+def dp_tradeoff_tpr(epsilon: float, delta: float, fpr: np.ndarray) -> np.ndarray:
+    """The largest true-positive rate any test can have at false-positive rate ``fpr``
+    against an (ε, δ)-DP mechanism: ``min(1, e^ε·α + δ, 1 - e^-ε·(1 - δ - α))``."""
+    a = np.asarray(fpr, dtype=float)
+    if not math.isfinite(epsilon):
+        return np.ones_like(a)
+    return np.clip(
+        np.minimum(np.exp(epsilon) * a + delta, 1 - np.exp(-epsilon) * (1 - delta - a)), 0, 1
+    )
+
+
+def plot_audit(fpr: np.ndarray, tpr: np.ndarray, report: dict[str, Any], path: Path) -> Path:
+    """Log-log ROC of the attack, with the (ε, δ) trade-off curves of the claimed ε and of the
+    measured lower bound."""
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    grid = np.logspace(-4, 0, 400)
+    delta = float(report["delta"])
+    claimed = report.get("claimed_epsilon")
+    if claimed is not None:
+        ax.plot(
+            grid,
+            dp_tradeoff_tpr(claimed, delta, grid),
+            color="C3",
+            label=f"claimed ({claimed:.3g}, {delta:g})-DP bound",
+        )
+    else:
+        ax.plot([], [], color="C3", label="claimed: not private (no bound)")
+    lower = float(report["lower_bound"])
+    ax.plot(
+        grid,
+        dp_tradeoff_tpr(lower, delta, grid),
+        color="C1",
+        linestyle="--",
+        label=f"measured lower bound ε ≥ {lower:.3g} ({report['confidence']:.0%})",
+    )
+    keep = fpr > 0
+    ax.step(fpr[keep], tpr[keep], where="post", color="C0", label="attack ROC")
+    ax.plot(grid, grid, color="grey", linewidth=0.8, linestyle=":", label="chance")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(1e-3 if report.get("canaries", 0) <= 2000 else 1e-4, 1)
+    ax.set_ylim(1e-3, 1.05)
+    ax.set_xlabel("false-positive rate")
+    ax.set_ylabel("true-positive rate")
+    ax.set_title(
+        f"{report['algorithm']} ({report['unit']} canaries, {report['design']})", fontsize=10
+    )
+    ax.legend(fontsize=7, loc="lower right")
+    return save_figure(fig, path)

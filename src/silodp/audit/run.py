@@ -1,0 +1,282 @@
+"""Running an audit: train the configured algorithm with canaries, attack, bound ε from below.
+
+The algorithm, its calibration, clipping, noise, sampling, accounting and ledger are the
+experiment's own (:func:`~silodp.experiment.prepare.prepare_run`,
+:func:`~silodp.experiment.train_run`); the audit changes only the model (``linear``, so a canary
+owns a weight column; :mod:`silodp.audit.canaries`) and adds canaries to the training data.
+
+* ``one-run`` (default): ``canaries`` canaries each included with probability ½ in one training
+  run; ε's lower bound from the guesses on them (:func:`~silodp.audit.bounds.best_one_run_epsilon`).
+* ``many-runs``: ``runs`` trainings, each with one canary included with probability ½; the
+  Clopper–Pearson bound at a threshold chosen on the first half of the runs
+  (:func:`~silodp.audit.bounds.split_threshold_epsilon`). The noise multiplier is the first
+  run's (calibrated once, with its canary included) for every run.
+
+The claimed ε is the audited run's own, against the released model (what the attack sees),
+read from its summary after its ledger has been verified against it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from silodp._validation import check_choice, check_int, check_probability
+from silodp.audit.attack import canary_scores, roc_curve
+from silodp.audit.bounds import best_one_run_epsilon, split_threshold_epsilon
+from silodp.audit.canaries import CANARY_UNITS, add_canaries, draw_canaries
+from silodp.config import RUN_KEYS, ExperimentConfig, ModelConfig
+from silodp.data import FederatedData
+from silodp.errors import InvalidValueError
+from silodp.experiment.ledger import LEDGER_FILE
+from silodp.experiment.prepare import prepare_run
+from silodp.experiment.run import ProgressFactory, train_run
+from silodp.federated.simulator import Simulator
+from silodp.io import write_json
+from silodp.ledger.report import verify_ledger
+from silodp.models import build_model
+
+__all__ = ["ATTACK", "DESIGNS", "audit_algorithm", "default_unit"]
+
+DESIGNS = ("one-run", "many-runs")
+
+ATTACK = (
+    "white-box dedicated-feature canaries: each canary owns an input feature no other record "
+    "has, so its clipped gradient moves one weight column of a linear model; the attacker "
+    "scores the released model's change in that column towards the canary's label"
+)
+
+#: the value of a canary record's own feature: its gradient is then about 10x the clipping
+#: bound, so clipping leaves it exactly at the bound, almost all of it in the canary's column
+AMPLITUDE_PER_CLIP = 10.0
+
+
+def default_unit(algorithm: Any) -> str:
+    """``subject`` (the unit silodp is about) unless the algorithm reports units without it
+    (e.g. record-level only): then its calibration unit."""
+    units = tuple(algorithm.units)
+    if not units or "subject" in units:
+        return "subject"
+    if algorithm.calibration_unit in CANARY_UNITS:
+        return str(algorithm.calibration_unit)
+    return "record"
+
+
+def _audit_config(
+    config: ExperimentConfig, name: str, *, seed: int | None = None, **privacy: Any
+) -> ExperimentConfig:
+    """``config`` reduced to algorithm ``name`` with its own schedule and privacy settings
+    resolved, the linear model, no shared ledger or budget, and ``privacy``/``seed`` set."""
+    if name not in config.algorithms:
+        raise InvalidValueError(
+            f"Expected --algorithm to be one of the config's algorithms "
+            f"({', '.join(config.algorithms)}), got {name!r}."
+        )
+    if config.data.scaling == "dp":
+        raise InvalidValueError(
+            "Expected [data] scaling other than 'dp' to audit: the audit measures training "
+            "alone, and DP feature statistics would be a release the canaries' features miss."
+        )
+    training, priv = config.for_algorithm(name)
+    if seed is not None:
+        training = dataclasses.replace(training, seed=seed)
+    priv = dataclasses.replace(priv, ledger=None, budget=None, **privacy)
+    own = {
+        k: v
+        for k, v in config.overrides.get(name, {}).items()
+        if k not in RUN_KEYS["training"] | RUN_KEYS["privacy"]
+    }
+    return dataclasses.replace(
+        config,
+        algorithms=(name,),
+        model=ModelConfig(name="linear"),
+        training=training,
+        privacy=priv,
+        overrides={name: own} if own else {},
+        sweep=None,
+    )
+
+
+def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:
+    params: dict[str, torch.Tensor] = torch.load(run_dir / "model.pt", weights_only=True)
+    return params
+
+
+def _claimed(summary: dict[str, Any], unit: str, run_dir: Path) -> dict[str, Any]:
+    ledger = run_dir / LEDGER_FILE
+    problems = verify_ledger(ledger) if ledger.exists() else []
+    if problems:
+        raise InvalidValueError(
+            f"Expected the audited run's ledger to agree with its results: {problems[0]}"
+        )
+    by = summary.get("epsilon_by_adversary") or {}
+    released = (by.get("released") or {}).get(unit)
+    headline = (summary.get("epsilon") or {}).get(unit)
+    return {
+        "epsilon": released if by else headline,
+        "epsilon_headline": headline,
+        "epsilon_by_adversary": {who: v.get(unit) for who, v in by.items()},
+        "private": summary.get("noise_multiplier") not in (None, 0, 0.0),
+    }
+
+
+def audit_algorithm(
+    config: ExperimentConfig,
+    data: FederatedData,
+    name: str,
+    out: Path,
+    *,
+    unit: str | None = None,
+    design: str = "one-run",
+    canaries: int = 1000,
+    runs: int = 200,
+    significance: float = 0.05,
+    seed: int | None = None,
+    progress: ProgressFactory | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Audits algorithm ``name`` of ``config`` on ``data``; writes ``out/<name>/`` (the audited
+    run, its ledger, ``audit.json`` and ``audit_roc.png``) and returns the report.
+
+    ``seed``: the auditor's coins (canary inclusion, labels, shapes); ``None`` draws them from
+    the operating system. Training's own coins follow the config's ``[privacy] noise``.
+
+    Raises:
+      InvalidValueError: a unit the data cannot express, a bad design or count.
+    """
+    from silodp.audit.plot import plot_audit
+
+    started = time.perf_counter()
+    check_choice("design", design, DESIGNS)
+    check_probability("significance", significance)
+    cfg = _audit_config(config, name)
+    probe = prepare_run(name, cfg, data)
+    unit = unit or default_unit(probe.algorithm)
+    check_choice("unit", unit, CANARY_UNITS)
+    rng = np.random.default_rng(seed if seed is not None else secrets.randbits(128))
+    amplitude = AMPLITUDE_PER_CLIP * max(1.0, float(probe.algorithm.config.clip))
+    run_dir = out / name
+    if design == "one-run":
+        check_int("canaries", canaries, 2)
+        # shaped after the data as training sees it (capped to the run's public bounds)
+        drawn = draw_canaries(probe.train, canaries, unit, rng, amplitude=amplitude)
+        audited = add_canaries(data, drawn)
+        run = prepare_run(name, cfg, audited)
+        log(
+            f"{name}: {len(drawn)} {unit} canaries ({int(drawn.included.sum())} included, "
+            f"{int(drawn.records_per_canary.mean() + 0.5)} records each on average), "
+            f"σ={_fmt(run.noise_multiplier)}"
+        )
+        _, summary = train_run(run, audited, run_dir, progress)
+        scores = canary_scores(_initial_params(run, audited), _final_params(run_dir), drawn)
+        included = drawn.included
+        claimed = _claimed(summary, unit, run_dir)
+        delta = run.privacy.delta
+        best = best_one_run_epsilon(scores, included, delta=delta, significance=significance)
+        bound: dict[str, Any] = {
+            "epsilon": best.epsilon,
+            "guesses": best.guesses,
+            "positive_guesses": best.positive,
+            "negative_guesses": best.negative,
+            "correct": best.correct,
+        }
+        counts = {"canaries": len(drawn), "included": int(included.sum()), "runs": 1}
+        sigma = run.noise_multiplier
+    else:
+        check_int("runs", runs, 4)
+        scores_list, bits = [], []
+        sigma = None
+        delta = cfg.privacy.delta
+        bits_all = rng.random(runs) < 0.5
+        bits_all[0] = True  # the run whose ledger gives the claimed ε holds its canary
+        for j in range(runs):
+            one = draw_canaries(probe.train, 1, unit, rng, amplitude=amplitude)
+            one = dataclasses.replace(one, included=np.array([bits_all[j]]))
+            audited = add_canaries(data, one)
+            if j == 0:
+                run = prepare_run(name, cfg, audited)
+                sigma = run.noise_multiplier
+                _, summary = train_run(run, audited, run_dir, None)
+                final = _final_params(run_dir)
+                claimed = _claimed(summary, unit, run_dir)
+                fixed = _audit_config(config, name, noise_multiplier=sigma, epsilon=None)
+            else:  # independent coins in every run, seeded noise included
+                seeded = _audit_config(fixed, name, seed=fixed.training.seed + j)
+                run = prepare_run(name, seeded, audited)
+                final = _train_quietly(run, audited)
+            scores_list.append(float(canary_scores(_initial_params(run, audited), final, one)[0]))
+            bits.append(bool(bits_all[j]))
+            if (j + 1) % max(1, runs // 10) == 0 or j + 1 == runs:
+                log(f"{name}: run {j + 1}/{runs}")
+        scores, included = np.array(scores_list), np.array(bits)
+        eps, threshold = split_threshold_epsilon(
+            scores, included, delta=delta, significance=significance
+        )
+        bound = {"epsilon": eps, "threshold": threshold}
+        counts = {"canaries": runs, "included": int(included.sum()), "runs": runs}
+    fpr, tpr = roc_curve(scores, included)
+    report = {
+        "algorithm": name,
+        "unit": unit,
+        "design": design,
+        "attack": ATTACK,
+        "view": "released model",
+        **counts,
+        "delta": delta,
+        "noise_multiplier": sigma,
+        "claimed_epsilon": claimed["epsilon"],
+        "claimed_epsilon_by_adversary": claimed["epsilon_by_adversary"],
+        "lower_bound": bound["epsilon"],
+        "confidence": 1 - significance,
+        "bound": bound,
+        "wall_time_s": round(time.perf_counter() - started, 1),
+        "run_dir": str(run_dir),
+        "seeded_auditor": seed is not None,
+    }
+    write_json(
+        run_dir / "audit.json",
+        {**report, "scores": scores.tolist(), "included": included.tolist()},
+    )
+    plot_audit(fpr, tpr, report, run_dir / "audit_roc.png")
+    return report
+
+
+def _linear(run: Any, data: FederatedData) -> torch.nn.Module:
+    """The audited model, as training builds it from the run's seed."""
+    train = data.train
+    return build_model("linear", train.feature_shape, train.num_classes, seed=run.training.seed)
+
+
+def _initial_params(run: Any, data: FederatedData) -> dict[str, torch.Tensor]:
+    return {k: v.detach() for k, v in _linear(run, data).named_parameters()}
+
+
+def _train_quietly(run: Any, data: FederatedData) -> dict[str, torch.Tensor]:
+    """One training with the run's algorithm in-process, nothing recorded (the many-runs
+    design's runs after the first)."""
+    model = _linear(run, data)
+    engine = Simulator(
+        algorithm=run.algorithm,
+        model=model,
+        train=run.train,
+        test=data.test,
+        accountant=None,
+        silos_per_round=run.silos_per_round,
+        seed=run.training.seed,
+        eval_every=run.training.rounds,
+        noise=run.privacy.noise,
+    )
+    engine.run(run.training.rounds)
+    return engine.params
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else ("inf" if not math.isfinite(value) else f"{value:.4g}")

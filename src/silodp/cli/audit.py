@@ -1,0 +1,143 @@
+"""``silodp audit``: an empirical lower bound on ε beside the claimed ε, per algorithm."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from silodp.cli.common import fail, fmt
+
+__all__ = ["audit"]
+
+
+def _table(reports: list[dict[str, Any]]) -> str:
+    lines = [
+        f"{'algorithm':>15}  {'unit':<7}  {'claimed ε':>10}  {'lower bound':>11}  "
+        f"{'guesses':>12}  {'seconds':>7}"
+    ]
+    for r in reports:
+        bound = r["bound"]
+        guesses = (
+            f"{bound['correct']}/{bound['guesses']}" if "guesses" in bound else f"{r['runs']} runs"
+        )
+        claimed = "not private" if r["claimed_epsilon"] is None else fmt(r["claimed_epsilon"])
+        lines.append(
+            f"{r['algorithm']:>15}  {r['unit']:<7}  {claimed:>10}  {r['lower_bound']:>11.3g}  "
+            f"{guesses:>12}  {r['wall_time_s']:>7.0f}"
+        )
+    return "\n".join(lines)
+
+
+def audit(
+    config: Annotated[Path, typer.Argument(help="Experiment TOML whose algorithms to audit.")],
+    algorithm: Annotated[
+        list[str] | None,
+        typer.Option(help="Algorithm to audit (repeatable; default: every one in CONFIG)."),
+    ] = None,
+    unit: Annotated[
+        str | None,
+        typer.Option(
+            help="Canary unit: subject (several records over several silos, shaped like the "
+            "data's subjects) or record. Default: subject where the algorithm reports it."
+        ),
+    ] = None,
+    design: Annotated[
+        str,
+        typer.Option(
+            help="one-run (many canaries in one training) or many-runs (one canary per "
+            "training, Clopper-Pearson; for small models)."
+        ),
+    ] = "one-run",
+    canaries: Annotated[int, typer.Option(help="Canaries of a one-run audit.")] = 1000,
+    runs: Annotated[int, typer.Option(help="Trainings of a many-runs audit.")] = 200,
+    significance: Annotated[float, typer.Option(help="1 - confidence of the lower bound.")] = 0.05,
+    seed: Annotated[
+        int | None,
+        typer.Option(help="Seed of the auditor's coins (default: drawn from the OS)."),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Directory of the audited runs.")] = Path("runs/audit"),
+    overwrite: Annotated[bool, typer.Option(help="Replace an audit already in --out.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the reports as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress output.")] = False,
+) -> None:
+    """Audit the privacy of CONFIG's algorithms: train each with canaries, attack the released
+    model, and print an empirical lower bound on ε (with its confidence) beside the claimed ε.
+
+    A lower bound above the claimed ε means the claim is wrong (at that confidence). Writes
+    OUT/<algorithm>/ with the audited run, audit.json and audit_roc.png.
+    Exit codes: 0 done, 1 a lower bound above its claimed ε, 2 bad input."""
+    from silodp.audit.canaries import CANARY_UNITS
+    from silodp.audit.run import DESIGNS, audit_algorithm
+    from silodp.config import load_config
+    from silodp.crypto.errors import ProtocolError
+    from silodp.data.build import build_federated_data
+    from silodp.errors import SilodpError
+    from silodp.experiment.record import check_output
+
+    if unit is not None and unit not in CANARY_UNITS:
+        fail(f"Expected --unit to be one of {', '.join(CANARY_UNITS)}; got {unit!r}.")
+    if design not in DESIGNS:
+        fail(f"Expected --design to be one of {', '.join(DESIGNS)}; got {design!r}.")
+    if canaries < 2:
+        fail(f"Expected --canaries >= 2; got {canaries}.")
+    if runs < 4:
+        fail(f"Expected --runs >= 4; got {runs}.")
+    if not 0 < significance < 1:
+        fail(f"Expected --significance in (0, 1); got {significance}.")
+    try:
+        cfg = load_config(config)
+        names = list(algorithm or cfg.algorithms)
+        for name in names:
+            if name not in cfg.algorithms:
+                raise SilodpError(
+                    f"Expected --algorithm to be one of the config's algorithms "
+                    f"({', '.join(cfg.algorithms)}); got {name!r}."
+                )
+        check_output(out, names, overwrite)
+        log = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
+        log(f"silodp: auditing {', '.join(names)} from {config}")
+        data = build_federated_data(cfg.data)
+        reports = []
+        for name in names:
+            reports.append(
+                audit_algorithm(
+                    cfg,
+                    data,
+                    name,
+                    out,
+                    unit=unit,
+                    design=design,
+                    canaries=canaries,
+                    runs=runs,
+                    significance=significance,
+                    seed=seed,
+                    log=log,
+                )
+            )
+    except (SilodpError, ProtocolError, ValueError, FileNotFoundError) as err:
+        fail(str(err))
+    if as_json:
+        json.dump(reports, sys.stdout, indent=2)
+        typer.echo("")
+        return
+    conf = f"{1 - significance:.0%}"
+    typer.echo(f"\nempirical lower bounds on ε ({conf} confidence), released-model attacker:")
+    typer.echo(_table(reports))
+    above = [r["algorithm"] for r in reports if _violates(r)]
+    typer.echo(f"\nresults in {out}/ (audit.json, audit_roc.png per algorithm)")
+    if above:
+        typer.secho(
+            f"lower bound above the claimed ε: {', '.join(above)} - the claim does not hold",
+            fg=typer.colors.RED,
+            err=True,
+        )
+        raise typer.Exit(code=1)
+
+
+def _violates(report: dict[str, Any]) -> bool:
+    claimed = report["claimed_epsilon"]
+    return claimed is not None and report["lower_bound"] > claimed
