@@ -256,10 +256,12 @@ def describe(
 
 
 from silodp.cli.account import account  # noqa: E402  (registers the command)
+from silodp.cli.audit import audit  # noqa: E402
 from silodp.cli.federation import federation_app  # noqa: E402
 from silodp.cli.ledger import ledger_app  # noqa: E402
 
 app.command()(account)
+app.command()(audit)
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(federation_app, name="federation")
 
