@@ -365,3 +365,17 @@ def test_a_release_before_training_enters_every_subject_route(name, k) -> None:
     assert before["subject"].routes["rdp-group"] == pytest.approx(
         after["subject"].routes["rdp-group"], rel=1e-9
     )
+
+
+def test_estimates_are_recomputed_after_every_composition() -> None:
+    """Estimates are cached per composed state: a new round must invalidate them."""
+    acc = FederatedAccountant(units=("record",), span=1, delta=1e-5, routes=("pld", "rdp"))
+    silo = SiloPrivacy({"record": gaussian_steps(2.0, 1)})
+    acc.compose_round([silo])
+    first = acc.estimates()["record"].epsilon
+    assert acc.estimates_by_adversary()["server"]["record"].epsilon == first
+    acc.compose_round([silo], count=3)
+    closed = cv.gdp_epsilon(math.sqrt(4) / 2.0, 1e-5)
+    assert acc.estimates()["record"].epsilon == pytest.approx(closed, rel=1e-2)
+    assert acc.estimates()["record"].epsilon > first
+    assert acc.estimates_by_adversary()["silos"]["record"].epsilon > first

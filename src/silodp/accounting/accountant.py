@@ -206,6 +206,8 @@ class FederatedAccountant:
         self.max_mixture_group = check_int("max_mixture_group", max_mixture_group, 1)
         self.rounds = 0
         self._rank_cache: dict[dp_event.DpEvent, float] = {}
+        #: estimates per view, computed once per composed state
+        self._estimate_cache: dict[str, dict[str, Estimate]] = {}
         self._views: dict[str, dict[str, _UnitState]] = {}
         self._views["released"] = {
             unit: _UnitState(
@@ -260,6 +262,7 @@ class FederatedAccountant:
         self, silos: Sequence[SiloPrivacy], *, count: int, participants: int | None
     ) -> None:
         check_int("count", count, 1)
+        self._estimate_cache.clear()
         taking_part = (
             len(silos) if participants is None else check_int("participants", participants, 1)
         )
@@ -381,13 +384,18 @@ class FederatedAccountant:
         check_choice("adversary", adversary, ADVERSARIES)
         return self._views.get(adversary, self._views["released"])
 
+    def _view_estimates(self, adversary: str) -> dict[str, Estimate]:
+        """:meth:`_estimates` of ``adversary``'s view (the released model's where it has none
+        of its own), computed once per composed state."""
+        check_choice("adversary", adversary, ADVERSARIES)
+        key = adversary if adversary in self._views else "released"
+        if key not in self._estimate_cache:
+            self._estimate_cache[key] = self._estimates(self._views[key])
+        return dict(self._estimate_cache[key])
+
     def estimates_by_adversary(self) -> dict[str, dict[str, Estimate]]:
         """ε per unit against each adversary (``released``, ``server``, ``silos``)."""
-        released = self._estimates(self._views["released"])
-        return {
-            a: (self._estimates(self._views[a]) if a in self.split_adversaries else released)
-            for a in ADVERSARIES
-        }
+        return {a: self._view_estimates(a) for a in ADVERSARIES}
 
     def estimates(self, adversary: str | None = None) -> dict[str, Estimate]:
         """ε at ``delta`` per accounted unit (``inf`` where no route is valid) against
@@ -395,9 +403,9 @@ class FederatedAccountant:
         the largest ε of any adversary."""
         target = check_choice("adversary", adversary or self.target, TARGETS)
         if target != "strongest":
-            return self._estimates(self._states(target))
+            return self._view_estimates(target)
         if not self.split_adversaries:
-            return self._estimates(self._views["released"])
+            return self._view_estimates("released")
         by = self.estimates_by_adversary()
         return {
             unit: max((by[a][unit] for a in ADVERSARIES), key=lambda e: e.epsilon)

@@ -1,8 +1,9 @@
-"""Privacy loss distributions of silodp's events, built through dp-accounting's public API.
+"""Privacy loss distributions of silodp's events, built with dp-accounting.
 
 dp-accounting's ``PLDAccountant`` rebuilds a mechanism's PLD on every ``compose`` call; for the
-mixture-of-Gaussians mechanism that build dominates the cost (seconds), so silodp builds each
-distinct event's PLD once and composes the cached result.
+mixture-of-Gaussians mechanism that build dominates the cost, so silodp builds each distinct
+event's PLD once (with the batched builder of :mod:`silodp.accounting.mixture`, identical to
+dp-accounting's) and composes the cached result.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from silodp.accounting.events import KnownSampleDpEvent
+from silodp.accounting.mixture import mixture_gaussian_pld
 
 __all__ = ["DEFAULT_DISCRETIZATION", "event_pld", "is_supported"]
 
@@ -81,10 +83,11 @@ def event_pld(
             value_discretization_interval=discretization,
         )
     if isinstance(event, dp_event.MixtureOfGaussiansDpEvent):
-        return pld_lib.from_mixture_gaussian_mechanism(
-            standard_deviation=event.standard_deviation,
-            sensitivities=list(event.sensitivities),
-            sampling_probs=list(event.sampling_probs),
+        # dp-accounting's from_mixture_gaussian_mechanism, bit for bit, built faster
+        return mixture_gaussian_pld(
+            event.standard_deviation,
+            list(event.sensitivities),
+            list(event.sampling_probs),
             value_discretization_interval=discretization,
         )
     raise ValueError(f"Expected an event silodp can build a PLD for, got {event!r}.")
