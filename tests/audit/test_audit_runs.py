@@ -40,7 +40,7 @@ name = "mlp"
 [training]
 rounds = 2
 local_steps = 5
-batch_size = 64
+batch_size = {batch}
 lr = 0.5
 seed = 0
 
@@ -59,9 +59,9 @@ weighting = "clear"
 """
 
 
-def _config(tmp_path: Path, algorithms: list[str], privacy: str):
+def _config(tmp_path: Path, algorithms: list[str], privacy: str, batch: int = 64):
     path = tmp_path / "audit.toml"
-    text = CONFIG.format(algorithms=json.dumps(algorithms), privacy=privacy)
+    text = CONFIG.format(algorithms=json.dumps(algorithms), privacy=privacy, batch=batch)
     path.write_text(text + (CLEAR_WEIGHTS if "uldp_avg_w" in algorithms else ""))
     return path, load_config(path)
 
@@ -137,19 +137,21 @@ def test_every_dp_algorithm_stays_below_its_claim(tmp_path: Path, name: str) -> 
 
 @pytest.mark.slow
 def test_item_level_dp_leaks_a_subject(tmp_path: Path) -> None:
-    # the papers' point, measured: record-level ε small, a subject's records far more exposed
-    _, cfg = _config(tmp_path, ["local_item_dp"], "epsilon = 1.0")
+    # the papers' point, measured: record-level ε = 1, while a subject's ~30 records (up to 12
+    # per silo over 3 silos) are far more exposed. Large batches (q about 0.17) keep the
+    # record-level accounting close to its Gaussian limit, so the audit's power shows.
+    _, cfg = _config(tmp_path, ["local_item_dp"], "epsilon = 1.0", batch=256)
     cfg = dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, group_size=12))
     data = build_federated_data(cfg.data)
     report = audit_algorithm(
-        cfg, data, "local_item_dp", tmp_path / "out", canaries=500, seed=0, log=print
+        cfg, data, "local_item_dp", tmp_path / "out", canaries=300, seed=0, log=print
     )
-    by = report["claimed_epsilon_by_adversary"]
     summary = json.loads((Path(report["run_dir"]) / "summary.json").read_text())
     record_eps = summary["epsilon"]["record"]
     assert record_eps <= 1.0 + 1e-6
+    # measured: about 3.2 (docs/audit.md)
     assert report["lower_bound"] > 2.5 * record_eps, report
-    assert report["lower_bound"] <= by["released"]  # the subject-level claim still holds
+    assert report["lower_bound"] <= report["claimed_epsilon"]  # the subject-level claim holds
 
 
 @pytest.mark.slow
