@@ -9,8 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from silodp.data.bounds import check_records_per_subject
 from silodp.data.build import DataConfig, build_federated_data, stratified_split
 from silodp.data.dataset import FederatedData
+from silodp.data.describe import describe, format_description
+from silodp.data.loaders import DataFileNotFoundError
+from silodp.errors import InvalidValueError, SilodpError
 
 FASHION_ROOT = Path("/usr/share/datasets/fashion-mnist")
 
@@ -269,3 +273,113 @@ def test_stratified_split_keeps_a_train_record() -> None:
     y = np.array([0, 1, 1, 1, 1, 1])
     train, test = stratified_split(y, test_fraction=0.5, rng=np.random.default_rng(0))
     assert 0 in y[train] and len(test) == 2 and np.intersect1d(train, test).size == 0
+
+
+# --- what a new user ran into --------------------------------------------------------
+
+
+def _table_config(path: Path, **kwargs: object) -> DataConfig:
+    values: dict = dict(
+        source="table",
+        path=str(path),
+        label_column="label",
+        subject_column="person",
+        silo_column="site",
+        allocation="column",
+    )
+    values.update(kwargs)
+    return DataConfig(**values)
+
+
+def test_an_empty_csv_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty.csv"
+    path.write_text("")
+    with pytest.raises(
+        InvalidValueError, match=r"Table '.*empty\.csv' is empty; expected a header"
+    ):
+        build_federated_data(_table_config(path))
+
+
+def _people(n_sites: int = 11) -> pd.DataFrame:
+    rows = [
+        {"f": float(i), "label": i % 2, "person": f"p{i % 40:04d}", "site": 1 + i % n_sites}
+        for i in range(220)
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_numeric_silo_ids_are_ordered_numerically_and_described(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    _people().to_csv(path, index=False)
+    data = build_federated_data(_table_config(path))
+    assert data.train.silo_names == [str(s) for s in range(1, 12)]  # "2" before "10"
+    site = _people().set_index("f")["site"]
+    for x, s in zip(data.train.x[:, 0].tolist(), data.train.silo.tolist(), strict=True):
+        assert int(data.train.silo_names[s]) == site[x]
+    info = describe(data)
+    assert info["silo_ids"] == [str(s) for s in range(1, 12)]
+    assert "0='1' 1='2' 2='3'" in format_description(info)
+
+
+def test_subjects_above_n_max_are_named_by_their_own_ids(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    frame = _people(n_sites=2)
+    frame.loc[frame.index[:30], "person"] = "p0042"  # 30 + 5 records of p0042
+    frame.to_csv(path, index=False)
+    data = build_federated_data(_table_config(path, test_split="record"))
+    with pytest.raises(InvalidValueError) as err:
+        check_records_per_subject(data.train, 10, name="n_max")
+    assert "'p0042' (" in str(err.value) and "n_max=10" in str(err.value)
+    assert describe(data)["max_records_subject_id"] == "p0042"
+
+
+def test_a_silo_emptied_by_the_test_split_is_named_by_its_id(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    frame = _people(n_sites=2)
+    frame.loc[0, "site"] = 10  # one record in site 10: a subject split can take it
+    frame.loc[0, "person"] = "p9999"
+    frame.to_csv(path, index=False)
+    for seed in range(20):
+        try:
+            build_federated_data(_table_config(path, test_fraction=0.5, seed=seed))
+        except InvalidValueError as err:
+            assert "Silo(s) ['10'] of column 'site'" in str(err)
+            assert "hold no training records" in str(err)
+            return
+    pytest.fail("no seed held out site 10's only record")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_silos": 10**6}, r"data\.num_silos=1000000 <= 1438"),
+        ({"num_subjects": 10**6}, r"data\.num_subjects=1000000 <= 1438"),
+        ({"allocation": "shards", "shards_per_client": 10**6}, r"data\.shards_per_client"),
+        ({"allocation": "shards", "test_per_client": 10**6}, r"data\.test_per_client=1000000"),
+        ({"allocation": "dirichlet", "train_per_client": 10**6}, r"data\.train_per_client"),
+    ],
+)
+def test_counts_beyond_the_records_are_refused_before_drawing(kwargs: dict, message: str) -> None:
+    with pytest.raises(InvalidValueError, match=message):
+        build_federated_data(DataConfig(**kwargs))
+
+
+def test_a_missing_data_path_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(DataFileNotFoundError, match=r"data\.path='.*nope\.csv'"):
+        build_federated_data(DataConfig(source="table", path=str(tmp_path / "nope.csv")))
+    assert issubclass(DataFileNotFoundError, SilodpError)
+    assert issubclass(DataFileNotFoundError, FileNotFoundError)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"source": "table", "path": 5}, "path=5"),
+        ({"seed": 2**63}, "seed=9223372036854775808"),
+        ({"source": "synthetic", "num_features": 10**7}, "max_records x num_features"),
+        ({"source": "synthetic", "num_classes": 5000}, "num_classes=5000 <= max_records"),
+    ],
+)
+def test_more_config_values_are_refused(kwargs: dict, message: str) -> None:
+    with pytest.raises(InvalidValueError, match=message):
+        DataConfig(**kwargs)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from silodp.data.bounds import cap_records
 from silodp.data.dataset import FederatedDataset, TestSplit
+from silodp.errors import InvalidValueError, SilodpError
 
 
 def _parts(n: int = 6) -> dict:
@@ -104,3 +106,42 @@ def test_token_features_kept_as_ints() -> None:
 def test_test_split_length_check() -> None:
     with pytest.raises(ValueError, match="got 2 vs 3"):
         TestSplit(x=np.zeros((3, 2)), y=np.zeros(2))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"x": np.zeros((0, 3))}, "empty dataset"),
+        ({"x": np.zeros((6, 3), dtype=complex)}, "numeric \\(real\\) features"),
+        ({"x": np.full((6, 3), 1e300)}, "NaN/inf value"),
+        ({"y": np.array([0, 1, 0.5, 1, 0, 1])}, "label=0.5 at index 2"),
+        ({"y": np.array(["a"] * 6)}, "integer label ids"),
+        ({"subject": np.array([0, 1, 2, 1e300, 0, 1])}, "subject=1e\\+300 at index 3"),
+        ({"silo": np.array([0, 1, 2, 0, 1, 10**9])}, "3 silos|1000000001 silos"),
+        ({"num_classes": 2.5}, "num_classes=2.5"),
+        ({"num_classes": "2"}, "num_classes='2'"),
+        ({"dropped_records": -1}, "dropped_records=-1"),
+        ({"subject_names": "abc"}, "subject_names to be a list"),
+        ({"silo_names": ["a", "b", "a"]}, "distinct silo_names, got 'a'"),
+    ],
+)
+def test_bad_data_is_an_invalid_value_error(change: dict, message: str) -> None:
+    parts = {**_parts(), **change}
+    with pytest.raises(InvalidValueError, match=message) as err:
+        FederatedDataset(**parts)
+    assert isinstance(err.value, SilodpError) and isinstance(err.value, ValueError)
+
+
+def test_messages_name_silos_by_their_original_ids() -> None:
+    ds = FederatedDataset(**_parts(), silo_names=["h1", "h2", "h10"], subject_names=["a", "b", "c"])
+    assert ds.silo_name(2) == "h10" and ds.subject_name(1) == "b"
+    assert ds.silo_list([0, 2]) == "[0 ('h1'), 2 ('h10')]"
+    assert ds.subset(np.arange(4)).silo_names == ["h1", "h2", "h10"]
+    with pytest.raises(InvalidValueError, match=r"leaves silo\(s\) \[\d \('h\d+'\)"):
+        cap_records(
+            FederatedDataset(
+                **{**_parts(), "subject": np.zeros(6)}, silo_names=["h1", "h2", "h10"]
+            ),
+            total=1,
+            seed=0,
+        )

@@ -241,7 +241,9 @@ def test_table_errors(tmp_path: Path) -> None:
         load_table(path, feature_columns=["a", "b"], label_column="label")
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['c', 'site'\]"):
         load_table(path, feature_columns=["a", "c"], label_column="label", silo_column="site")
-    with pytest.raises(ValueError, match=r"\['hospital'\] are not numeric"):
+    with pytest.raises(
+        ValueError, match=r"column 'hospital' is not numeric \(it holds 'h2' in row 1\)"
+    ):
         load_table(path, feature_columns=["a", "hospital"], label_column="label")
     with pytest.raises(ValueError, match=r"\.csv or \.parquet"):
         (tmp_path / "t.txt").write_text("a\n1\n")

@@ -3,7 +3,9 @@
 :func:`cap_records` keeps at most ``k_s`` records of a subject in each silo and ``k`` in the
 federation; :func:`cap_span` keeps a subject's records in at most ``span`` silos. Which records
 survive depends on a keyed hash of each record alone (:func:`record_priorities`), so a cap drops
-the same records of everyone else in neighbouring datasets.
+the same records of everyone else in neighbouring datasets. :func:`check_records_per_subject`
+refuses, instead of capping, data above a bound that must hold as is (the weighting protocol's
+``n_max``).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import numpy as np
 
 from silodp._validation import check_int
 from silodp.data.dataset import FederatedDataset
+from silodp.errors import InvalidValueError
 
-__all__ = ["cap_records", "cap_span", "record_priorities"]
+__all__ = ["cap_records", "cap_span", "check_records_per_subject", "record_priorities"]
 
 
 def _rank_in_group(keys: list[np.ndarray], priority: np.ndarray) -> np.ndarray:
@@ -89,9 +92,9 @@ def cap_records(
     idx = np.flatnonzero(keep)
     emptied = np.flatnonzero(np.bincount(dataset.silo[idx], minlength=dataset.num_silos) == 0)
     if len(emptied):
-        raise ValueError(
+        raise InvalidValueError(
             f"Capping records (per_silo={per_silo}, total={total}) leaves silo(s) "
-            f"{emptied[:10].tolist()} empty; raise the caps."
+            f"{dataset.silo_list(emptied)} empty; raise the caps."
         )
     return dataset.subset(idx, dropped=dropped)
 
@@ -118,8 +121,32 @@ def cap_span(dataset: FederatedDataset, *, span: int, seed: int) -> FederatedDat
     idx = np.flatnonzero(keep)
     emptied = np.flatnonzero(np.bincount(dataset.silo[idx], minlength=dataset.num_silos) == 0)
     if len(emptied):
-        raise ValueError(
+        raise InvalidValueError(
             f"Capping the span at {span} silos per subject leaves silo(s) "
-            f"{emptied[:10].tolist()} empty; raise span."
+            f"{dataset.silo_list(emptied)} empty; raise span."
         )
     return dataset.subset(idx, dropped=int(len(dataset) - len(idx)))
+
+
+def check_records_per_subject(dataset: FederatedDataset, bound: int, *, name: str) -> None:
+    """Refuses ``dataset`` if a subject holds more than ``bound`` records in the federation.
+
+    For bounds that may not drop records silently (the weighting protocol's public ``n_max``,
+    whose weights ``n_{s,a}/n_a`` would not decode): the error names the subjects above it by
+    their original ids (``subject_names``), their counts and the key to raise.
+
+    Raises:
+      InvalidValueError: a subject holds more than ``bound`` records.
+    """
+    bound = check_int(name, bound, 1)
+    totals = dataset.histogram().sum(axis=0)
+    over = np.flatnonzero(totals > bound)
+    if len(over) == 0:
+        return
+    worst = over[np.argsort(-totals[over], kind="stable")][:5]
+    listed = ", ".join(f"{dataset.subject_name(int(a))!r} ({int(totals[a])})" for a in worst)
+    raise InvalidValueError(
+        f"Expected {name}={bound} to bound every subject's records in the federation; "
+        f"{len(over)} subject(s) hold more (largest: {listed}). Raise {name} to at least "
+        f"{int(totals.max())} or drop records with data.records_per_subject."
+    )

@@ -9,7 +9,9 @@ and silos (``allocation``) → ``first_subjects`` → caps (``records_per_subjec
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,7 @@ from silodp.data.config import (
 )
 from silodp.data.dataset import FederatedData, FederatedDataset, SplitSummary, TestSplit
 from silodp.data.split import _Raw, _split, stratified_split, subject_split
+from silodp.errors import InvalidValueError
 
 __all__ = [
     "ALLOCATIONS",
@@ -73,6 +76,11 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
         )
         if cfg.test_path is not None:
             test_leaf = loaders.load_leaf_json(cfg.test_path, kind=kind)
+            if test_leaf.x.shape[1:] != leaf.x.shape[1:]:
+                raise InvalidValueError(
+                    f"Expected the records of data.test_path={cfg.test_path!r} to have the shape "
+                    f"of data.path's, {leaf.x.shape[1:]}; got {test_leaf.x.shape[1:]}."
+                )
             return replace(raw, test=TestSplit(x=test_leaf.x, y=test_leaf.y), split=file_split)
     else:
         table = loaders.load_table(
@@ -94,6 +102,7 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
             subject_names=table.subject_names,
             silo=table.silo,
             num_table_silos=len(table.silo_names or ()),
+            silo_names=table.silo_names,
             feature_names=table.feature_columns,
         )
         if cfg.test_path is not None:
@@ -107,10 +116,55 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
     return _split(raw, cfg, split_rng)
 
 
+def _check_sizes(cfg: DataConfig, raw: _Raw) -> None:
+    """Refuses more drawn silos or subjects than training records before anything is drawn
+    (every silo must hold a record, and a drawn subject without one is only padding; a huge
+    count would otherwise exhaust memory inside the allocation)."""
+    n = len(raw.y)
+    draws_silos = raw.silo is None and cfg.allocation != "column"
+    if draws_silos and cfg.num_silos > n:
+        raise InvalidValueError(
+            f"Expected data.num_silos={cfg.num_silos} <= {n}, the training records to spread "
+            "over them (every silo must hold a record)."
+        )
+    num_subjects = cfg.num_subjects or DEFAULT_NUM_SUBJECTS
+    if cfg.subjects_from == "simulated" and num_subjects > n:
+        default = "" if cfg.num_subjects else " (the default)"
+        raise InvalidValueError(
+            f"Expected data.num_subjects={num_subjects}{default} <= {n}, the training records "
+            "drawn subjects share (a subject without records is only padding)."
+        )
+    if cfg.allocation == "shards" and cfg.num_silos * cfg.shards_per_client > n:
+        raise InvalidValueError(
+            f"Expected data.num_silos x data.shards_per_client <= {n} training records (a "
+            f"shard holds at least one), got {cfg.num_silos} x {cfg.shards_per_client}."
+        )
+
+
+def _check_table_silos(cfg: DataConfig, silo: np.ndarray, names: list[str]) -> None:
+    """Refuses a silo of the table's silo column left without training records (the test
+    split took them all), naming it by its id in the table."""
+    empty = np.flatnonzero(np.bincount(silo, minlength=len(names)) == 0)
+    if len(empty) == 0:
+        return
+    how = (
+        f"test_path={cfg.test_path!r}"
+        if cfg.test_path
+        else f"test_split={cfg.test_split!r}, test_fraction={cfg.test_fraction}"
+    )
+    raise InvalidValueError(
+        f"Silo(s) {[names[s] for s in empty[:10]]} of column {cfg.silo_column!r} in "
+        f"{cfg.path!r} hold no training records once the test records are held out ({how}); "
+        "every silo needs one. Lower test_fraction, use test_split='subject', or give those "
+        "silos more records."
+    )
+
+
 def _allocate(
     cfg: DataConfig, raw: _Raw, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Returns ``(silo, subject, num_silos)``."""
+    _check_sizes(cfg, raw)
     n, alloc, num_silos = len(raw.y), cfg.allocation, cfg.num_silos
     num_subjects = cfg.num_subjects or DEFAULT_NUM_SUBJECTS
     if alloc == "uldp_uniform":
@@ -162,7 +216,7 @@ def _allocate(
         )
     else:  # column
         if raw.silo is None:  # pragma: no cover - excluded by DataConfig validation
-            raise ValueError("allocation='column' needs a table silo_column.")
+            raise InvalidValueError("allocation='column' needs a table silo_column.")
         silo, num_silos = raw.silo, raw.num_table_silos
     return silo, subject, num_silos
 
@@ -182,12 +236,49 @@ def build_federated_data(cfg: DataConfig) -> FederatedData:
     warning (computed here, on the loaded training records; nothing leaves the loader).
     """
     if not isinstance(cfg, DataConfig):
-        raise ValueError(f"Expected a DataConfig, got {type(cfg).__name__}.")
+        raise InvalidValueError(f"Expected a DataConfig, got {type(cfg).__name__}.")
+    _check_paths(cfg)
+    try:
+        return _build(cfg)
+    except InvalidValueError as err:
+        where = _source(cfg)
+        if type(err) is InvalidValueError and where and str(cfg.path) not in str(err):
+            raise InvalidValueError(f"{err} (data: {where})") from err
+        raise
+
+
+def _source(cfg: DataConfig) -> str:
+    """What the records come from, as an error message names it."""
+    if cfg.path is None:
+        return ""
+    kind = {"table": "table", "fashion_mnist": "Fashion-MNIST directory"}.get(cfg.source, "LEAF")
+    return f"{kind} {cfg.path!r}"
+
+
+def _check_paths(cfg: DataConfig) -> None:
+    """Refuses a ``data.path`` or ``data.test_path`` that does not exist, naming the key."""
+    for key in ("path", "test_path"):
+        value = getattr(cfg, key)
+        if value is None or Path(value).exists():
+            continue
+        relative = "" if Path(value).is_absolute() else f" (relative to {os.getcwd()!r})"
+        raise loaders.DataFileNotFoundError(
+            f"Expected data.{key}={value!r} to be an existing file or directory for "
+            f"source={cfg.source!r}; it does not exist{relative}."
+        )
+
+
+def _build(cfg: DataConfig) -> FederatedData:
     streams = np.random.SeedSequence(cfg.seed).spawn(5)
     split_rng, sub_rng, alloc_rng, data_rng, test_rng = (np.random.default_rng(s) for s in streams)
     raw = _load(cfg, split_rng, data_rng)
     if cfg.max_records is not None and cfg.max_records < len(raw.y):
         raw = raw.take(np.sort(sub_rng.choice(len(raw.y), cfg.max_records, replace=False)))
+    if cfg.train_per_client is not None and cfg.num_silos * cfg.train_per_client > len(raw.y):
+        raise InvalidValueError(
+            f"Expected data.num_silos x data.train_per_client <= {len(raw.y)} training records "
+            f"(no record is in two clients), got {cfg.num_silos} x {cfg.train_per_client}."
+        )
     if cfg.train_per_client is not None:
         index, client = part.dirichlet_clients(
             raw.y,
@@ -198,6 +289,9 @@ def build_federated_data(cfg: DataConfig) -> FederatedData:
         )
         raw = replace(raw.take(index), silo=client, num_table_silos=cfg.num_silos)
     silo, subject, num_silos = _allocate(cfg, raw, alloc_rng)
+    table_silos = raw.silo is not None and silo is raw.silo and raw.silo_names is not None
+    if table_silos and raw.silo_names is not None:
+        _check_table_silos(cfg, silo, raw.silo_names)
     train: FederatedDataset = part.assemble(
         raw.x,
         raw.y,
@@ -206,6 +300,7 @@ def build_federated_data(cfg: DataConfig) -> FederatedData:
         num_classes=raw.num_classes,
         num_silos=num_silos,
         subject_names=raw.subject_names,
+        silo_names=raw.silo_names if table_silos else None,
     )
     if cfg.first_subjects is not None:
         train = part.first_subjects(train, cfg.first_subjects)
@@ -219,6 +314,11 @@ def build_federated_data(cfg: DataConfig) -> FederatedData:
     if raw.test is None:  # pragma: no cover - every loader sets a test split
         raise RuntimeError("No test split was built.")
     test = raw.test
+    if cfg.test_per_client is not None and cfg.test_per_client > len(test):
+        raise InvalidValueError(
+            f"Expected data.test_per_client={cfg.test_per_client} <= {len(test)}, the test "
+            "records each client's test set is drawn from."
+        )
     if cfg.test_per_client is not None:
         index, client = part.per_client_test(
             train.y,
@@ -272,7 +372,9 @@ def _scale(cfg: DataConfig, data: FederatedData, names: tuple[str, ...]) -> Fede
         else:
             stats = sc.FeatureStats.standard(cfg.feature_mean, cfg.feature_std, num_features)
     except ValueError as err:
-        raise ValueError(f"{err} The feature columns of {cfg.path!r} are {list(names)}.") from None
+        raise InvalidValueError(
+            f"{err} The feature columns of {cfg.path!r} are {list(names)}."
+        ) from None
     return stats.apply(data)
 
 

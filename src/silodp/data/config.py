@@ -6,10 +6,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from silodp._validation import check_choice, check_in_range, check_int, check_positive
 from silodp.data import scaling as sc
+from silodp.errors import InvalidValueError
 
 __all__ = [
     "ALLOCATIONS",
@@ -39,6 +41,10 @@ _DRAW_SUBJECTS = ("uldp_uniform", "zipf", "fixed_silo")
 SYNTHETIC_RECORDS = 2000
 #: ``num_subjects`` where subjects are drawn and the config does not say.
 DEFAULT_NUM_SUBJECTS = 100
+#: the largest seed (what a TOML integer holds)
+MAX_SEED = 2**63 - 1
+#: the most values ``source="synthetic"`` generates (records x features, classes x features)
+MAX_SYNTHETIC_VALUES = 10**8
 TEST_SPLITS = ("record", "subject")
 
 
@@ -138,17 +144,30 @@ class DataConfig:
     def __post_init__(self) -> None:
         check_choice("source", self.source, SOURCES)
         check_choice("allocation", self.allocation, ALLOCATIONS)
+        for key in ("path", "test_path"):
+            value = getattr(self, key)
+            if isinstance(value, os.PathLike):
+                value = os.fspath(value)
+                object.__setattr__(self, key, value)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise InvalidValueError(
+                    f"Expected {key}={value!r} to be a file or directory path (a string)."
+                )
         is_table = self.source == "table"
         if self.source in ("leaf_femnist", "leaf_shakespeare", "table") and not self.path:
-            raise ValueError(f"Expected a path for source={self.source!r}, got {self.path!r}.")
+            raise InvalidValueError(
+                f"Expected a path for source={self.source!r}, got {self.path!r}."
+            )
         if self.source in ("digits", "synthetic") and self.path is not None:
-            raise ValueError(f"Expected path=None for source={self.source!r}, got {self.path!r}.")
+            raise InvalidValueError(
+                f"Expected path=None for source={self.source!r}, got {self.path!r}."
+            )
         if self.test_path is not None and self.source not in (
             "leaf_femnist",
             "leaf_shakespeare",
             "table",
         ):
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected test_path=None for source={self.source!r} (only LEAF and table "
                 f"sources read a test file), got {self.test_path!r}."
             )
@@ -169,48 +188,78 @@ class DataConfig:
         if isinstance(self.feature_columns, str) or not all(
             isinstance(c, str) for c in self.feature_columns
         ):
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected feature_columns={self.feature_columns!r} to be a sequence of names."
             )
         object.__setattr__(self, "feature_columns", tuple(self.feature_columns))
+        blank = [c for c in self.feature_columns if not c]
+        repeated = sorted({c for c in self.feature_columns if self.feature_columns.count(c) > 1})
+        if blank or repeated:
+            raise InvalidValueError(
+                f"Expected distinct, non-empty names in feature_columns="
+                f"{list(self.feature_columns)!r}; got {repeated or blank!r}."
+            )
         if not isinstance(self.label_column, str) or not self.label_column:
-            raise ValueError(f"Expected label_column={self.label_column!r} to be a column name.")
+            raise InvalidValueError(
+                f"Expected label_column={self.label_column!r} to be a column name."
+            )
         for name in ("silo_column", "subject_column"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"Expected {name}={value!r} to be a column name or None.")
+                raise InvalidValueError(f"Expected {name}={value!r} to be a column name or None.")
         if not is_table:
             for name in ("silo_column", "subject_column"):
                 if getattr(self, name) is not None:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"Expected {name}=None for source={self.source!r} (tables only)."
                     )
             if self.feature_columns:
-                raise ValueError(
+                raise InvalidValueError(
                     f"Expected feature_columns=() for source={self.source!r} (tables only)."
                 )
         check_int("num_features", self.num_features, 1)
         check_int("num_classes", self.num_classes, 2)
-        check_int("seed", self.seed, 0)
+        check_int("seed", self.seed, 0, MAX_SEED)
+        if self.source == "synthetic":
+            self._check_synthetic()
         self._check_subjects()
         self._check_split()
         self._check_scaling()
         self._check_allocation()
 
+    def _check_synthetic(self) -> None:
+        records = self.max_records if self.max_records is not None else SYNTHETIC_RECORDS
+        for what, count in (
+            ("max_records", records * self.num_features),
+            ("num_classes", self.num_classes * self.num_features),
+        ):
+            if count > MAX_SYNTHETIC_VALUES:
+                raise InvalidValueError(
+                    f"Expected {what} x num_features <= {MAX_SYNTHETIC_VALUES} values for "
+                    f"source='synthetic', got {count} ({what}="
+                    f"{records if what == 'max_records' else self.num_classes}, "
+                    f"num_features={self.num_features})."
+                )
+        if self.num_classes > records:
+            raise InvalidValueError(
+                f"Expected num_classes={self.num_classes} <= max_records={records} for "
+                "source='synthetic' (each class needs records)."
+            )
+
     def _check_subjects(self) -> None:
         if not isinstance(self.simulated_subjects, bool):
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected simulated_subjects={self.simulated_subjects!r} to be true or false."
             )
         if self.simulated_subjects and (self.source != "table" or self.subject_column):
-            raise ValueError(
+            raise InvalidValueError(
                 f"simulated_subjects=True applies to a table without a subject_column only, got "
                 f"source={self.source!r}, subject_column={self.subject_column!r}."
             )
         if self.num_subjects is not None:
             check_int("num_subjects", self.num_subjects, 1)
         if self.subjects_from == "records" and self.num_subjects is not None:
-            raise ValueError(
+            raise InvalidValueError(
                 f"num_subjects={self.num_subjects} would invent subjects: the table has no "
                 "subject_column, so each record is its own subject. Remove num_subjects, give "
                 "the subject_column, or set simulated_subjects = true to draw simulated "
@@ -224,7 +273,7 @@ class DataConfig:
         if from_file:
             if self.test_split is not None:
                 where = f"test_path={self.test_path!r}" if self.test_path else "Fashion-MNIST"
-                raise ValueError(
+                raise InvalidValueError(
                     f"Expected test_split=None with {where}: the test records come from the "
                     f"test file, got test_split={self.test_split!r}."
                 )
@@ -234,7 +283,7 @@ class DataConfig:
             object.__setattr__(self, "test_split", default)
         check_choice("test_split", str(self.test_split), TEST_SPLITS)
         if self.test_split == "subject" and self.subjects_from == "simulated":
-            raise ValueError(
+            raise InvalidValueError(
                 f"test_split='subject' needs the subjects before the split (a table's "
                 f"subject_column or its records, LEAF users), but source={self.source!r} "
                 "draws simulated subjects for the training records after the split; use "
@@ -245,7 +294,7 @@ class DataConfig:
         check_choice("scaling", self.scaling, sc.SCALINGS)
         check_in_range("scaling_budget", self.scaling_budget, 0.0, 0.5, lo_open=True)
         if self.scaling != "none" and self.source != "table":
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected scaling='none' for source={self.source!r}, got "
                 f"scaling={self.scaling!r} (feature scaling is for tables)."
             )
@@ -257,11 +306,11 @@ class DataConfig:
         for key, scalings in uses.items():
             value = getattr(self, key)
             if value is None and self.scaling in scalings:
-                raise ValueError(
+                raise InvalidValueError(
                     f"scaling={self.scaling!r} needs {key} (public constants), got {key}=None."
                 )
             if value is not None and self.scaling not in scalings:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{key}={value!r} is only used with scaling in {scalings}, got "
                     f"scaling={self.scaling!r}."
                 )
@@ -281,53 +330,53 @@ class DataConfig:
         if self.feature_columns:
             for key, count in counts.items():
                 if count not in (1, len(self.feature_columns)):
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"Expected {key}={getattr(self, key)!r} to give one value for all "
                         f"features or {len(self.feature_columns)} (one per feature column "
                         f"{list(self.feature_columns)}), got {count}."
                     )
         if len(set(counts.values())) > 1:
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected per-feature scaling constants of equal length, got {counts}."
             )
 
     def _check_allocation(self) -> None:
         alloc = self.allocation
         if self.train_per_client is not None and alloc != "dirichlet":
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected train_per_client=None unless allocation='dirichlet', got "
                 f"train_per_client={self.train_per_client} with allocation={alloc!r}."
             )
         if self.test_per_client is not None and alloc not in ("shards", "dirichlet"):
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected test_per_client=None unless allocation is 'shards' or 'dirichlet', "
                 f"got test_per_client={self.test_per_client} with allocation={alloc!r}."
             )
         if alloc == "column" and (self.source != "table" or self.silo_column is None):
-            raise ValueError(
+            raise InvalidValueError(
                 "Expected allocation='column' only with source='table' and a silo_column, got "
                 f"source={self.source!r}, silo_column={self.silo_column!r}."
             )
         if self.silo_column is not None and alloc not in ("column", "fixed_silo"):
-            raise ValueError(
+            raise InvalidValueError(
                 f"silo_column={self.silo_column!r} is only used by allocation='column' or "
                 f"'fixed_silo', got allocation={alloc!r}."
             )
         if self.subjects_from == "records" and alloc in _DRAW_SUBJECTS:
-            raise ValueError(
+            raise InvalidValueError(
                 f"allocation={alloc!r} draws simulated subjects, but the table has no "
                 "subject_column, so each record is its own subject. Give the subject_column, "
                 f"use one of {', '.join(_KEEP_SUBJECTS)}, or set simulated_subjects = true to "
                 "draw simulated subjects (a subject-level ε then describes simulated people)."
             )
         if self.has_natural_subjects and alloc not in _KEEP_SUBJECTS:
-            raise ValueError(
+            raise InvalidValueError(
                 f"allocation={alloc!r} draws its own subjects, but source={self.source!r} "
                 f"already has subjects; expected one of {', '.join(_KEEP_SUBJECTS)}."
             )
         if self.labels_per_subject is not None:
             if self.has_natural_subjects or alloc in _DRAW_SUBJECTS:
-                raise ValueError(
+                raise InvalidValueError(
                     f"labels_per_subject={self.labels_per_subject} needs subjects drawn by "
                     f"assign_subjects; it does not apply to source={self.source!r} with "
                     f"allocation={alloc!r}."

@@ -2,7 +2,8 @@
 
 Silos are federation members (organisations); subjects are people whose records may sit in
 several silos. Ids are dense non-negative integers; ``subject_names`` keeps the original ids
-(e.g. LEAF writer ids) where a loader had them.
+(e.g. LEAF writer ids, a table's subject column) and ``silo_names`` the original silo ids
+where a loader had them; errors and summaries name subjects and silos by them.
 """
 
 from __future__ import annotations
@@ -13,29 +14,48 @@ from typing import Any
 
 import numpy as np
 
+from silodp._validation import check_int
+from silodp.errors import InvalidValueError
+
 __all__ = ["FederatedDataset", "TestSplit", "FederatedData", "SplitSummary", "SUBJECT_ORIGINS"]
+
+
+#: the largest silo x subject histogram a dataset may need (2 GiB of int64 counts); subject
+#: ids are dense, so a larger one means ids that were not densified
+MAX_HISTOGRAM_CELLS = 2**28
+#: the most label classes a dataset may declare (the model has one output per class)
+MAX_CLASSES = 10**6
 
 
 def _as_int_array(name: str, values: Any, n: int) -> np.ndarray:
     arr = np.asarray(values)
     if arr.shape != (n,):
-        raise ValueError(f"Expected {name} to have shape ({n},), got {arr.shape}.")
+        raise InvalidValueError(f"Expected {name} to have shape ({n},), got {arr.shape}.")
     if arr.dtype.kind == "f":
         bad = ~np.isfinite(arr)
         if bad.any():
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected every {name} to be set; {int(bad.sum())} record(s) have a missing "
                 f"{name} (first at index {int(np.flatnonzero(bad)[0])})."
             )
-        if np.any(arr != np.round(arr)):
-            raise ValueError(f"Expected integer {name} ids, got non-integer values.")
-    elif arr.dtype.kind not in "iu":
-        raise ValueError(f"Expected integer {name} ids, got dtype {arr.dtype}.")
+        fractional = (arr != np.round(arr)) | (np.abs(arr) >= 2**63)
+        if fractional.any():
+            first = int(np.flatnonzero(fractional)[0])
+            raise InvalidValueError(
+                f"Expected integer {name} ids; got {name}={arr[first].item()!r} at index {first}."
+            )
+    elif arr.dtype.kind == "u" and len(arr) and int(arr.max()) >= 2**63:
+        first = int(np.argmax(arr))
+        raise InvalidValueError(
+            f"Expected {name} ids below 2**63; got {name}={int(arr[first])} at index {first}."
+        )
+    elif arr.dtype.kind not in "iuf":
+        raise InvalidValueError(f"Expected integer {name} ids, got dtype {arr.dtype}.")
     arr = arr.astype(np.int64)
     negative = arr < 0
     if negative.any():
         first = int(np.flatnonzero(negative)[0])
-        raise ValueError(
+        raise InvalidValueError(
             f"Expected non-negative {name} ids; {int(negative.sum())} record(s) have a negative "
             f"{name} (first: {name}={int(arr[first])} at index {first})."
         )
@@ -44,15 +64,21 @@ def _as_int_array(name: str, values: Any, n: int) -> np.ndarray:
 
 def _check_features(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
+    if x.ndim == 0:
+        raise InvalidValueError(f"Expected features of shape (n, ...), got a scalar {x!r}.")
     if x.dtype.kind in "iu":
         return x  # token ids (e.g. Shakespeare characters)
-    x = x.astype(np.float32, copy=False)
+    if x.dtype.kind not in "bf":
+        raise InvalidValueError(f"Expected numeric (real) features, got dtype {x.dtype}.")
+    with np.errstate(over="ignore"):
+        x = x.astype(np.float32, copy=False)
     bad = ~np.isfinite(x)
     if bad.any():
         rows = np.unique(np.nonzero(bad.reshape(len(x), -1))[0])
-        raise ValueError(
+        raise InvalidValueError(
             f"Expected finite features; {int(bad.sum())} NaN/inf value(s) in {len(rows)} "
-            f"record(s) (first at index {int(rows[0])})."
+            f"record(s) (first at index {int(rows[0])}; values beyond float32's range count "
+            "as inf)."
         )
     return x
 
@@ -62,11 +88,42 @@ def _check_labels(y: Any, n: int, num_classes: int) -> np.ndarray:
     out = labels >= num_classes
     if out.any():
         first = int(np.flatnonzero(out)[0])
-        raise ValueError(
+        raise InvalidValueError(
             f"Expected labels in [0, {num_classes - 1}]; {int(out.sum())} record(s) out of range "
             f"(first: label={int(labels[first])} at index {first})."
         )
     return labels
+
+
+def _check_names(name: str, names: Any, count: int, *, exact: bool) -> list[str] | None:
+    """``names`` as a list of distinct strings, ``count`` of them (at least, unless
+    ``exact``)."""
+    if names is None:
+        return None
+    if isinstance(names, str | bytes) or not isinstance(names, Sequence | np.ndarray):
+        raise InvalidValueError(f"Expected {name} to be a list of ids, got {names!r:.80}.")
+    out = list(names)
+    if (len(out) != count) if exact else (len(out) < count):
+        want = f"{count}" if exact else f"at least {count}"
+        raise InvalidValueError(
+            f"Expected {want} {name} (one per dense id), got {len(out)}: {out[:5]!r}."
+        )
+    bad = next((v for v in out if not isinstance(v, str) or not v), None)
+    if bad is not None:
+        raise InvalidValueError(f"Expected {name} to be non-empty strings, got {bad!r}.")
+    if len(set(out)) != len(out):
+        seen: set[str] = set()
+        twice = ""
+        for v in out:
+            if v in seen:
+                twice = v
+                break
+            seen.add(v)
+        raise InvalidValueError(
+            f"Expected distinct {name}, got {twice!r} for two dense ids; two ids would be one "
+            "silo or subject."
+        )
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,7 +137,14 @@ class FederatedDataset:
       subject: subject id of each record in ``[0, num_subjects)``.
       num_classes: number of label classes.
       num_silos: number of silos (defaults to ``silo.max() + 1``).
-      subject_names: optional original subject ids, indexed by dense subject id.
+      subject_names: optional original subject ids (e.g. a table's ``p0042``), indexed by
+        dense subject id; messages and summaries name a subject by it.
+      dropped_records: records the public caps dropped before this dataset (reported).
+      silo_names: optional original silo ids (e.g. a table's silo column), one per silo.
+
+    Raises:
+      InvalidValueError: empty data, non-finite features, labels out of range, ids that are
+        negative, fractional or not dense, an empty silo, or names that do not fit the ids.
     """
 
     x: np.ndarray
@@ -91,34 +155,71 @@ class FederatedDataset:
     num_silos: int = -1
     subject_names: Sequence[str] | None = None
     dropped_records: int = 0
+    silo_names: Sequence[str] | None = None
     _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         x = np.asarray(self.x)
+        if x.ndim == 0 or len(x) == 0:
+            raise InvalidValueError("Expected at least one record, got an empty dataset.")
         n = len(x)
-        if n == 0:
-            raise ValueError("Expected at least one record, got an empty dataset.")
-        if isinstance(self.num_classes, bool) or int(self.num_classes) < 2:
-            raise ValueError(f"Expected num_classes={self.num_classes!r} >= 2.")
+        num_classes = check_int("num_classes", self.num_classes, 2, MAX_CLASSES)
+        check_int("dropped_records", self.dropped_records, 0)
+        object.__setattr__(self, "num_classes", num_classes)
         object.__setattr__(self, "x", _check_features(x))
-        object.__setattr__(self, "y", _check_labels(self.y, n, int(self.num_classes)))
+        object.__setattr__(self, "y", _check_labels(self.y, n, num_classes))
         silo = _as_int_array("silo", self.silo, n)
         subject = _as_int_array("subject", self.subject, n)
         object.__setattr__(self, "silo", silo)
         object.__setattr__(self, "subject", subject)
-        num_silos = int(silo.max()) + 1 if self.num_silos == -1 else int(self.num_silos)
+        if self.num_silos == -1:
+            num_silos = int(silo.max()) + 1
+        else:
+            num_silos = check_int("num_silos", self.num_silos, 1)
         if silo.max() >= num_silos:
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected silo ids in [0, {num_silos - 1}], got silo={int(silo.max())}."
             )
+        if num_silos > n:  # ids beyond the records: some silo must be empty
+            raise InvalidValueError(
+                f"Expected every silo to hold at least one record, but {num_silos} silos share "
+                f"{n} record(s) (silo ids up to {num_silos - 1}); are the silo ids dense?"
+            )
+        cells = num_silos * (int(subject.max()) + 1)
+        if cells > MAX_HISTOGRAM_CELLS:
+            raise InvalidValueError(
+                f"Expected dense subject ids in [0, number of subjects); got subject ids up to "
+                f"{int(subject.max())} over {num_silos} silos ({cells} silo x subject cells, "
+                f"at most {MAX_HISTOGRAM_CELLS})."
+            )
+        object.__setattr__(self, "num_silos", num_silos)
+        names = _check_names("subject_names", self.subject_names, self.num_subjects, exact=False)
+        object.__setattr__(self, "subject_names", names)
+        silo_names = _check_names("silo_names", self.silo_names, num_silos, exact=True)
+        object.__setattr__(self, "silo_names", silo_names)
         counts = np.bincount(silo, minlength=num_silos)
         empty = np.flatnonzero(counts == 0)
         if len(empty):
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected every silo to hold at least one record; {len(empty)} silo(s) are "
-                f"empty (silo ids: {empty[:10].tolist()})."
+                f"empty (silo ids: {self.silo_list(empty)})."
             )
-        object.__setattr__(self, "num_silos", num_silos)
+
+    # --- names -------------------------------------------------------------------------
+    def subject_name(self, a: int) -> str:
+        """Subject ``a``'s original id (its dense id as text where there is none)."""
+        return str(self.subject_names[a]) if self.subject_names is not None else str(int(a))
+
+    def silo_name(self, s: int) -> str:
+        """Silo ``s``'s original id (its dense id as text where there is none)."""
+        return str(self.silo_names[s]) if self.silo_names is not None else str(int(s))
+
+    def silo_list(self, silos: Any, limit: int = 10) -> str:
+        """``silos`` as a message names them: dense ids, with original ids where known."""
+        ids = [int(s) for s in np.asarray(silos).reshape(-1)[:limit]]
+        if self.silo_names is None:
+            return str(ids)
+        return "[" + ", ".join(f"{s} ({self.silo_names[s]!r})" for s in ids) + "]"
 
     # --- sizes -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -165,7 +266,7 @@ class FederatedDataset:
     def with_features(self, x: np.ndarray) -> FederatedDataset:
         """The same records (silos, subjects, labels) with features ``x`` instead."""
         if len(x) != len(self):
-            raise ValueError(f"Expected {len(self)} feature rows, got {len(x)}.")
+            raise InvalidValueError(f"Expected {len(self)} feature rows, got {len(x)}.")
         return FederatedDataset(
             x=x,
             y=self.y,
@@ -175,6 +276,7 @@ class FederatedDataset:
             num_silos=self.num_silos,
             subject_names=self.subject_names,
             dropped_records=self.dropped_records,
+            silo_names=self.silo_names,
         )
 
     def subset(self, index: np.ndarray, *, dropped: int = 0) -> FederatedDataset:
@@ -188,6 +290,7 @@ class FederatedDataset:
             num_silos=self.num_silos,
             subject_names=self.subject_names,
             dropped_records=self.dropped_records + dropped,
+            silo_names=self.silo_names,
         )
 
 
@@ -204,11 +307,13 @@ class TestSplit:
     def __post_init__(self) -> None:
         x = _check_features(np.asarray(self.x))
         object.__setattr__(self, "x", x)
-        object.__setattr__(self, "y", np.asarray(self.y, dtype=np.int64))
-        if len(self.y) != len(x):
-            raise ValueError(
-                f"Expected as many test labels as records, got {len(self.y)} vs {len(x)}."
+        y = np.asarray(self.y)
+        if y.ndim != 1 or len(y) != len(x):
+            raise InvalidValueError(
+                f"Expected as many test labels as records, got {len(y) if y.ndim else y!r} vs "
+                f"{len(x)}."
             )
+        object.__setattr__(self, "y", _as_int_array("test label", y, len(x)))
         if self.silo is not None:
             object.__setattr__(self, "silo", _as_int_array("test silo", self.silo, len(x)))
 
@@ -253,7 +358,7 @@ class SplitSummary:
 
     def __post_init__(self) -> None:
         if self.kind not in SPLIT_KINDS:
-            raise ValueError(f"Expected kind={self.kind!r} to be one of {SPLIT_KINDS}.")
+            raise InvalidValueError(f"Expected kind={self.kind!r} to be one of {SPLIT_KINDS}.")
 
 
 @dataclass(frozen=True, eq=False)
@@ -279,6 +384,6 @@ class FederatedData:
 
     def __post_init__(self) -> None:
         if self.subjects_from not in SUBJECT_ORIGINS:
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected subjects_from={self.subjects_from!r} to be one of {SUBJECT_ORIGINS}."
             )

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from silodp.data.dataset import FederatedData, FederatedDataset
+from silodp.errors import InvalidValueError
 
 __all__ = ["describe", "format_description"]
 
@@ -35,7 +36,12 @@ def describe(data: FederatedData | FederatedDataset) -> dict[str, Any]:
     ``subjects_per_silo`` (list), ``records_per_subject`` (min/median/mean/max and a
     power-of-two ``histogram``), ``span`` (``max`` and ``histogram``: number of subjects whose
     records occupy exactly ``i`` silos, as ``{"i": count}``), ``max_records_subject_silo``
-    (largest ``n_{s,a}``), ``max_records_subject`` (largest ``n_a``), ``dropped_records``.
+    (largest ``n_{s,a}``), ``max_records_subject`` (largest ``n_a``),
+    ``max_records_subject_id`` (the original id of a subject holding that many, e.g. a table's
+    ``"p0042"``; its dense id as text where subjects have no original ids), ``dropped_records``
+    (records the public caps dropped), and ``silo_ids``: the original silo id of each silo
+    index (``silo_ids[i]`` is silo ``i``'s id in the data, e.g. a table's silo column; ``None``
+    where silos were drawn).
 
     Given a :class:`FederatedData`, also ``subjects`` (``from``: column, records,
     leaf_users, simulated or given; ``note``: one line), ``scaling`` (what was applied to
@@ -60,7 +66,7 @@ def describe(data: FederatedData | FederatedDataset) -> dict[str, Any]:
         }
         return out
     if not isinstance(data, FederatedDataset):
-        raise ValueError(
+        raise InvalidValueError(
             f"Expected a FederatedData or FederatedDataset, got {type(data).__name__}."
         )
     return _describe_train(data)
@@ -95,7 +101,9 @@ def _describe_train(dataset: FederatedDataset) -> dict[str, Any]:
         },
         "max_records_subject_silo": int(hist.max()),
         "max_records_subject": int(per_subject.max()),
+        "max_records_subject_id": dataset.subject_name(int(np.argmax(per_subject_all))),
         "dropped_records": int(dataset.dropped_records),
+        "silo_ids": None if dataset.silo_names is None else list(dataset.silo_names),
     }
 
 
@@ -110,6 +118,11 @@ def _short_list(values: list[int], limit: int = 12) -> str:
     return f"{head} ... ({len(values)} values, min {min(values)}, max {max(values)})"
 
 
+def _silo_ids(ids: list[str], limit: int = 12) -> str:
+    shown = " ".join(f"{i}={name!r}" for i, name in enumerate(ids[:limit]))
+    return shown if len(ids) <= limit else f"{shown}  ... ({len(ids)} silos)"
+
+
 def format_description(d: dict[str, Any]) -> str:
     """A plain-text table of a :func:`describe` result."""
     rps = d["records_per_subject"]
@@ -117,6 +130,11 @@ def format_description(d: dict[str, Any]) -> str:
         "Federated dataset",
         _row("records", d["num_records"]),
         _row("silos", d["num_silos"]),
+        *(
+            [_row("silo ids (index=id in the data)", _silo_ids(d["silo_ids"]))]
+            if d.get("silo_ids") is not None
+            else []
+        ),
         _row(
             "subjects (with records / ids)", f"{d['subjects_with_records']} / {d['num_subjects']}"
         ),
@@ -134,6 +152,12 @@ def format_description(d: dict[str, Any]) -> str:
         _row(
             "records per subject",
             f"min {rps['min']}  median {rps['median']:g}  mean {rps['mean']:.2f}  max {rps['max']}",
+        ),
+        _row(
+            "max records of a subject",
+            f"{d['max_records_subject']} (subject {d['max_records_subject_id']})"
+            if d.get("max_records_subject_id") is not None
+            else d["max_records_subject"],
         ),
         _row("max records of a subject in a silo", d["max_records_subject_silo"]),
         _row("max span (silos per subject)", d["span"]["max"]),

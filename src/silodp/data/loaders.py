@@ -1,15 +1,22 @@
 """Offline loaders that return plain numpy arrays.
 
 Nothing here downloads: each loader reads files already on disk (or bundled with
-scikit-learn) and validates them, raising ``ValueError``/``FileNotFoundError`` with a message
-that names the bad file, column or value.
+scikit-learn) and validates them: a file that is missing raises
+:class:`DataFileNotFoundError`, one that is not what the loader reads raises
+:class:`~silodp.errors.InvalidValueError`, each with a message naming the file, column, row or
+value and what was expected (never an error from inside pandas, numpy or json).
 """
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
+import math
 import os
+import re
+import warnings
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +25,10 @@ from typing import Any
 import numpy as np
 
 from silodp._validation import check_choice, check_int
+from silodp.errors import InvalidValueError, SilodpError
 
 __all__ = [
+    "DataFileNotFoundError",
     "FASHION_MNIST_ENV",
     "FASHION_MNIST_DEFAULT_ROOT",
     "LEAF_ALL_LETTERS",
@@ -45,6 +54,12 @@ if len(LEAF_ALL_LETTERS) != 80 or len(set(LEAF_ALL_LETTERS)) != 80:  # pragma: n
 _LETTER_ID = {c: i for i, c in enumerate(LEAF_ALL_LETTERS)}
 
 _FEMNIST_CLASSES = 62
+
+
+class DataFileNotFoundError(SilodpError, FileNotFoundError):
+    """A data file or directory a config names does not exist (a ``FileNotFoundError``)."""
+
+
 _FEMNIST_PIXELS = 28 * 28
 
 # --- scikit-learn digits ----------------------------------------------------------------
@@ -96,57 +111,94 @@ def find_fashion_mnist(root: str | os.PathLike[str] | None = None) -> Path:
         "to a directory holding the IDX files."
     )
     if not path.is_dir():
-        raise FileNotFoundError(f"Fashion-MNIST directory {str(path)!r} does not exist. {hint}")
+        raise DataFileNotFoundError(f"Fashion-MNIST directory {str(path)!r} does not exist. {hint}")
     missing = [stem + "[.gz]" for stem in _IDX_FILES.values() if _idx_file(path, stem) is None]
     if missing:
-        raise FileNotFoundError(
+        raise DataFileNotFoundError(
             f"Fashion-MNIST directory {str(path)!r} lacks {', '.join(missing)}. {hint}"
         )
     return path
 
 
+#: the largest IDX data section read (Fashion-MNIST's training images take 47 MB)
+MAX_IDX_BYTES = 2**31
+
+
+def _idx_error(path: Path, what: str) -> InvalidValueError:
+    return InvalidValueError(f"IDX file {str(path)!r} {what}.")
+
+
+def _read_exactly(fh: Any, size: int, path: Path, where: str) -> bytes:
+    try:
+        data: bytes = fh.read(size)
+    except (OSError, EOFError, zlib.error) as err:  # a garbled or cut gzip stream
+        raise _idx_error(
+            path,
+            f"cannot be read ({type(err).__name__}: {err}); expected an IDX file, raw or gzipped",
+        ) from None
+    if len(data) < size:
+        raise _idx_error(path, f"is truncated {where} ({len(data)} of {size} bytes)")
+    return data
+
+
 def _read_idx(path: Path, *, ndim: int) -> np.ndarray:
-    """Reads an unsigned-byte IDX file with ``ndim`` dimensions."""
-    opener = gzip.open if path.name.endswith(".gz") else open
+    """Reads an unsigned-byte IDX file with ``ndim`` dimensions.
+
+    Reads the header first and then no more than the shape it declares, so a garbled or
+    hostile header is refused before anything large is read.
+    """
+    opener: Any = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rb") as fh:
-        data = fh.read()
-    if len(data) < 4:
-        raise ValueError(f"IDX file {str(path)!r} is too short ({len(data)} bytes).")
-    magic = int.from_bytes(data[:4], "big")
-    expected = 0x0800 | ndim
-    if magic != expected:
-        raise ValueError(
-            f"IDX file {str(path)!r} has magic number {magic:#010x}; expected {expected:#010x} "
-            f"(unsigned bytes, {ndim} dimension(s))."
-        )
-    header = 4 + 4 * ndim
-    if len(data) < header:
-        raise ValueError(f"IDX file {str(path)!r} is truncated inside its header.")
-    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    size = int(np.prod(shape))
-    if len(data) - header != size:
-        raise ValueError(
-            f"IDX file {str(path)!r} declares shape {shape} ({size} bytes) but holds "
-            f"{len(data) - header} data bytes."
-        )
-    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape)
+        head = _read_exactly(fh, 4, path, "before its magic number")
+        magic = int.from_bytes(head, "big")
+        expected = 0x0800 | ndim
+        if magic != expected:
+            raise _idx_error(
+                path,
+                f"has magic number {magic:#010x}; expected {expected:#010x} "
+                f"(unsigned bytes, {ndim} dimension(s))",
+            )
+        dims = _read_exactly(fh, 4 * ndim, path, "inside its header")
+        shape = tuple(int.from_bytes(dims[4 * i : 4 * i + 4], "big") for i in range(ndim))
+        size = math.prod(shape)
+        if size > MAX_IDX_BYTES:
+            raise _idx_error(
+                path, f"declares shape {shape} ({size} bytes); expected at most {MAX_IDX_BYTES}"
+            )
+        try:
+            data = fh.read(size + 1)
+        except (OSError, EOFError, zlib.error) as err:
+            raise _idx_error(
+                path, f"cannot be read ({type(err).__name__}: {err}); expected an IDX file"
+            ) from None
+    if len(data) != size:
+        held = f"{len(data)}" if len(data) <= size else "more"
+        raise _idx_error(path, f"declares shape {shape} ({size} bytes) but holds {held} data bytes")
+    return np.frombuffer(data, dtype=np.uint8).reshape(shape)
 
 
 def _read_idx_pair(root: Path, images: str, labels: str) -> tuple[np.ndarray, np.ndarray]:
     img_path = _idx_file(root, _IDX_FILES[images])
     lab_path = _idx_file(root, _IDX_FILES[labels])
     if img_path is None or lab_path is None:
-        raise FileNotFoundError(f"Fashion-MNIST {images}/{labels} IDX files vanished from {root}.")
+        raise DataFileNotFoundError(
+            f"Fashion-MNIST {images}/{labels} IDX files vanished from {str(root)!r}."
+        )
     x = _read_idx(img_path, ndim=3)
     y = _read_idx(lab_path, ndim=1)
     if x.shape[1:] != (28, 28):
-        raise ValueError(f"Expected 28x28 images in {str(img_path)!r}, got {x.shape[1:]}.")
+        raise _idx_error(img_path, f"holds images of shape {x.shape[1:]}; expected 28x28")
+    if len(x) == 0:
+        raise _idx_error(img_path, "holds no images; expected at least one")
     if len(x) != len(y):
-        raise ValueError(
+        raise InvalidValueError(
             f"{str(img_path)!r} holds {len(x)} images but {str(lab_path)!r} holds {len(y)} labels."
         )
-    if len(y) and y.max() > 9:
-        raise ValueError(f"Expected labels in [0, 9] in {str(lab_path)!r}, got {int(y.max())}.")
+    if y.max() > 9:
+        first = int(np.flatnonzero(y > 9)[0])
+        raise _idx_error(
+            lab_path, f"holds label {int(y[first])} at index {first}; expected labels in [0, 9]"
+        )
     x = (x.astype(np.float32) / 255.0).reshape(-1, 1, 28, 28)
     return x, y.astype(np.int64)
 
@@ -191,59 +243,138 @@ class LeafArrays:
 def _leaf_files(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not items:
-        raise ValueError("Expected at least one LEAF JSON file or directory, got none.")
+        raise InvalidValueError("Expected at least one LEAF JSON file or directory, got none.")
     files: list[Path] = []
     for item in items:
+        if not isinstance(item, (str, os.PathLike)) or not str(item):
+            raise InvalidValueError(f"Expected a LEAF file or directory path, got {item!r}.")
         p = Path(item)
         if p.is_dir():
             found = sorted(p.glob("*.json"))
             if not found:
-                raise FileNotFoundError(f"LEAF directory {str(p)!r} holds no .json files.")
+                raise DataFileNotFoundError(f"LEAF directory {str(p)!r} holds no .json files.")
             files.extend(found)
         elif p.is_file():
             files.append(p)
         else:
-            raise FileNotFoundError(f"LEAF path {str(p)!r} does not exist.")
+            raise DataFileNotFoundError(f"LEAF path {str(p)!r} does not exist.")
     return files
 
 
 def _encode_text(text: Any, where: str) -> list[int]:
     if not isinstance(text, str):
-        raise ValueError(f"Expected a string in {where}, got {type(text).__name__}.")
+        raise InvalidValueError(f"Expected a string in {where}, got {type(text).__name__}.")
     try:
         return [_LETTER_ID[c] for c in text]
     except KeyError as err:
-        raise ValueError(
+        raise InvalidValueError(
             f"Unknown character {err.args[0]!r} in {where}; expected one of LEAF's 80 "
             "Shakespeare characters (LEAF_ALL_LETTERS)."
         ) from None
 
 
 def _femnist_records(xs: list[Any], ys: list[Any], where: str) -> tuple[np.ndarray, np.ndarray]:
-    x = np.asarray(xs, dtype=np.float32)
-    if x.ndim != 2 or x.shape[1] != _FEMNIST_PIXELS:
-        raise ValueError(
-            f"Expected {_FEMNIST_PIXELS} pixels per FEMNIST record in {where}, got shape {x.shape}."
+    for i, row in enumerate(xs):
+        if not isinstance(row, list) or len(row) != _FEMNIST_PIXELS:
+            got = f"{len(row)} values" if isinstance(row, list) else type(row).__name__
+            raise InvalidValueError(
+                f"Expected {_FEMNIST_PIXELS} pixels per FEMNIST record in {where}, got {got} "
+                f"at x[{i}]."
+            )
+        bad = next((v for v in row if isinstance(v, bool) or not isinstance(v, int | float)), None)
+        if bad is not None:
+            raise InvalidValueError(
+                f"Expected numeric FEMNIST pixels in {where}, got {bad!r} at x[{i}]."
+            )
+    x = np.asarray(xs, dtype=np.float64)
+    finite = np.isfinite(x) & (np.abs(x) <= np.finfo(np.float32).max)
+    if not finite.all():
+        row, col = (int(v[0]) for v in np.nonzero(~finite))
+        raise InvalidValueError(
+            f"Expected finite FEMNIST pixels in {where}; {int((~finite).sum())} are NaN, "
+            f"infinite or too large for float32 (first: {x[row, col].item()!r} at x[{row}][{col}])."
         )
-    y = np.asarray(ys)
-    if y.dtype.kind not in "iu" or (len(y) and (y.min() < 0 or y.max() >= _FEMNIST_CLASSES)):
-        raise ValueError(f"Expected integer FEMNIST labels in [0, 61] in {where}.")
-    return x.reshape(-1, 1, 28, 28), y.astype(np.int64)
+    for i, label in enumerate(ys):
+        if (
+            isinstance(label, bool)
+            or not isinstance(label, int)
+            or not 0 <= label < _FEMNIST_CLASSES
+        ):
+            raise InvalidValueError(
+                f"Expected integer FEMNIST labels in [0, {_FEMNIST_CLASSES - 1}] in {where}, "
+                f"got {label!r} at y[{i}]."
+            )
+    return x.astype(np.float32).reshape(-1, 1, 28, 28), np.asarray(ys, dtype=np.int64)
 
 
 def _shakespeare_records(xs: list[Any], ys: list[Any], where: str) -> tuple[np.ndarray, np.ndarray]:
     tokens = [_encode_text(s, f"{where} x[{i}]") for i, s in enumerate(xs)]
     lengths = {len(t) for t in tokens}
     if len(lengths) > 1:
-        raise ValueError(f"Expected equal-length Shakespeare strings in {where}, got {lengths}.")
+        raise InvalidValueError(
+            f"Expected equal-length Shakespeare strings in {where}, got lengths {sorted(lengths)}."
+        )
+    if lengths == {0}:
+        raise InvalidValueError(f"Expected non-empty Shakespeare strings in {where}, got ''.")
     labels = []
     for i, c in enumerate(ys):
         ids = _encode_text(c, f"{where} y[{i}]")
         if len(ids) != 1:
-            raise ValueError(f"Expected one character in {where} y[{i}], got {c!r}.")
+            raise InvalidValueError(f"Expected one character in {where} y[{i}], got {c!r}.")
         labels.append(ids[0])
     x = np.asarray(tokens, dtype=np.int64).reshape(len(tokens), -1)
     return x, np.asarray(labels, dtype=np.int64)
+
+
+def _read_leaf_blob(file: Path) -> dict[str, Any]:
+    """The JSON object of a LEAF file, with its three keys checked for shape."""
+    try:
+        with open(file, encoding="utf-8") as fh:
+            blob = json.load(fh)
+    except json.JSONDecodeError as err:
+        raise InvalidValueError(f"LEAF file {str(file)!r} is not valid JSON: {err}.") from None
+    except UnicodeDecodeError as err:
+        raise InvalidValueError(f"LEAF file {str(file)!r} is not UTF-8 text: {err}.") from None
+    except RecursionError:
+        raise InvalidValueError(f"LEAF file {str(file)!r} is nested too deeply.") from None
+    if not isinstance(blob, dict):
+        raise InvalidValueError(
+            f"Expected LEAF file {str(file)!r} to hold a JSON object with keys users, "
+            f"num_samples and user_data, got a JSON {type(blob).__name__}."
+        )
+    missing = [k for k in ("users", "num_samples", "user_data") if k not in blob]
+    if missing:
+        raise InvalidValueError(f"LEAF file {str(file)!r} lacks key(s) {missing}.")
+    users, counts, data = blob["users"], blob["num_samples"], blob["user_data"]
+    if not isinstance(users, list) or not isinstance(counts, list) or not isinstance(data, dict):
+        raise InvalidValueError(
+            f"Expected lists users and num_samples and an object user_data in LEAF file "
+            f"{str(file)!r}, got {type(users).__name__}, {type(counts).__name__} and "
+            f"{type(data).__name__}."
+        )
+    if len(users) != len(counts):
+        raise InvalidValueError(
+            f"LEAF file {str(file)!r} lists {len(users)} users but {len(counts)} num_samples."
+        )
+    seen: set[str] = set()
+    for i, (user, count) in enumerate(zip(users, counts, strict=True)):
+        if not isinstance(user, str) or not user.strip():
+            raise InvalidValueError(
+                f"Expected a non-empty user id string in LEAF file {str(file)!r}, got "
+                f"{user!r} at users[{i}]."
+            )
+        if user in seen:
+            raise InvalidValueError(
+                f"LEAF file {str(file)!r} lists user {user!r} twice (users[{i}]); expected "
+                "each user once per file."
+            )
+        seen.add(user)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidValueError(
+                f"Expected num_samples[{i}] (user {user!r}) in LEAF file {str(file)!r} to be a "
+                f"count >= 0, got {count!r}."
+            )
+    return blob
 
 
 def load_leaf_json(
@@ -257,7 +388,12 @@ def load_leaf_json(
         (strings over LEAF's 80-character alphabet -> token ids, 80 classes).
 
     Users become subjects, numbered in order of first appearance; a user present in several
-    files has its records concatenated.
+    files has its records concatenated (a user listed twice in one file is an error).
+
+    Raises:
+      DataFileNotFoundError: a path does not exist.
+      InvalidValueError: a file is not LEAF JSON, or a user id, count, pixel, string or label
+        is not what LEAF writes (the message names the file, user and entry).
     """
     check_choice("kind", kind, ("femnist", "shakespeare"))
     parse = _femnist_records if kind == "femnist" else _shakespeare_records
@@ -266,38 +402,44 @@ def load_leaf_json(
     ys: list[np.ndarray] = []
     subjects: list[np.ndarray] = []
     for file in _leaf_files(paths):
-        with open(file, encoding="utf-8") as fh:
-            try:
-                blob = json.load(fh)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"LEAF file {str(file)!r} is not valid JSON: {err}.") from None
-        missing = [k for k in ("users", "num_samples", "user_data") if k not in blob]
-        if missing:
-            raise ValueError(f"LEAF file {str(file)!r} lacks key(s) {missing}.")
+        blob = _read_leaf_blob(file)
         users, counts, data = blob["users"], blob["num_samples"], blob["user_data"]
-        if len(users) != len(counts):
-            raise ValueError(
-                f"LEAF file {str(file)!r} lists {len(users)} users but {len(counts)} num_samples."
-            )
         for user, count in zip(users, counts, strict=True):
             where = f"{str(file)!r} user {user!r}"
             if user not in data:
-                raise ValueError(f"LEAF file {str(file)!r} has no user_data for user {user!r}.")
+                raise InvalidValueError(
+                    f"LEAF file {str(file)!r} has no user_data for user {user!r}."
+                )
             record = data[user]
+            if not isinstance(record, dict):
+                raise InvalidValueError(
+                    f"Expected an object with lists x and y in {where}, got "
+                    f"{type(record).__name__}."
+                )
             ux, uy = record.get("x", []), record.get("y", [])
+            if not isinstance(ux, list) or not isinstance(uy, list):
+                raise InvalidValueError(
+                    f"Expected lists x and y in {where}, got {type(ux).__name__} and "
+                    f"{type(uy).__name__}."
+                )
             if len(ux) != len(uy) or len(ux) != count:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{where}: num_samples={count} but {len(ux)} x and {len(uy)} y entries."
                 )
             if count == 0:
                 continue
             x, y = parse(ux, uy, where)
-            sid = names.setdefault(str(user), len(names))
+            if xs and x.shape[1:] != xs[0].shape[1:]:
+                raise InvalidValueError(
+                    f"Expected every record to have the shape of the first user's, "
+                    f"{xs[0].shape[1:]}; {where} has {x.shape[1:]}."
+                )
+            sid = names.setdefault(user, len(names))
             xs.append(x)
             ys.append(y)
             subjects.append(np.full(len(y), sid, dtype=np.int64))
     if not ys:
-        raise ValueError(f"LEAF input {paths!r} holds no records.")
+        raise InvalidValueError(f"LEAF input {paths!r} holds no records.")
     return LeafArrays(
         x=np.concatenate(xs),
         y=np.concatenate(ys),
@@ -337,17 +479,65 @@ class TableArrays:
         return len(self.label_values)
 
 
+def _row(index: int) -> str:
+    """A record's position as users count it: data rows from 1, after the header."""
+    return f"row {index + 1}"
+
+
+def _csv_header(path: Path) -> list[str]:
+    """The CSV's header line as written (pandas renames repeated names to ``a.1``)."""
+    opener: Any = gzip.open if path.name.lower().endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as fh:
+            return next(csv.reader(fh), [])
+    except (OSError, EOFError, ValueError, csv.Error, zlib.error):
+        return []  # pandas has read it already; nothing more to learn here
+
+
 def _read_frame(path: Path) -> Any:
     import pandas as pd
 
     if not path.is_file():
-        raise FileNotFoundError(f"Table file {str(path)!r} does not exist.")
-    suffix = path.name.lower()
-    if suffix.endswith(".parquet") or suffix.endswith(".pq"):
-        return pd.read_parquet(path)
-    if suffix.endswith(".csv") or suffix.endswith(".csv.gz"):
-        return pd.read_csv(path)
-    raise ValueError(f"Expected a .csv or .parquet table, got {str(path)!r}.")
+        raise DataFileNotFoundError(f"Table file {str(path)!r} does not exist.")
+    name = path.name.lower()
+    if name.endswith(".parquet") or name.endswith(".pq"):
+        try:
+            return pd.read_parquet(path)
+        except (ValueError, OSError, TypeError) as err:
+            raise InvalidValueError(
+                f"Table {str(path)!r} cannot be read as Parquet ({type(err).__name__}: {err})."
+            ) from None
+    if not (name.endswith(".csv") or name.endswith(".csv.gz")):
+        raise InvalidValueError(f"Expected a .csv or .parquet table, got {str(path)!r}.")
+    try:
+        with warnings.catch_warnings():
+            # a row with more fields than the header: refused, not read as an index column
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            frame = pd.read_csv(path, index_col=False)
+    except pd.errors.ParserWarning:
+        raise InvalidValueError(
+            f"Table {str(path)!r} has rows with more fields than its header names; expected "
+            "one value per column in every row."
+        ) from None
+    except pd.errors.EmptyDataError:
+        raise InvalidValueError(
+            f"Table {str(path)!r} is empty; expected a header line naming the columns, then "
+            "one row per record."
+        ) from None
+    except UnicodeDecodeError as err:
+        raise InvalidValueError(f"Table {str(path)!r} is not UTF-8 text ({err}).") from None
+    except (ValueError, OSError, EOFError, zlib.error) as err:
+        raise InvalidValueError(
+            f"Table {str(path)!r} cannot be parsed as CSV ({type(err).__name__}: {err})."
+        ) from None
+    header = _csv_header(path)
+    repeated = sorted({c for c in header if header.count(c) > 1})
+    if repeated:
+        raise InvalidValueError(
+            f"Table {str(path)!r} names column(s) {repeated} more than once; expected distinct "
+            "column names."
+        )
+    return frame
 
 
 def _to_python(value: Any) -> Any:
@@ -366,7 +556,13 @@ def _select_features(
     """The feature columns asked for, or every column other than the id columns."""
     features = list(feature_columns) or [c for c in frame.columns if c not in id_columns]
     if not features:
-        raise ValueError(f"Table {str(path)!r} has no feature columns besides {id_columns}.")
+        raise InvalidValueError(f"Table {str(path)!r} has no feature columns besides {id_columns}.")
+    both = [c for c in features if c in id_columns]
+    if both:
+        raise InvalidValueError(
+            f"Expected feature columns other than the label, silo and subject columns; "
+            f"{both} of {str(path)!r} is both."
+        )
     return features
 
 
@@ -374,34 +570,75 @@ def _check_columns(frame: Any, path: Path, wanted: list[str]) -> None:
     """Refuses a table lacking one of the ``wanted`` columns or a value in one of them."""
     absent = [c for c in wanted if c not in frame.columns]
     if absent:
-        raise ValueError(
+        raise InvalidValueError(
             f"Table {str(path)!r} lacks column(s) {absent}; it has {list(frame.columns)}."
         )
     for column in wanted:
-        missing = int(frame[column].isna().sum())
-        if missing:
-            raise ValueError(
-                f"Column {column!r} of table {str(path)!r} has {missing} missing value(s)."
+        missing = frame[column].isna().to_numpy()
+        if missing.any():
+            raise InvalidValueError(
+                f"Column {column!r} of table {str(path)!r} has {int(missing.sum())} missing "
+                f"value(s) (first in {_row(int(np.flatnonzero(missing)[0]))}); expected "
+                "a value in every row."
             )
 
 
 def _feature_matrix(frame: Any, path: Path, features: list[str]) -> np.ndarray:
     """The ``features`` as float32 ``(n, len(features))``; refuses non-numeric columns and
-    infinite values."""
-    non_numeric = [c for c in features if frame[c].dtype.kind not in "biuf"]
-    if non_numeric:
-        raise ValueError(
-            f"Expected numeric feature columns in {str(path)!r}; {non_numeric} are not numeric."
+    values that are infinite or too large for float32."""
+    import pandas as pd
+
+    for c in features:
+        if frame[c].dtype.kind in "biuf":
+            continue
+        values = frame[c].to_numpy()
+        numbers = pd.to_numeric(frame[c], errors="coerce").to_numpy()
+        text = np.flatnonzero(np.isnan(numbers.astype(np.float64)))
+        what = (
+            f"{_to_python(values[text[0]])!r} in {_row(int(text[0]))}"
+            if len(text)
+            else "numbers stored as text"
         )
-    x = frame[features].to_numpy(dtype=np.float32)
-    bad = ~np.isfinite(x)
+        raise InvalidValueError(
+            f"Expected numeric feature columns in {str(path)!r}; column {c!r} is not numeric "
+            f"(it holds {what})."
+        )
+    x = frame[features].to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(x) | (np.abs(x) > np.finfo(np.float32).max)
     if bad.any():
-        col = features[int(np.nonzero(bad)[1][0])]
-        raise ValueError(
-            f"Table {str(path)!r} has {int(bad.sum())} infinite feature value(s) "
-            f"(first in column {col!r})."
+        row, col = (int(v[0]) for v in np.nonzero(bad))
+        raise InvalidValueError(
+            f"Table {str(path)!r} has {int(bad.sum())} infinite feature value(s) or value(s) "
+            f"too large for float32 (first: {x[row, col].item()!r} in column {features[col]!r}, "
+            f"{_row(row)}); expected finite numbers."
         )
-    return x
+    return x.astype(np.float32)
+
+
+def _label_array(frame: Any, path: Path, label_column: str) -> np.ndarray:
+    """The label column's values: integers, booleans or strings. A fractional or infinite
+    number is not a class, and one column holds one kind of label."""
+    column = frame[label_column]
+    values = column.to_numpy()
+    kind = column.dtype.kind
+    if kind in "biu":
+        return values
+    if kind == "f":
+        bad = ~np.isfinite(values) | (values != np.round(values))
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            raise InvalidValueError(
+                f"Expected class labels (integers or strings) in column {label_column!r} of "
+                f"{str(path)!r}; got {_to_python(values[first])!r} in {_row(first)}."
+            )
+        return values.astype(np.int64)
+    kinds = {type(_to_python(v)).__name__ for v in values}
+    if len(kinds) > 1:
+        raise InvalidValueError(
+            f"Expected one kind of class label in column {label_column!r} of {str(path)!r}, "
+            f"got values of types {sorted(kinds)}."
+        )
+    return values
 
 
 def _encode_labels(
@@ -410,25 +647,77 @@ def _encode_labels(
     """Dense labels and the original value of each: the sorted distinct values, or the given
     ``label_values`` (a label outside them is an error)."""
     if label_values is None:
-        return _dense_ids(raw_labels)
+        y, values = _dense_ids(raw_labels)
+        if len(values) < 2:
+            raise InvalidValueError(
+                f"Column {label_column!r} of {str(path)!r} holds the single label "
+                f"{values[0]!r} in all {len(y)} row(s); expected at least 2 classes."
+            )
+        return y, values
     values = list(label_values)
     lookup = {v: i for i, v in enumerate(values)}
     unknown = sorted({_to_python(v) for v in raw_labels if _to_python(v) not in lookup}, key=str)
     if unknown:
-        raise ValueError(
+        raise InvalidValueError(
             f"Column {label_column!r} of {str(path)!r} has label(s) {unknown[:10]} not in "
             f"the given label_values {values[:10]}."
         )
     return np.asarray([lookup[_to_python(v)] for v in raw_labels], dtype=np.int64), values
 
 
-def _id_column(frame: Any, column: str | None) -> tuple[np.ndarray | None, list[str] | None]:
-    """Dense ids of ``column``'s values (as strings, sorted) and the values; ``None`` without
-    a column."""
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def _id_name(value: Any) -> str:
+    value = _to_python(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _id_column(
+    frame: Any, path: Path, column: str | None
+) -> tuple[np.ndarray | None, list[str] | None]:
+    """Dense ids of ``column``'s values and the original values as strings; ``None`` without
+    a column.
+
+    Ids follow the values' order: numerically for numbers and for text that is all integers
+    (silo "2" before "10"), else as text. A blank id, or one with spaces around it (which would
+    make ``" p1"`` and ``"p1"`` two subjects), is an error naming the row."""
     if column is None:
         return None, None
-    ids, names = _dense_ids(frame[column].astype(str).to_numpy())
-    return ids, [str(n) for n in names]
+    series = frame[column]
+    values = series.to_numpy()
+    if series.dtype.kind == "f":
+        bad = ~np.isfinite(values)
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            raise InvalidValueError(
+                f"Expected finite ids in column {column!r} of {str(path)!r}; got "
+                f"{_to_python(values[first])!r} in {_row(first)}."
+            )
+    if series.dtype.kind not in "biuf":
+        values = np.asarray([str(v) for v in values], dtype=object)
+    uniques, inverse = np.unique(values, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    names = [_id_name(v) for v in uniques]
+    if series.dtype.kind not in "biuf":
+        for j, name in enumerate(names):
+            if not name.strip() or name != name.strip():
+                first = int(np.flatnonzero(inverse == j)[0])
+                what = "blank" if not name.strip() else "with spaces around it"
+                raise InvalidValueError(
+                    f"Expected ids without surrounding spaces in column {column!r} of "
+                    f"{str(path)!r}; got {what} id {name!r} in {_row(first)}."
+                )
+        numeric = all(_INTEGER.fullmatch(n) for n in names)
+        keys: list[Any] = [(int(n), n) for n in names] if numeric else names
+        order = sorted(range(len(names)), key=keys.__getitem__)
+    else:
+        order = list(range(len(names)))  # np.unique sorted the numbers already
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return rank[inverse], [names[i] for i in order]
 
 
 def load_table(
@@ -445,22 +734,33 @@ def load_table(
     Args:
       feature_columns: numeric feature columns; empty means every column other than the
         label, silo and subject columns.
-      label_column: the label; its distinct values (sorted) become labels ``0..C-1``.
-      silo_column, subject_column: optional id columns, mapped to dense ids (sorted).
+      label_column: the label (integers, booleans or strings; a fractional number is not a
+        class); its distinct values (sorted) become labels ``0..C-1``, ``C >= 2``.
+      silo_column, subject_column: optional id columns, mapped to dense ids in the order of
+        their values (numerically where every value is an integer).
       label_values: a fixed label mapping (e.g. the training table's ``label_values`` when
         reading its test table); labels outside it are an error.
+
+    Raises:
+      DataFileNotFoundError: ``path`` does not exist.
+      InvalidValueError: the file cannot be read as a table, or a column, value or id is
+        missing or malformed (the message names the file, column and row; rows count from 1
+        after the header).
     """
     path = Path(path)
     frame = _read_frame(path)
     if len(frame) == 0:
-        raise ValueError(f"Table {str(path)!r} has no rows.")
+        raise InvalidValueError(
+            f"Table {str(path)!r} has no rows; expected one row per record after the header."
+        )
     id_columns = [c for c in (label_column, silo_column, subject_column) if c is not None]
     features = _select_features(frame, path, feature_columns, id_columns)
     _check_columns(frame, path, features + id_columns)
     x = _feature_matrix(frame, path, features)
-    y, values = _encode_labels(frame[label_column].to_numpy(), path, label_column, label_values)
-    silo, silo_names = _id_column(frame, silo_column)
-    subject, subject_names = _id_column(frame, subject_column)
+    raw_labels = _label_array(frame, path, label_column)
+    y, values = _encode_labels(raw_labels, path, label_column, label_values)
+    silo, silo_names = _id_column(frame, path, silo_column)
+    subject, subject_names = _id_column(frame, path, subject_column)
     return TableArrays(
         x=x,
         y=y,

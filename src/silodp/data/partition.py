@@ -18,6 +18,7 @@ from silodp._validation import check_int, check_positive, check_probability
 from silodp.data.bounds import cap_records, cap_span
 from silodp.data.bounds import record_priorities as record_priorities
 from silodp.data.dataset import FederatedDataset
+from silodp.errors import InvalidValueError
 
 __all__ = [
     "assemble",
@@ -41,11 +42,13 @@ __all__ = [
 def _ids(name: str, values: Any) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1 or len(arr) == 0:
-        raise ValueError(f"Expected {name} to be a non-empty 1-D array, got shape {arr.shape}.")
+        raise InvalidValueError(
+            f"Expected {name} to be a non-empty 1-D array, got shape {arr.shape}."
+        )
     if arr.dtype.kind not in "iu":
-        raise ValueError(f"Expected integer {name} ids, got dtype {arr.dtype}.")
+        raise InvalidValueError(f"Expected integer {name} ids, got dtype {arr.dtype}.")
     if arr.min() < 0:
-        raise ValueError(f"Expected non-negative {name} ids, got {int(arr.min())}.")
+        raise InvalidValueError(f"Expected non-negative {name} ids, got {int(arr.min())}.")
     return arr.astype(np.int64)
 
 
@@ -97,7 +100,7 @@ def assign_subjects(
     k = check_int("labels_per_subject", labels_per_subject, 1)
     k = min(k, len(labels))
     if num_subjects * k < len(labels):
-        raise ValueError(
+        raise InvalidValueError(
             f"Expected num_subjects * labels_per_subject >= {len(labels)} (the labels present) "
             f"so every label has a holder, got {num_subjects} * {k}."
         )
@@ -271,7 +274,7 @@ def shards(
     shards_per_client = check_int("shards_per_client", shards_per_client, 1)
     num_shards = num_clients * shards_per_client
     if num_shards > len(y):
-        raise ValueError(
+        raise InvalidValueError(
             f"Expected at most {len(y)} shards (one record each), got num_clients * "
             f"shards_per_client = {num_shards}."
         )
@@ -306,7 +309,7 @@ def dirichlet_clients(
     beta = check_positive("beta", beta)
     records_per_client = check_int("records_per_client", records_per_client, 1)
     if num_clients * records_per_client > len(y):
-        raise ValueError(
+        raise InvalidValueError(
             f"Expected num_clients * records_per_client <= {len(y)} records, got "
             f"{num_clients} * {records_per_client}."
         )
@@ -356,7 +359,7 @@ def per_client_test(
     num_clients = check_int("num_clients", num_clients, 1)
     records_per_client = check_int("records_per_client", records_per_client, 1)
     if len(train_y) != len(train_client):
-        raise ValueError(
+        raise InvalidValueError(
             f"Expected one client per training record, got {len(train_client)} clients for "
             f"{len(train_y)} records."
         )
@@ -368,7 +371,7 @@ def per_client_test(
         seen = np.bincount(train_y[train_client == i], minlength=num_labels).astype(np.float64)
         seen[[len(pool) == 0 for pool in by_label]] = 0.0
         if seen.sum() == 0:
-            raise ValueError(
+            raise InvalidValueError(
                 f"Client {i} has no training record with a label present in the test pool."
             )
         counts = rng.multinomial(records_per_client, seen / seen.sum())
@@ -394,6 +397,7 @@ def assemble(
     subject_names: Sequence[str] | None = None,
     drop_empty_silos: bool = False,
     dropped_records: int = 0,
+    silo_names: Sequence[str] | None = None,
 ) -> FederatedDataset:
     """Builds a :class:`FederatedDataset` from partition output.
 
@@ -405,18 +409,32 @@ def assemble(
     num_silos = check_int("num_silos", num_silos, 1)
     silo = _ids("silo", silo)
     if silo.max() >= num_silos:
-        raise ValueError(f"Expected silo ids in [0, {num_silos - 1}], got {int(silo.max())}.")
+        raise InvalidValueError(
+            f"Expected silo ids in [0, {num_silos - 1}], got {int(silo.max())}."
+        )
+    if silo_names is not None and len(silo_names) != num_silos:
+        raise InvalidValueError(
+            f"Expected {num_silos} silo_names (one per silo), got {len(silo_names)}."
+        )
     counts = np.bincount(silo, minlength=num_silos)
     empty = np.flatnonzero(counts == 0)
     if len(empty):
         if not drop_empty_silos:
-            raise ValueError(
+            named = [int(s) for s in empty[:10]]
+            which = (
+                ", ".join(f"{s} ({silo_names[s]!r})" for s in named)
+                if silo_names is not None
+                else str(named)
+            )
+            raise InvalidValueError(
                 f"The allocation left {len(empty)} of {num_silos} silo(s) empty (silo ids: "
-                f"{empty[:10].tolist()}); use fewer silos, more records or another allocation."
+                f"{which}); use fewer silos, more records or another allocation."
             )
         remap = np.cumsum(counts > 0) - 1
         silo = remap[silo]
         num_silos -= len(empty)
+        if silo_names is not None:
+            silo_names = [silo_names[int(s)] for s in np.flatnonzero(counts > 0)]
     return FederatedDataset(
         x=x,
         y=y,
@@ -426,6 +444,7 @@ def assemble(
         num_silos=num_silos,
         subject_names=list(subject_names) if subject_names is not None else None,
         dropped_records=dropped_records,
+        silo_names=list(silo_names) if silo_names is not None else None,
     )
 
 
@@ -444,7 +463,7 @@ def first_subjects(dataset: FederatedDataset, n: int) -> FederatedDataset:
     n = check_int("n", n, 1)
     keep = np.flatnonzero(dataset.subject < n)
     if len(keep) == 0:
-        raise ValueError(f"No records belong to the first n={n} subjects.")
+        raise InvalidValueError(f"No records belong to the first n={n} subjects.")
     subject, names = _densify(dataset.subject[keep], dataset.subject_names)
     return assemble(
         dataset.x[keep],
@@ -455,4 +474,5 @@ def first_subjects(dataset: FederatedDataset, n: int) -> FederatedDataset:
         num_silos=dataset.num_silos,
         subject_names=names,
         dropped_records=dataset.dropped_records,
+        silo_names=dataset.silo_names,
     )

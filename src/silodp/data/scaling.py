@@ -29,6 +29,7 @@ from dp_accounting import dp_event
 
 from silodp._validation import check_int, check_positive
 from silodp.data.dataset import FederatedData, FederatedDataset, TestSplit
+from silodp.errors import InvalidValueError
 from silodp.privacy.noise import gaussian_mechanism
 from silodp.privacy.randomness import Coins
 
@@ -117,12 +118,14 @@ def check_bounds(name: str, value: Any) -> tuple[float, float] | tuple[tuple[flo
     ):
         pairs, single = list(value), False
     else:
-        raise ValueError(f"Expected {name}={value!r} to be {expected}.")
+        raise InvalidValueError(f"Expected {name}={value!r} to be {expected}.")
     out = []
     for i, (lo, hi) in enumerate(pairs):
         if not float(lo) < float(hi):
             where = "" if single else f" (pair {i})"
-            raise ValueError(f"Expected {name}={value!r} to have lo < hi{where}; got [{lo}, {hi}].")
+            raise InvalidValueError(
+                f"Expected {name}={value!r} to have lo < hi{where}; got [{lo}, {hi}]."
+            )
         out.append((float(lo), float(hi)))
     return out[0] if single else tuple(out)
 
@@ -140,7 +143,7 @@ def check_per_feature(
         or not all(_finite_number(v) for v in items)
         or (positive and not all(float(v) > 0 for v in items))
     ):
-        raise ValueError(
+        raise InvalidValueError(
             f"Expected {name}={value!r} to be a {kind} number or one {kind} number per feature "
             "column."
         )
@@ -148,8 +151,8 @@ def check_per_feature(
     return floats[0] if _finite_number(value) else floats
 
 
-def _feature_count_error(name: str, value: Any, count: int, num_features: int) -> ValueError:
-    return ValueError(
+def _feature_count_error(name: str, value: Any, count: int, num_features: int) -> InvalidValueError:
+    return InvalidValueError(
         f"Expected {name}={value!r} to give one value for all features or exactly "
         f"{num_features} (one per feature column), got {count}."
     )
@@ -160,7 +163,9 @@ def resolve_bounds(bounds: Any, num_features: int) -> tuple[np.ndarray, np.ndarr
     (``[lo, hi]`` or one pair per feature; see :func:`check_bounds`)."""
     d = check_int("num_features", num_features, 1)
     if bounds is None:
-        raise ValueError("Expected feature_bounds=[lo, hi] or one pair per feature, got None.")
+        raise InvalidValueError(
+            "Expected feature_bounds=[lo, hi] or one pair per feature, got None."
+        )
     checked = check_bounds("feature_bounds", bounds)
     pairs = np.asarray(checked, dtype=np.float64).reshape(-1, 2)
     if len(pairs) == 1:
@@ -187,7 +192,7 @@ def resolve_per_feature(
 def _features_2d(x: np.ndarray, where: str) -> np.ndarray:
     x = np.asarray(x)
     if x.ndim != 2 or x.dtype.kind != "f":
-        raise ValueError(
+        raise InvalidValueError(
             f"Expected float features of shape (records, features) in {where}, got dtype "
             f"{x.dtype} and shape {x.shape}; feature scaling is for tables."
         )
@@ -226,11 +231,11 @@ class FeatureStats:
 
     def __post_init__(self) -> None:
         if self.kind not in SCALINGS[1:]:
-            raise ValueError(f"Expected kind={self.kind!r} to be one of {SCALINGS[1:]}.")
+            raise InvalidValueError(f"Expected kind={self.kind!r} to be one of {SCALINGS[1:]}.")
         mean = np.asarray(self.mean, dtype=np.float64).reshape(-1)
         std = np.asarray(self.std, dtype=np.float64).reshape(-1)
         if mean.shape != std.shape or not (np.all(np.isfinite(mean)) and np.all(std > 0)):
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected finite mean and positive std of equal length, got {mean} and {std}."
             )
         object.__setattr__(self, "mean", mean)
@@ -268,7 +273,7 @@ class FeatureStats:
         """``(clip(x, lo, hi) - mean) / std`` as float32 (no clipping without bounds)."""
         x = _features_2d(x, "FeatureStats.transform")
         if x.shape[1] != self.num_features:
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected {self.num_features} feature columns (as the scaling was built for), "
                 f"got {x.shape[1]}."
             )
@@ -280,7 +285,7 @@ class FeatureStats:
     def apply(self, data: FederatedData) -> FederatedData:
         """``data`` with the transform applied to training and test features alike."""
         if data.scaling != "none":
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected unscaled data, got data already scaled by {data.scaling!r}."
             )
         test = data.test
@@ -368,16 +373,16 @@ def dp_feature_stats(
       variance_floor: smallest variance on the [-1, 1] scale (:data:`VARIANCE_FLOOR`).
     """
     if not isinstance(train, FederatedDataset):
-        raise ValueError(f"Expected a FederatedDataset, got {type(train).__name__}.")
+        raise InvalidValueError(f"Expected a FederatedDataset, got {type(train).__name__}.")
     if bounds is None:
-        raise ValueError(
+        raise InvalidValueError(
             "dp_feature_stats needs public feature_bounds ([lo, hi] or one pair per feature) "
             "to clip the features; got feature_bounds=None."
         )
     sigma = check_positive("noise_multiplier", noise_multiplier)
     floor = check_positive("variance_floor", variance_floor)
     if not isinstance(coins, Coins):
-        raise ValueError(f"Expected coins to be a Coins, got {type(coins).__name__}.")
+        raise InvalidValueError(f"Expected coins to be a Coins, got {type(coins).__name__}.")
     sums = silo_moment_sums(train, bounds=bounds)
     d = sums.shape[1] // 2
     lo, hi = resolve_bounds(bounds, d)
@@ -431,7 +436,7 @@ def scale_warning(
     """
     scales = feature_scales(x)
     if len(names) != len(scales):
-        raise ValueError(f"Expected {len(scales)} feature names, got {len(names)}.")
+        raise InvalidValueError(f"Expected {len(scales)} feature names, got {len(names)}.")
     used = np.flatnonzero(scales > 0)
     if len(used) < 2:
         return None

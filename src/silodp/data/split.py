@@ -11,6 +11,7 @@ import numpy as np
 from silodp._validation import check_in_range
 from silodp.data.config import DataConfig
 from silodp.data.dataset import SplitSummary, TestSplit
+from silodp.errors import InvalidValueError
 
 __all__ = ["stratified_split", "subject_split"]
 
@@ -25,6 +26,7 @@ class _Raw:
     subject_names: list[str] | None = None
     silo: np.ndarray | None = None
     num_table_silos: int = 0
+    silo_names: list[str] | None = None  # a table's silo ids, one per dense silo id
     feature_names: tuple[str, ...] = ()
     split: SplitSummary | None = None
     test_subject_names: frozenset[str] | None = None  # to count subjects on both sides
@@ -62,8 +64,10 @@ def stratified_split(
         test_parts.append(idx[:take])
     test = np.sort(np.concatenate(test_parts))
     if len(test) == 0:
-        raise ValueError(
-            f"test_fraction={test_fraction} leaves no test records among {len(y)} records."
+        raise InvalidValueError(
+            f"test_fraction={test_fraction} leaves no test records among {len(y)} records "
+            "(each label sends round(test_fraction x its records) to the test side and keeps "
+            "at least one for training); raise test_fraction or give more records."
         )
     train = np.setdiff1d(np.arange(len(y)), test)
     return train, test
@@ -82,7 +86,7 @@ def subject_split(
     subject = np.asarray(subject)
     ids = np.unique(subject)
     if len(ids) < 2:
-        raise ValueError(
+        raise InvalidValueError(
             f"test_split='subject' needs at least 2 subjects to hold some out, got {len(ids)}."
         )
     take = min(max(int(round(test_fraction * len(ids))), 1), len(ids) - 1)
@@ -95,7 +99,7 @@ def _split(raw: _Raw, cfg: DataConfig, rng: np.random.Generator) -> _Raw:
     """Holds out ``test_fraction`` of ``raw`` by record or by subject (``cfg.test_split``)."""
     if cfg.test_split == "subject":
         if raw.subject is None:  # pragma: no cover - excluded by DataConfig validation
-            raise ValueError("test_split='subject' needs subjects before the split.")
+            raise InvalidValueError("test_split='subject' needs subjects before the split.")
         train, test = subject_split(raw.subject, test_fraction=cfg.test_fraction, rng=rng)
     else:
         train, test = stratified_split(raw.y, test_fraction=cfg.test_fraction, rng=rng)
