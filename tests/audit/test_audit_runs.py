@@ -204,5 +204,5 @@ def test_cli_audit_writes_reports_and_refuses_bad_input(tmp_path: Path) -> None:
     assert report["canaries"] == 60 and report["confidence"] == pytest.approx(0.95)
     assert 0 <= report["lower_bound"] <= report["claimed_epsilon"]
     written = json.loads((out / "local_item_dp" / "audit.json").read_text())
-    assert len(written["scores"]) == 60 and sum(written["included"]) == report["included"]
+    assert len(written["scores"]) == 60 and sum(written["inclusion"]) == report["included"]
     assert (out / "local_item_dp" / "ledger.sqlite").is_file()

@@ -243,7 +243,7 @@ def audit_algorithm(
     }
     write_json(
         run_dir / "audit.json",
-        {**report, "scores": scores.tolist(), "included": included.tolist()},
+        {**report, "scores": scores.tolist(), "inclusion": included.tolist()},
     )
     plot_audit(fpr, tpr, report, run_dir / "audit_roc.png")
     return report
