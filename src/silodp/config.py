@@ -48,6 +48,12 @@ __all__ = [
 ]
 
 
+#: the most rounds a schedule may ask for (the accountant composes every one of them)
+MAX_ROUNDS = 10**6
+#: the largest seed (what a TOML integer holds)
+MAX_SEED = 2**63 - 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     name: str = "mlp"
@@ -71,10 +77,10 @@ class TrainingConfig:
     eval_every: int = 1
 
     def __post_init__(self) -> None:
-        check_int("training.rounds", self.rounds, 1)
+        check_int("training.rounds", self.rounds, 1, MAX_ROUNDS)
         if self.silos_per_round is not None:
             check_int("training.silos_per_round", self.silos_per_round, 1)
-        check_int("training.seed", self.seed, 0)
+        check_int("training.seed", self.seed, 0, MAX_SEED)
         check_int("training.eval_every", self.eval_every, 1)
 
 
@@ -134,7 +140,9 @@ class PrivacyConfig:
             check_positive("privacy.epsilon", self.epsilon)
         check_in_range("privacy.delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
         if self.noise_multiplier is not None:
-            check_in_range("privacy.noise_multiplier", self.noise_multiplier, 0.0, math.inf)
+            check_in_range(
+                "privacy.noise_multiplier", self.noise_multiplier, 0.0, math.inf, hi_open=True
+            )
         if self.epsilon is None and self.noise_multiplier is None:
             raise ConfigError("Expected privacy.epsilon or privacy.noise_multiplier, got neither.")
         if self.span is not None:
@@ -143,6 +151,8 @@ class PrivacyConfig:
             check_choice("privacy.group_size", self.group_size, ("max", "median"))
         elif self.group_size is not None:
             check_int("privacy.group_size", self.group_size, 1)
+        if self.ledger is not None and (not isinstance(self.ledger, str) or not self.ledger):
+            raise ConfigError(f"Expected privacy.ledger={self.ledger!r} to be a file path.")
 
 
 @dataclass(frozen=True)
@@ -401,6 +411,21 @@ def _build(cls: type, table: Any, section: str) -> Any:
         raise ConfigError(f"Bad value in [{section}]: {err}") from err
 
 
+def _check_integers(value: Any, where: str) -> None:
+    """Refuses an integer a TOML file cannot hold (beyond 64 bits), naming its key."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_integers(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _check_integers(item, where)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SEED:
+        raise ConfigError(
+            f"Expected {where} within the 64-bit integers TOML holds, got a "
+            f"{value.bit_length()}-bit integer."
+        )
+
+
 def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
     """Builds an :class:`ExperimentConfig` from a parsed TOML mapping.
 
@@ -409,22 +434,33 @@ def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
         names the key as written in the file and the value).
     """
     top = {"name", "algorithms", "data", "model", "training", "privacy", "algorithm", "sweep"}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"Expected a config table, got {type(raw).__name__}.")
     unknown = set(raw) - top
     if unknown:
         raise ConfigError(f"Unknown top-level key(s) {sorted(unknown)}; expected {sorted(top)}.")
+    _check_integers(raw, "")
     algorithms = raw.get("algorithms", ["fedavg"])
     if isinstance(algorithms, str):
         algorithms = [algorithms]
-    if not isinstance(algorithms, list):
+    if not isinstance(algorithms, list) or not all(isinstance(a, str) for a in algorithms):
         raise ConfigError(f"Expected `algorithms` to be a list of names, got {algorithms!r}.")
+    name = raw.get("name", "experiment")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"Expected `name` to be a non-empty string, got {name!r}.")
     overrides = raw.get("algorithm", {})
     if not isinstance(overrides, Mapping):
-        raise ConfigError("Expected [algorithm.NAME] tables.")
+        raise ConfigError(f"Expected [algorithm.NAME] tables, got algorithm = {overrides!r:.80}.")
+    for key, table in overrides.items():
+        if not isinstance(table, Mapping):
+            raise ConfigError(
+                f"Expected [algorithm.{key}] to be a table of keys, got {table!r:.80}."
+            )
     try:
         training, training_hyper = _split_table(raw.get("training", {}), "training")
         privacy, privacy_hyper = _split_table(raw.get("privacy", {}), "privacy")
         return ExperimentConfig(
-            name=str(raw.get("name", "experiment")),
+            name=name,
             algorithms=tuple(algorithms),
             data=_build(DataConfig, raw.get("data", {}), "data"),
             model=_build(ModelConfig, raw.get("model", {}), "model"),
@@ -436,7 +472,7 @@ def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
         )
     except ConfigError:
         raise
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, OverflowError) as err:
         raise ConfigError(str(err)) from err
 
 
@@ -446,10 +482,28 @@ def load_config(path: str | Path) -> ExperimentConfig:
     if not path.is_file():
         raise ConfigError(f"Expected a config file at {str(path)!r}; it does not exist.")
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"Config {str(path)!r} is not valid TOML: {err}") from err
-    return parse_config(raw)
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"Config {str(path)!r} is not UTF-8 text: {err}") from err
+    config = parse_config(raw)
+    _check_data_paths(config.data, path)
+    return config
+
+
+def _check_data_paths(data: DataConfig, config_path: Path) -> None:
+    """Refuses a ``[data]`` path or test_path that does not exist (relative paths are read
+    from the working directory), before any run starts."""
+    for key in ("path", "test_path"):
+        value = getattr(data, key)
+        if value is None or Path(value).exists():
+            continue
+        where = "" if Path(value).is_absolute() else f" (relative to {str(Path.cwd())!r})"
+        raise ConfigError(
+            f"Expected data.{key}={value!r} in {str(config_path)!r} to be an existing file or "
+            f"directory; it does not exist{where}."
+        )
 
 
 def default_config_path() -> Path:
