@@ -1,0 +1,152 @@
+"""Calibration answers in a bounded number of accountant evaluations, whatever the target.
+
+Evaluations are counted (never timed): each call of ``account_events`` inside
+:func:`~silodp.accounting.calibrate.calibrate_noise` builds one accountant and composes the
+plan once, which is what costs time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from silodp.accounting import calibrate as calibrate_mod
+from silodp.accounting.calibrate import (
+    MAX_EVALUATIONS,
+    MAX_TARGET_EPSILON,
+    MIN_NOISE_MULTIPLIER,
+    REPORT_CHECKS,
+    find_sigma,
+)
+from silodp.accounting.conversions import gdp_epsilon
+from silodp.cli.account import account_report
+from silodp.errors import CalibrationError, SilodpError
+
+#: what calibrate_noise may ever spend: two searches and the report-stage confirmations
+HARD_BOUND = 2 * MAX_EVALUATIONS + REPORT_CHECKS
+#: what it spends in practice (10-17 measured on these plans); far below the hard bound, so a
+#: regression to a long search fails here before it reaches the hard bound
+TYPICAL_BOUND = 30
+
+
+@pytest.fixture
+def evaluations(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """ε of every accountant evaluation calibration makes, in order."""
+    seen: list[float] = []
+    original = calibrate_mod.account_events
+
+    def counted(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append(min(e.epsilon for e in out[-1].values()))
+        return out
+
+    monkeypatch.setattr(calibrate_mod, "account_events", counted)
+    return seen
+
+
+PLAN = {"sample_rate": 0.05, "steps": 10, "rounds": 3, "silos": 2}
+
+
+@pytest.mark.parametrize("target", [1e6, 1e3, math.inf, float("nan"), 0.0, -1.0])
+def test_absurd_target_fails_before_any_accounting(evaluations, target) -> None:
+    with pytest.raises(CalibrationError, match=r"target_epsilon=.* to be in \(0, 100\]") as err:
+        account_report("local_item_dp", target_epsilon=target, **PLAN)
+    assert repr(target) in str(err.value)
+    if target > MAX_TARGET_EPSILON:
+        assert "no meaningful privacy" in str(err.value)
+    assert evaluations == []
+
+
+def test_cli_names_the_absurd_target_and_the_range() -> None:
+    from silodp.cli import app
+
+    result = CliRunner().invoke(
+        app, ["account", "--algorithm", "local_item_dp", "--target-epsilon", "1e6"]
+    )
+    assert result.exit_code == 2
+    assert "target_epsilon=1000000.0" in result.output
+    assert "(0, 100]" in result.output
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "target", "kwargs"),
+    [
+        ("user_ldp", 1e-9, {"steps": 100, "rounds": 100}),
+        ("local_group_dp", 1e-6, {**PLAN, "settings": {"group_size": 4}}),
+        ("uldp_avg", 1e-7, {"sample_rate": 0.5, "rounds": 20, "silos": 3}),
+    ],
+)
+def test_hopeless_target_fails_fast(evaluations, algorithm, target, kwargs) -> None:
+    """σ would have to exceed 10^4: the bracketing search jumps at least 2x (up to 64x) from
+    σ = 1, so it gives up after about ten fast-route evaluations."""
+    with pytest.raises(CalibrationError, match="unreachable") as err:
+        account_report(algorithm, target_epsilon=target, **kwargs)
+    assert f"target_epsilon={target!r}" in str(err.value)
+    assert 1 <= len(evaluations) <= 15
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "target", "kwargs"),
+    [
+        ("local_item_dp", MAX_TARGET_EPSILON, PLAN),  # the largest accepted target: small σ
+        ("local_item_dp", 0.05, PLAN),  # large σ
+        ("local_group_dp", 20.0, {**PLAN, "settings": {"group_size": 3}}),
+        ("higradavg_dp", 3.0, {**PLAN, "settings": {"group_size": 3}}),
+        ("prifedsync", 2.0, {"sample_rate": 0.05, "steps": 10, "rounds": 5, "silos": 4}),
+    ],
+)
+def test_reachable_target_in_few_evaluations(evaluations, algorithm, target, kwargs) -> None:
+    report = account_report(algorithm, target_epsilon=target, **kwargs)
+    assert len(evaluations) <= TYPICAL_BOUND <= HARD_BOUND
+    unit = {"local_item_dp": "record", "prifedsync": "record"}.get(algorithm, "subject")
+    assert report["epsilon"][unit] <= target
+
+
+# --- the root finder alone ------------------------------------------------------------------
+
+
+def _counting(fn):
+    calls: list[float] = []
+
+    def wrapped(sigma: float) -> float:
+        calls.append(sigma)
+        return fn(sigma)
+
+    return wrapped, calls
+
+
+def test_find_sigma_never_goes_below_the_minimum_noise() -> None:
+    """ε that meets the target at every σ (e.g. ε ≡ 0): refused at σ_min, not searched to 0."""
+    for fn in (lambda s: 0.0, lambda s: 1e-6 / s):
+        wrapped, calls = _counting(fn)
+        with pytest.raises(CalibrationError, match="too large to calibrate"):
+            find_sigma(wrapped, 1.0)
+        assert min(calls) >= MIN_NOISE_MULTIPLIER
+        assert len(calls) <= 15
+
+
+def test_find_sigma_with_an_upper_end_steps_down_geometrically() -> None:
+    """A looser route's σ far above the root (1000x): the search steps down by the ε ∝ 1/σ
+    factor instead of halving towards 0."""
+    wrapped, calls = _counting(lambda s: gdp_epsilon(math.sqrt(10) / s, 1e-5))
+    sigma = find_sigma(wrapped, 2.0, hi=4000.0)
+    exact = find_sigma(lambda s: gdp_epsilon(math.sqrt(10) / s, 1e-5), 2.0, rel_tol=1e-9)
+    assert exact <= sigma <= exact * 1.01
+    assert len(calls) <= 15
+
+
+def test_find_sigma_stops_after_max_evaluations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap holds whatever ε does: with a cap of 5, a search needing more raises after
+    exactly 5 evaluations."""
+    monkeypatch.setattr(calibrate_mod, "MAX_EVALUATIONS", 5)
+    wrapped, calls = _counting(lambda s: gdp_epsilon(math.sqrt(10) / s, 1e-5))
+    with pytest.raises(CalibrationError, match="within 5 evaluations"):
+        find_sigma(wrapped, 2.0, rel_tol=1e-9)
+    assert len(calls) == 5
+
+
+def test_find_sigma_refuses_tolerances_below_float_resolution() -> None:
+    with pytest.raises(SilodpError, match="rel_tol"):
+        find_sigma(lambda s: 1.0 / s, 0.5, rel_tol=1e-16)
