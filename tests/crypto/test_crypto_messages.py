@@ -18,6 +18,7 @@ from silodp.crypto.errors import (
     StageError,
 )
 from silodp.crypto.messages import (
+    MAX_MODULUS_BITS,
     EncryptedWeights,
     KeyDirectory,
     KeyShare,
@@ -265,3 +266,29 @@ def test_random_small_federations(data) -> None:
     out = session.run_round(deltas).aggregate
     ref = plaintext_weighted_sum(deltas, hist)
     np.testing.assert_allclose(out, ref, rtol=0, atol=6 * 0.5e-10 + 1e-15)
+
+
+def test_messages_bound_their_sizes_before_anything_is_computed() -> None:
+    sid = bytes(16)
+    huge = 2 ** (2 * MAX_MODULUS_BITS)  # one bit too many for a ciphertext mod n^2
+    with pytest.raises(MalformedMessageError, match=r"ciphertexts\[1\] .* got a 32769-bit int"):
+        MaskedWeightedSum(sid, 0, 0, 3, (1, huge))
+    with pytest.raises(MalformedMessageError, match=r"values\[0\] .* got negative"):
+        MaskedHistogram(sid, 0, (-1, 2))
+    with pytest.raises(MalformedMessageError, match=r"values\[0\] to be an int in \[0, 2\^16384\)"):
+        MaskedHistogram(sid, 0, (2**MAX_MODULUS_BITS,))
+    with pytest.raises(MalformedMessageError, match="at most 16384 bits, got a 16385-bit int"):
+        ServerHello(sid, 2**MAX_MODULUS_BITS + 1)
+    with pytest.raises(MalformedMessageError, match="silo 1 has two"):
+        KeyDirectory(sid, ((1, bytes(32)), (1, bytes(32))))
+    with pytest.raises(MalformedMessageError, match="signature to be 64 bytes, got 3 bytes"):
+        KeyShare(sid, 0, bytes(32), b"abc")
+    with pytest.raises(MalformedMessageError, match="ciphertext to be 16 to 4096 bytes"):
+        SealedSeed(sid, 0, 1, bytes(12), b"")
+    with pytest.raises(MalformedMessageError, match="dim <= 2147483648"):
+        MaskedWeightedSum(sid, 0, 0, 2**31 + 1, (1,))
+    with pytest.raises(MalformedMessageError, match="round_index=<a 200-bit int>"):
+        EncryptedWeights(sid, 2**199, 1, (1,))
+    with pytest.raises(MalformedMessageError, match="session id"):
+        KeyShare(bytearray(16), 0, bytes(32))  # type: ignore[arg-type]
+    assert KeyShare(sid, 0, bytes(32), bytes(64)).signature == bytes(64)

@@ -37,6 +37,8 @@ TRAIN = "train"
 KINDS = (HELLO, SETUP, DIRECTORY, SEED, WEIGHTING, TRAIN)
 #: the key of a masked message (uint64, the secure sum's input) in an update's ``params``
 MASKED = "__masked__"
+#: the largest record or subject count a reply may state
+MAX_COUNT = 2**62
 
 
 class MalformedReplyError(InvalidValueError):
@@ -53,6 +55,17 @@ def update_to_wire(update: SiloUpdate) -> dict[str, Any]:
         "subjects_per_batch": update.subjects_per_batch,
         "payload": update.payload,
     }
+
+
+def _show(value: Any) -> str:
+    """A short repr of a value from a reply (never failing on a huge int)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"<a {value.bit_length()}-bit int>"
+    try:
+        text = repr(value)
+    except ValueError:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _fail(silo: int, what: str) -> MalformedReplyError:
@@ -89,9 +102,9 @@ def _check_params(silo: int, params: Any, like: Params, masked_size: int | None)
 
 def _check_counts(silo: int, name: str, values: Any) -> list[int]:
     if not isinstance(values, list) or any(
-        isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values
+        isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT for v in values
     ):
-        raise _fail(silo, f"expected {name} as a list of counts >= 0")
+        raise _fail(silo, f"expected {name} as a list of counts in [0, 2^62]")
     return values
 
 
@@ -120,11 +133,12 @@ def update_from_wire(
     keys = ("silo", "params", "num_records", "privacy", "group_sizes", "subjects_per_batch")
     if not isinstance(body, dict) or any(k not in body for k in keys):
         raise _fail(silo, f"expected an update with {list(keys)}")
-    if body["silo"] != silo:
-        raise _fail(silo, f"it answers as silo {body['silo']!r}")
+    answers = body["silo"]
+    if isinstance(answers, bool) or not isinstance(answers, int) or answers != silo:
+        raise _fail(silo, f"it answers as silo {_show(answers)}")
     n = body["num_records"]
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise _fail(silo, f"num_records={n!r}, expected an int >= 1")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_COUNT:
+        raise _fail(silo, f"num_records={_show(n)}, expected an int in [1, 2^62]")
     privacy = body["privacy"]
     if privacy is not None and not isinstance(privacy, SiloPrivacy):
         raise _fail(silo, "its events are not a SiloPrivacy")
@@ -132,7 +146,7 @@ def update_from_wire(
     if isinstance(payload, float) and not math.isfinite(payload):
         raise _fail(silo, "its payload holds NaN or inf")
     if encrypted:
-        if body["params"] != {}:
+        if not isinstance(body["params"], dict) or body["params"]:
             raise _fail(silo, "expected no parameters beside the encrypted weighted sum")
         if not isinstance(payload, MaskedWeightedSum) or payload.sender != silo:
             raise _fail(silo, "expected its masked weighted sum as the payload")
