@@ -705,10 +705,10 @@ def _id_column(
         for j, name in enumerate(names):
             if not name.strip() or name != name.strip():
                 first = int(np.flatnonzero(inverse == j)[0])
-                what = "blank" if not name.strip() else "with spaces around it"
+                what = "a blank id" if not name.strip() else "an id with spaces around it"
                 raise InvalidValueError(
-                    f"Expected ids without surrounding spaces in column {column!r} of "
-                    f"{str(path)!r}; got {what} id {name!r} in {_row(first)}."
+                    f"Expected non-blank ids without surrounding spaces in column {column!r} "
+                    f"of {str(path)!r}; got {what}, {name!r}, in {_row(first)}."
                 )
         numeric = all(_INTEGER.fullmatch(n) for n in names)
         keys: list[Any] = [(int(n), n) for n in names] if numeric else names
