@@ -269,3 +269,15 @@ def test_synthetic_is_seeded_and_learnable() -> None:
     assert (pred == y[300:]).mean() > 0.8
     with pytest.raises(ValueError, match="num_classes=1"):
         make_synthetic(num_records=5, num_features=2, num_classes=1, rng=np.random.default_rng())
+
+
+def test_feature_columns_of_dates_or_text_numbers_are_named(tmp_path: Path) -> None:
+    frame = pd.DataFrame(
+        {"d": pd.to_datetime(["2020-01-01", "2020-01-02"]), "t": ["1", "2"], "label": [0, 1]}
+    )
+    path = tmp_path / "t.parquet"
+    frame.to_parquet(path)
+    with pytest.raises(ValueError, match=r"column 'd' holds values of dtype datetime64"):
+        load_table(path, feature_columns=["d"], label_column="label")
+    with pytest.raises(ValueError, match=r"column 't' is not numeric \(it holds numbers stored"):
+        load_table(path, feature_columns=["t"], label_column="label")

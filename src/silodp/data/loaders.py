@@ -591,6 +591,11 @@ def _feature_matrix(frame: Any, path: Path, features: list[str]) -> np.ndarray:
     for c in features:
         if frame[c].dtype.kind in "biuf":
             continue
+        if frame[c].dtype.kind not in "OSU":  # dates, durations, complex numbers
+            raise InvalidValueError(
+                f"Expected numeric feature columns in {str(path)!r}; column {c!r} holds "
+                f"values of dtype {frame[c].dtype}."
+            )
         values = frame[c].to_numpy()
         numbers = pd.to_numeric(frame[c], errors="coerce").to_numpy()
         text = np.flatnonzero(np.isnan(numbers.astype(np.float64)))
