@@ -1,4 +1,5 @@
-"""Atomic result files: a reader never sees a half-written file."""
+"""Atomic result files (a reader never sees a half-written file), and the check that a results
+directory can be written before anything slow starts."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write", "write_json", "write_jsonl", "write_text"]
+from silodp.errors import InvalidValueError
+
+__all__ = ["atomic_write", "check_writable_dir", "write_json", "write_jsonl", "write_text"]
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
@@ -40,3 +43,47 @@ def write_json(path: str | Path, obj: Any) -> Path:
 
 def write_jsonl(path: str | Path, rows: Iterable[Any]) -> Path:
     return write_text(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
+
+
+def _nearest_existing(path: Path) -> Path:
+    for candidate in (path, *path.parents):
+        if os.path.lexists(candidate):
+            return candidate
+    return Path(".")  # pragma: no cover - a relative path's parents end at "."
+
+
+def check_writable_dir(path: str | Path, *, name: str = "out_dir") -> Path:
+    """Checks that ``path`` is a directory silodp can write in, or one it can create: the
+    path itself, or else its nearest existing ancestor, is a directory in which a file can be
+    made. Nothing is left behind (the probe file is removed; no directory is created).
+
+    Raises:
+      InvalidValueError: ``path`` (or a part of it) is a file, a broken link, or in a
+        directory where files cannot be made (no permission, a read-only file system).
+    """
+    path = Path(path)
+    shown = f"{name} {str(path)!r}"
+    existing = _nearest_existing(path.absolute())
+    if not existing.exists():
+        raise InvalidValueError(
+            f"Expected {shown} to be a directory; {str(existing)!r} is a broken symbolic link."
+        )
+    if not existing.is_dir():
+        what = "a regular file" if existing.is_file() else "not a directory"
+        if existing == path.absolute():
+            raise InvalidValueError(f"Expected {shown} to be a directory; it is {what}.")
+        raise InvalidValueError(
+            f"Expected {shown} to be a directory path; {str(existing)!r} is {what}, so no "
+            "directory can be made under it."
+        )
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".silodp-write-check-")
+    except OSError as err:
+        where = "it" if existing == path.absolute() else f"{str(existing)!r}"
+        raise InvalidValueError(
+            f"Expected {shown} to be a writable directory; cannot create files in {where}: "
+            f"{err.strerror or err}."
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+    return path

@@ -7,7 +7,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,16 @@ from silodp.experiment.record import (
 )
 from silodp.federated import RoundResult, Simulator
 from silodp.federated.engine import Engine
-from silodp.io import write_json, write_text
+from silodp.io import check_writable_dir, write_json, write_text
 from silodp.models import build_model
 
-__all__ = ["ProgressFactory", "resume_experiment", "run_experiment", "train_run"]
+__all__ = [
+    "ProgressFactory",
+    "kept_runs",
+    "resume_experiment",
+    "run_experiment",
+    "train_run",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -273,12 +279,14 @@ def run_experiment(
 
     Raises:
       OutputExistsError: results exist in ``out_dir`` and ``overwrite`` is false.
+      InvalidValueError: ``out_dir`` cannot be created or written (found before the data is
+        loaded).
       SilodpError: bad data, a schedule or target the algorithm cannot meet (found before
         anything trains).
     """
     from silodp.experiment.sweep import run_sweep
 
-    out = Path(out_dir)
+    out = check_writable_dir(out_dir, name="out_dir")
     if resume and config.data.scaling == "dp":
         raise InvalidValueError(
             "Expected [data] scaling other than 'dp' to resume: the DP feature statistics are "
@@ -364,6 +372,12 @@ def resume_experiment(
         changed.
     """
     out = Path(out_dir)
+    if not out.is_dir():
+        raise InvalidValueError(
+            f"Expected {str(out)!r} to be the results directory of an experiment to resume; "
+            + ("it is not a directory." if out.exists() else "it does not exist.")
+        )
+    check_writable_dir(out, name="the results directory")
     path = out / EXPERIMENT_FILE
     summary_path = out / "summary.json"
     if summary_path.is_file():
@@ -385,4 +399,62 @@ def resume_experiment(
         log=log,
         resume=True,
         engine_factory=engine_factory,
+    )
+
+
+def _checkpointed_round(run_dir: Path) -> int:
+    """The last round in the run's checkpoint (0: none)."""
+    from silodp.experiment.checkpoint import CHECKPOINT
+
+    path = run_dir / CHECKPOINT
+    if not path.is_file():
+        return 0
+    import torch
+
+    try:
+        state = torch.load(path, weights_only=False, map_location="cpu")
+    except Exception:  # an unreadable checkpoint keeps nothing
+        return 0
+    return int(state.get("round", 0))
+
+
+def kept_runs(out_dir: str | Path, names: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """What an interrupted experiment in ``out_dir`` kept, per run: its name, ``status``
+    (``complete``, ``budget_exhausted``, ``interrupted`` or ``not started``), the rounds it
+    kept (completed, or checkpointed for a run that continues on ``--resume``) and the rounds
+    planned. ``names``: the runs the experiment listed, reported as not started if they have
+    no directory yet."""
+    out = Path(out_dir)
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(out.rglob("summary.json")):
+        run_dir = path.parent
+        if run_dir == out or PRIVATE_DIR in run_dir.relative_to(out).parts:
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        status = data.get("status", "interrupted")
+        if status == "running":
+            status = "interrupted"
+        done = status in ("complete", "budget_exhausted")
+        found[str(run_dir.relative_to(out))] = {
+            "run": str(run_dir.relative_to(out)),
+            "status": status,
+            "rounds_kept": int(data.get("rounds_completed", 0))
+            if done
+            else _checkpointed_round(run_dir),
+            "rounds_planned": data.get("rounds_planned"),
+        }
+    for name in names:
+        if name not in found and not any(key.startswith(f"{name}/") for key in found):
+            found[name] = {
+                "run": name,
+                "status": "not started",
+                "rounds_kept": 0,
+                "rounds_planned": None,
+            }
+    order = {name: i for i, name in enumerate(names)}
+    return sorted(
+        found.values(), key=lambda r: (order.get(r["run"].split("/")[0], len(order)), r["run"])
     )
