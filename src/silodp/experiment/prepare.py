@@ -111,6 +111,14 @@ def _bound_data(
     """Applies the public span and group bounds (dropping excess records, SPEC §1)."""
     span_source = "config" if privacy.span is not None else "number of silos (worst case)"
     span = min(privacy.span or train.num_silos, train.num_silos)
+    if privacy.span is not None and privacy.span > train.num_silos:
+        logger.warning(
+            "privacy.span=%d is more than the data's %d silos: a subject spans at most every "
+            "silo, so the bound used is %d.",
+            privacy.span,
+            train.num_silos,
+            span,
+        )
     if algorithm.uses_span():
         train = cap_span(train, span=span, seed=seed)
     scope = algorithm.group_bound_scope()
@@ -158,7 +166,7 @@ def _delta_notes(
                 f"delta={delta:g} is not below 1/n = 1/{n} {unit}s: at this δ the guarantee "
                 f"allows revealing one {unit}'s data outright; use δ well below 1/{n}"
             )
-            logger.warning("%s: %s.", name, note)
+            logger.warning("%s.", note)  # the same for every algorithm: printed once
             notes.append(note)
     return notes
 
