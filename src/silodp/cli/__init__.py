@@ -1,53 +1,213 @@
 """The ``silodp`` command line: run experiments, describe data, account privacy.
 
-Every :class:`~silodp.errors.SilodpError` (and a missing file) ends a command with its message
-and exit code 2; the commands parse, call the library and print, nothing more.
+Every :class:`~silodp.errors.SilodpError` (and a path that cannot be read or written) ends a
+command with ``error: message`` and exit code 2, as does a bad option (``error: Invalid value
+for '--steps': ...``); the commands parse, call the library and print, nothing more.
+
+Importing this module (and so ``silodp --help`` and ``silodp run --help``) imports no heavy
+library: torch, the experiment, the accounting, Flower, matplotlib and pandas are imported
+inside the commands, and ``account`` and ``bench`` (whose options are generated from the
+algorithms) are loaded only when they run or their own help is asked for.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
-import logging
+import math
+import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
+import click
 import typer
-from tqdm import tqdm
+from typer.core import TyperGroup
 
-from silodp.bench.cli import bench_app
-from silodp.cli.common import BUDGET_EXIT_CODE, WHO, differing, fail, fmt
-from silodp.config import default_config_path, load_config
-from silodp.crypto.errors import ProtocolError
+from silodp.cli.common import (
+    BUDGET_EXIT_CODE,
+    INTERRUPTED_EXIT_CODE,
+    WHO,
+    check_config_file,
+    cli_messages,
+    differing,
+    fail,
+    fmt,
+    progress,
+)
 from silodp.errors import SilodpError
+from silodp.io import check_writable_dir
+
+__all__ = ["LAZY_COMMANDS", "MAX_TIMEOUT", "app", "main"]
+
+#: commands loaded only when used: name -> (module, attribute, the help line ``silodp --help``
+#: shows for it, which must be the first paragraph of the command's own help)
+LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "account": (
+        "silodp.cli.account",
+        "account",
+        "What ε does a plan spend (--noise-multiplier), or what σ reaches an ε (--target-epsilon)?",
+    ),
+    "audit": (
+        "silodp.cli.audit",
+        "audit",
+        "Audit the privacy of CONFIG's algorithms: train each with canaries, attack the "
+        "released model, and print an empirical lower bound on ε (with its confidence) beside "
+        "the claimed ε.",
+    ),
+    "bench": (
+        "silodp.bench.cli",
+        "bench_app",
+        "Benchmarks: DP step speed, ULDP per-subject training, accounting, protocols.",
+    ),
+}
+
+#: the order ``silodp --help`` lists the commands in (any other command follows)
+ORDER = ("run", "describe", "account", "audit", "ledger", "federation", "bench")
+
+#: the longest --timeout (seconds) ``silodp run`` accepts: one week
+MAX_TIMEOUT = 7 * 24 * 3600.0
+
+#: the engine that runs in this process (the others are Flower's)
+IN_PROCESS = "inprocess"
+
+
+class _Placeholder(click.Command):
+    """What ``silodp --help`` lists for a command that is not loaded yet."""
+
+
+def _load(name: str) -> click.Command:
+    module, attribute, _ = LAZY_COMMANDS[name]
+    obj = getattr(importlib.import_module(module), attribute)
+    if isinstance(obj, typer.Typer):
+        command: click.Command = typer.main.get_group(obj)
+    else:
+        single = typer.Typer()
+        single.command(name=name)(obj)
+        command = typer.main.get_command(single)
+    command.name = name
+    return command
+
+
+class _Commands(TyperGroup):
+    """The root command: loads the heavy commands on first use, and prints every usage error
+    as one ``error: ...`` line (exit code 2) instead of a panel or a traceback."""
+
+    _listing = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, (_, _, help_line) in LAZY_COMMANDS.items():
+            if name not in self.commands:
+                self.add_command(_Placeholder(name, help=help_line), name)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if isinstance(command, _Placeholder) and not self._listing:
+            command = _load(cmd_name)
+            self.commands[cmd_name] = command
+        return command
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True  # list the commands by their help lines, without loading them
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            with cli_messages():
+                return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            with cli_messages():
+                result = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as err:
+            typer.echo(err.format_message(), err=True)
+            sys.exit(err.exit_code)
+        except click.UsageError as err:
+            typer.secho(f"error: {err.format_message()}", fg=typer.colors.RED, err=True)
+            if err.ctx is not None:
+                typer.echo(f"Try '{err.ctx.command_path} --help' for help.", err=True)
+            sys.exit(err.exit_code)
+        except click.ClickException as err:
+            typer.secho(f"error: {err.format_message()}", fg=typer.colors.RED, err=True)
+            sys.exit(err.exit_code)
+        except click.Abort:
+            typer.secho("error: aborted", fg=typer.colors.RED, err=True)
+            sys.exit(INTERRUPTED_EXIT_CODE)
+        except OSError as err:  # a path the command could not read or write
+            typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+            sys.exit(2)
+        sys.exit(result if isinstance(result, int) and not isinstance(result, bool) else 0)
+
 
 app = typer.Typer(
+    cls=_Commands,
     add_completion=False,
     no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
     help="Cross-silo federated learning with differential privacy at the record, silo or "
     "subject level.",
 )
 
 
-app.add_typer(bench_app, name="bench")
+def _check_run_options(
+    config: Path | None,
+    engine: str,
+    on_failure: str,
+    timeout: float,
+    out: Path,
+    resume: Path | None,
+    ledger: Path | None,
+) -> None:
+    """Everything about ``silodp run``'s options that can be checked before anything slow
+    (importing torch, loading data, calibrating): a bad value is an error here, and nothing is
+    written."""
+    from silodp.engines import ENGINES
 
-
-def _progress(name: str, rounds: int) -> Any:
-    bar = tqdm(total=rounds, desc=f"{name:>15}", unit="round", file=sys.stderr, leave=True)
-
-    def update(row: dict[str, Any]) -> None:
-        postfix = {}
-        if row.get("test_accuracy") is not None:
-            postfix["acc"] = f"{row['test_accuracy']:.3f}"
-        for unit, value in row.get("epsilon", {}).items():
-            postfix[f"ε_{unit}"] = fmt(value)
-        postfix.update({f"ε_{unit}[{who}]": fmt(value) for who, unit, value in differing(row)})
-        bar.set_postfix(postfix)
-        bar.update(1)
-        if row["round"] == rounds:
-            bar.close()
-
-    return update
+    if engine not in ENGINES:
+        fail(f"Expected --engine to be one of {', '.join(ENGINES)}; got {engine!r}.")
+    if on_failure not in ("abort", "skip"):
+        fail(f"Expected --on-failure to be abort or skip; got {on_failure!r}.")
+    if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT):
+        fail(
+            f"Expected --timeout={timeout!r} to be a number of seconds in (0, {MAX_TIMEOUT:g}] "
+            "(at most one week)."
+        )
+    if config is not None and resume is None:
+        check_config_file(config)
+    try:
+        if resume is not None:
+            if not resume.is_dir():
+                raise SilodpError(
+                    f"Expected --resume {str(resume)!r} to be the results directory of an "
+                    "interrupted run; "
+                    + ("it is not a directory." if resume.exists() else "it does not exist.")
+                )
+            check_writable_dir(resume, name="--resume")
+        else:
+            check_writable_dir(out, name="--out")
+        if ledger is not None:
+            if ledger.is_dir():
+                raise SilodpError(
+                    f"Expected --ledger {str(ledger)!r} to be a ledger file; it is a directory."
+                )
+            check_writable_dir(ledger.parent, name="--ledger's directory")
+    except SilodpError as err:
+        fail(str(err))
 
 
 @app.command()
@@ -79,7 +239,7 @@ def run(
             "engine, one virtual SuperNode per silo) or flower-deploy (the local federation "
             "of `silodp federation up`)."
         ),
-    ] = "inprocess",
+    ] = IN_PROCESS,
     on_failure: Annotated[
         str,
         typer.Option(
@@ -88,7 +248,10 @@ def run(
         ),
     ] = "abort",
     timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for the silos' replies (Flower engines).")
+        float,
+        typer.Option(
+            help="Seconds to wait for the silos' replies (Flower engines; at most one week)."
+        ),
     ] = 600.0,
     federation: Annotated[
         Path, typer.Option(help="The directory of `silodp federation up` (flower-deploy).")
@@ -96,52 +259,123 @@ def run(
 ) -> None:
     """Run an experiment: train every listed algorithm, write metrics, summaries and plots.
 
-    Exit codes: 0 done, 2 bad input (nothing trained), 3 a privacy budget stopped a run (its
-    model and results so far are kept)."""
-    from silodp.engines import ENGINES
-    from silodp.experiment import resume_experiment, run_experiment
+    Progress goes to stderr: a bar per algorithm on a terminal, one line per round otherwise.
+    Ctrl-C stops the run, keeps every completed round and prints the command that continues
+    it. Exit codes: 0 done, 2 bad input (nothing trained), 3 a privacy budget stopped a run
+    (its model and results so far are kept), 130 interrupted."""
+    _check_run_options(config, engine, on_failure, timeout, out, resume, ledger)
+    target = resume if resume is not None else out
+    restart = ["silodp", "run", *([str(config)] if config else []), "--out", str(out)]
+    follow = [] if engine == IN_PROCESS else ["--engine", engine]
+    if engine == "flower-deploy" and federation != Path(".silodp-federation"):
+        follow += ["--federation", str(federation)]
+    try:
+        if engine != IN_PROCESS:
+            summary = _run_on_flower(
+                config, out, engine, overwrite, resume, on_failure, timeout, federation
+            )
+        else:
+            summary = _run_in_process(config, out, overwrite, quiet, resume, ledger)
+    except KeyboardInterrupt:
+        _interrupted(target, follow, restart)
+    _print_summary(summary, target)
+
+
+def _fail_on(err: BaseException) -> NoReturn:
     from silodp.ledger import BudgetExceededError
 
-    if engine not in ENGINES:
-        fail(f"Expected --engine to be one of {', '.join(ENGINES)}; got {engine!r}.")
-    if on_failure not in ("abort", "skip"):
-        fail(f"Expected --on-failure to be abort or skip; got {on_failure!r}.")
-    if engine != "inprocess":
-        _run_on_flower(config, out, engine, overwrite, resume, on_failure, timeout, federation)
-        return
+    if isinstance(err, BudgetExceededError):
+        fail(str(err), code=BUDGET_EXIT_CODE)
+    fail(str(err))
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    """What a run raises for bad input or an environment it cannot use."""
+    from silodp.crypto.errors import ProtocolError
+
+    return (SilodpError, ProtocolError, ValueError, OSError)
+
+
+def _run_in_process(
+    config: Path | None,
+    out: Path,
+    overwrite: bool,
+    quiet: bool,
+    resume: Path | None,
+    ledger: Path | None,
+) -> dict[str, Any]:
+    from silodp.config import default_config_path, load_config
+    from silodp.experiment import resume_experiment, run_experiment
+
+    errors = _errors()
+    bars = None if quiet else progress
     if resume is not None:
         try:
-            summary = resume_experiment(
-                resume, progress=None if quiet else _progress, log=typer.echo
-            )
-        except BudgetExceededError as err:
-            fail(str(err), code=BUDGET_EXIT_CODE)
-        except (SilodpError, ProtocolError, ValueError, FileNotFoundError) as err:
-            fail(str(err))
-        _print_summary(summary, resume)
-        return
+            return resume_experiment(resume, progress=bars, log=typer.echo)
+        except errors as err:
+            _fail_on(err)
     path = config or default_config_path()
     try:
         cfg = load_config(path)
         if ledger is not None:
             cfg = cfg.with_ledger(str(ledger))
-    except SilodpError as err:
+    except (SilodpError, OSError) as err:
         fail(str(err))
-    logging.basicConfig(level=logging.WARNING)
     typer.echo(f"silodp: running {cfg.name!r} ({', '.join(cfg.algorithms)}) from {path}")
     try:
-        summary = run_experiment(
-            cfg,
-            out,
-            overwrite=overwrite,
-            progress=None if quiet else _progress,
-            log=typer.echo,
+        return run_experiment(cfg, out, overwrite=overwrite, progress=bars, log=typer.echo)
+    except errors as err:
+        _fail_on(err)
+
+
+def _interrupted(out: Path, follow: list[str], restart: list[str]) -> NoReturn:
+    """After Ctrl-C: what the run kept, and the command that continues it; exit code 130."""
+    from silodp.experiment.run import EXPERIMENT_FILE, kept_runs
+
+    typer.echo("", err=True)
+    names: tuple[str, ...] = ()
+    resumable = (out / EXPERIMENT_FILE).is_file()
+    dp_scaling = False
+    if resumable:
+        try:
+            from silodp.config import load_config
+
+            started = load_config(out / EXPERIMENT_FILE)
+            names, dp_scaling = started.algorithms, started.data.scaling == "dp"
+        except (SilodpError, OSError):
+            pass
+    kept = kept_runs(out, names) if out.is_dir() else []
+    trained = [r for r in kept if r["rounds_kept"] > 0]
+    typer.echo(
+        f"interrupted: stopped by Ctrl-C; kept in {out}/ (every completed round is checkpointed):"
+        if trained
+        else f"interrupted: stopped by Ctrl-C before any round completed; nothing trained in "
+        f"{out}/",
+        err=True,
+    )
+    for item in kept:
+        planned = item["rounds_planned"]
+        of = f" of {planned}" if planned else ""
+        if item["status"] == "not started":
+            what = "not started"
+        elif item["status"] in ("complete", "budget_exhausted"):
+            what = f"{item['status'].replace('_', ' ')}, {item['rounds_kept']}{of} rounds"
+        else:
+            what = f"interrupted, {item['rounds_kept']}{of} rounds checkpointed"
+        typer.echo(f"  {item['run']}: {what}", err=True)
+    if resumable and not dp_scaling:
+        command = shlex.join(["silodp", "run", "--resume", str(out), *follow])
+        typer.echo(f"continue with: {command}", err=True)
+    else:
+        why = (
+            "[data] scaling = 'dp' draws its statistics again on every start, so this run "
+            "cannot be resumed"
+            if dp_scaling
+            else "it stopped before its runs were prepared"
         )
-    except BudgetExceededError as err:
-        fail(str(err), code=BUDGET_EXIT_CODE)
-    except (SilodpError, ProtocolError, ValueError, FileNotFoundError) as err:
-        fail(str(err))
-    _print_summary(summary, out)
+        command = shlex.join([*restart, *follow, *(["--overwrite"] if dp_scaling else [])])
+        typer.echo(f"{why}; start again with: {command}", err=True)
+    raise typer.Exit(code=INTERRUPTED_EXIT_CODE)
 
 
 def _run_on_flower(
@@ -153,23 +387,23 @@ def _run_on_flower(
     on_failure: str,
     timeout: float,
     federation: Path,
-) -> None:
+) -> dict[str, Any]:
     """``silodp run --engine flower-sim|flower-deploy``."""
+    from silodp.config import default_config_path, load_config
     from silodp.experiment.run import EXPERIMENT_FILE
-    from silodp.ledger import BudgetExceededError
 
     path = (resume / EXPERIMENT_FILE) if resume is not None else (config or default_config_path())
     out = resume if resume is not None else out
     try:
         cfg = load_config(path)
-    except SilodpError as err:
+    except (SilodpError, OSError) as err:
         fail(str(err))
     typer.echo(f"silodp: running {cfg.name!r} ({', '.join(cfg.algorithms)}) on {engine}")
     try:
         if engine == "flower-sim":
             from silodp.engines.flower.simulation import simulate
 
-            summary = simulate(
+            return simulate(
                 cfg,
                 out,
                 overwrite=overwrite,
@@ -178,24 +412,20 @@ def _run_on_flower(
                 on_failure=on_failure,
                 log=typer.echo,
             )
-        else:
-            from silodp.engines.flower.deployment import submit
+        from silodp.engines.flower.deployment import submit
 
-            summary = submit(
-                path,
-                out,
-                directory=federation,
-                overwrite=overwrite,
-                resume=resume is not None,
-                timeout=timeout,
-                on_failure=on_failure,
-                log=typer.echo,
-            )
-    except BudgetExceededError as err:
-        fail(str(err), code=BUDGET_EXIT_CODE)
-    except (SilodpError, ProtocolError, ValueError, FileNotFoundError) as err:
-        fail(str(err))
-    _print_summary(summary, out)
+        return submit(
+            path,
+            out,
+            directory=federation,
+            overwrite=overwrite,
+            resume=resume is not None,
+            timeout=timeout,
+            on_failure=on_failure,
+            log=typer.echo,
+        )
+    except _errors() as err:
+        _fail_on(err)
 
 
 def _print_summary(summary: dict[str, Any], out: Path) -> None:
@@ -242,26 +472,24 @@ def describe(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Describe a config's federated data: records per silo and subject, span, subjects."""
+    from silodp.config import load_config
     from silodp.data.build import build_federated_data
     from silodp.data.describe import describe as describe_data
     from silodp.data.describe import format_description
 
+    check_config_file(config)
     try:
         cfg = load_config(config)
         data = build_federated_data(cfg.data)
-    except (SilodpError, FileNotFoundError) as err:
+    except (SilodpError, OSError) as err:
         fail(str(err))
     info = describe_data(data)
     typer.echo(json.dumps(info, indent=2) if as_json else format_description(info))
 
 
-from silodp.cli.account import account  # noqa: E402  (registers the command)
-from silodp.cli.audit import audit  # noqa: E402
 from silodp.cli.federation import federation_app  # noqa: E402
 from silodp.cli.ledger import ledger_app  # noqa: E402
 
-app.command()(account)
-app.command()(audit)
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(federation_app, name="federation")
 

@@ -16,15 +16,21 @@ from typing import Annotated, Any
 
 import typer
 
-from silodp._validation import check_int
+from silodp._validation import check_finite, check_in_range, check_int, check_probability
 from silodp.accounting import PrivacyPlan
 from silodp.accounting.accountant import TARGETS
 from silodp.algorithms import ALGORITHMS, make_algorithm
 from silodp.algorithms.planning import account_plan, calibrate
 from silodp.cli.common import WHO, differing, fail
+from silodp.config import MAX_ROUNDS
 from silodp.errors import InvalidValueError, SilodpError
 
-__all__ = ["account", "account_report", "print_report"]
+__all__ = ["MAX_COUNT", "MAX_NOISE_MULTIPLIER", "account", "account_report", "print_report"]
+
+#: the largest count (steps, silos, clients, group size) the command accounts
+MAX_COUNT = 10**6
+#: the largest σ the command accounts (ε is 0 to every printed digit long before it)
+MAX_NOISE_MULTIPLIER = 1e6
 
 
 def _finite(value: float) -> float | None:
@@ -67,8 +73,8 @@ def account_report(
     plan = PrivacyPlan(
         sampling_rates=(sample_rate,) * silos,
         rounds=rounds,
-        silos_per_round=silos_per_round or silos,
-        span=span or silos,
+        silos_per_round=silos if silos_per_round is None else silos_per_round,
+        span=silos if span is None else span,
         delta=delta,
         adversary=adversary,
     )
@@ -234,7 +240,19 @@ def account(  # noqa: PLR0913 - the command's options
     """
     try:
         if clients is not None:
-            silos = check_int("clients", clients, 1)
+            silos = check_int("--clients", clients, 1, MAX_COUNT)
+        _check_options(
+            delta=delta,
+            noise_multiplier=noise_multiplier,
+            target_epsilon=target_epsilon,
+            sample_rate=sample_rate,
+            steps=steps,
+            rounds=rounds,
+            silos=silos,
+            silos_per_round=silos_per_round,
+            span=span,
+            settings=settings,
+        )
         if adversary not in TARGETS:
             raise InvalidValueError(f"Expected adversary={adversary!r} to be one of {TARGETS}.")
         result = account_report(
@@ -255,10 +273,64 @@ def account(  # noqa: PLR0913 - the command's options
         )
     except (SilodpError, ValueError) as err:
         fail(str(err))
+    except (OverflowError, MemoryError) as err:
+        fail(
+            f"Expected a plan this machine can account; composing --steps={steps} x "
+            f"--rounds={rounds} over --silos={silos} with {_shown(settings)} ran out of "
+            f"{'memory' if isinstance(err, MemoryError) else 'floating-point range'} ({err}). "
+            "Use smaller counts."
+        )
     if as_json:
         typer.echo(json.dumps(result))
     else:
         print_report(result)
+
+
+def _shown(settings: dict[str, Any]) -> str:
+    given = {k: v for k, v in settings.items() if v is not None}
+    return ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in given.items()) or "no other options"
+
+
+def _check_options(
+    *,
+    delta: float,
+    noise_multiplier: float | None,
+    target_epsilon: float | None,
+    sample_rate: float,
+    steps: int,
+    rounds: int,
+    silos: int,
+    silos_per_round: int | None,
+    span: int | None,
+    settings: dict[str, Any],
+) -> None:
+    """Refuses, naming the option, every numeric value the command cannot account: not finite,
+    out of range, or beyond the counts it handles (nothing is clamped)."""
+    check_int("--silos", silos, 1, MAX_COUNT)
+    check_int("--steps", steps, 1, MAX_COUNT)
+    check_int("--rounds", rounds, 1, MAX_ROUNDS)
+    for name, value in (("--silos-per-round", silos_per_round), ("--span", span)):
+        if value is not None and not 1 <= value <= silos:
+            raise InvalidValueError(
+                f"Expected {name}={value} to be an integer in [1, {silos}] (at most --silos)."
+            )
+    check_in_range("--delta", delta, 0.0, 1.0, lo_open=True, hi_open=True)
+    check_probability("--sample-rate", sample_rate, allow_zero=True)
+    if noise_multiplier is not None:
+        check_in_range(
+            "--noise-multiplier", noise_multiplier, 0.0, MAX_NOISE_MULTIPLIER, lo_open=True
+        )
+    if target_epsilon is not None:
+        check_finite("--target-epsilon", target_epsilon)
+        check_in_range("--target-epsilon", target_epsilon, 0.0, math.inf, lo_open=True)
+    for name, value in settings.items():
+        option = f"--{name.replace('_', '-')}"
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, int) and value > MAX_COUNT:
+            raise InvalidValueError(f"Expected {option}={value} to be at most {MAX_COUNT}.")
+        elif isinstance(value, float):
+            check_finite(option, value)
 
 
 def _with_generated_options(command: Any) -> Any:

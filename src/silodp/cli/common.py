@@ -1,15 +1,40 @@
-"""What every command prints the same way: errors, ε values, and against whom each holds."""
+"""What every command prints the same way: errors, warnings, progress, ε values, and against
+whom each holds.
+
+This module is imported by ``silodp --help``: it imports nothing heavy (no torch, numpy or
+tqdm at import time).
+"""
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+import contextlib
+import logging
+import math
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
 
 import typer
 
-__all__ = ["BUDGET_EXIT_CODE", "WHO", "differing", "fail", "fmt"]
+__all__ = [
+    "BUDGET_EXIT_CODE",
+    "INTERRUPTED_EXIT_CODE",
+    "WHO",
+    "check_config_file",
+    "cli_messages",
+    "differing",
+    "fail",
+    "fmt",
+    "progress",
+]
 
 #: the exit code of a run a privacy budget stopped
 BUDGET_EXIT_CODE = 3
+
+#: the exit code of a command stopped by Ctrl-C (SIGINT), as shells report it
+INTERRUPTED_EXIT_CODE = 130
 
 #: how each adversary is named in printed output
 WHO = {
@@ -25,6 +50,15 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code=code)
 
 
+def check_config_file(path: Path, name: str = "CONFIG") -> None:
+    """Fails unless ``path`` is an existing file (found before anything slow is imported)."""
+    if not path.exists():
+        fail(f"Expected {name} {str(path)!r} to be an experiment TOML file; it does not exist.")
+    if not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file"
+        fail(f"Expected {name} {str(path)!r} to be an experiment TOML file; it is {what}.")
+
+
 def fmt(value: float | None) -> str:
     return "inf" if value is None else format(value, ".3g")
 
@@ -38,3 +72,116 @@ def differing(record: dict[str, Any]) -> list[tuple[str, str, float | None]]:
             if value != headline.get(unit):
                 out.append((who, unit, value))
     return out
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if isatty is not None else False
+    except ValueError:  # a closed stream
+        return False
+
+
+def _echo_line(line: str) -> None:
+    """One line on stderr; above a progress bar when stderr is a terminal."""
+    if _is_terminal(sys.stderr):
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stderr)
+    else:
+        typer.echo(line, err=True)
+
+
+class _Once(logging.Filter):
+    """Lets each distinct message through once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+class _LineHandler(logging.Handler):
+    """``warning: message`` (or ``error: message``) on the current stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            level = "warning" if record.levelno < logging.ERROR else "error"
+            _echo_line(f"{level}: {record.getMessage()}")
+        except Exception:  # pragma: no cover - as logging.Handler does
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def cli_messages() -> Iterator[None]:
+    """While a command runs, silodp's log warnings and Python warnings print as
+    ``warning: message`` lines on stderr, each distinct message once."""
+    handler = _LineHandler(level=logging.WARNING)
+    once = _Once()
+    handler.addFilter(once)
+    logger = logging.getLogger("silodp")
+    logger.addHandler(handler)
+    previous = warnings.showwarning
+
+    def show(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+        text = str(message)
+        if text not in once.seen:
+            once.seen.add(text)
+            _echo_line(f"warning: {text}")
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+        logger.removeHandler(handler)
+
+
+def _postfix(row: dict[str, Any]) -> dict[str, str]:
+    postfix = {}
+    if row.get("test_accuracy") is not None:
+        postfix["acc"] = f"{row['test_accuracy']:.3f}"
+    for unit, value in row.get("epsilon", {}).items():
+        postfix[f"ε_{unit}"] = fmt(value)
+    postfix.update({f"ε_{unit}[{who}]": fmt(value) for who, unit, value in differing(row)})
+    return postfix
+
+
+#: at most about this many plain progress lines per run when stderr is not a terminal
+PLAIN_LINES = 100
+
+
+def progress(name: str, rounds: int) -> Callable[[dict[str, Any]], None]:
+    """A run's progress: a bar redrawn in place on a terminal; otherwise (a log file, a pipe)
+    one plain line per round, or every few rounds for runs of more than :data:`PLAIN_LINES`
+    rounds (always the first and the last)."""
+    if not _is_terminal(sys.stderr):
+        every = max(1, math.ceil(rounds / PLAIN_LINES))
+
+        def line(row: dict[str, Any]) -> None:
+            r = row["round"]
+            if r == 1 or r == rounds or r % every == 0:
+                fields = ", ".join(f"{k}={v}" for k, v in _postfix(row).items())
+                typer.echo(
+                    f"{name}: round {r}/{rounds}" + (f", {fields}" if fields else ""), err=True
+                )
+
+        return line
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=rounds, desc=f"{name:>15}", unit="round", file=sys.stderr, leave=True)
+
+    def update(row: dict[str, Any]) -> None:
+        bar.set_postfix(_postfix(row))
+        bar.update(1)
+        if row["round"] == rounds:
+            bar.close()
+
+    return update

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from silodp.cli.common import fail
-from silodp.errors import SilodpError
+from silodp.cli.common import check_config_file, fail
+from silodp.errors import InvalidValueError, SilodpError
 
 federation_app = typer.Typer(
     help="Start and stop a local Flower federation (SuperLink + one SuperNode per silo, on "
@@ -29,11 +29,17 @@ def up(
     directory: Annotated[Path, DIRECTORY] = Path(".silodp-federation"),
 ) -> None:
     """Start the federation; then `silodp run CONFIG --engine flower-deploy`."""
-    from silodp.engines.flower.deployment import up as start
+    from silodp.io import check_writable_dir
 
+    check_config_file(config)
     try:
+        if silos is not None and silos < 1:
+            raise InvalidValueError(f"Expected --silos={silos} to be a positive integer.")
+        check_writable_dir(directory, name="--directory")
+        from silodp.engines.flower.deployment import up as start
+
         start(config, directory=directory, silos=silos, log=typer.echo)
-    except SilodpError as err:
+    except (SilodpError, OSError) as err:
         fail(str(err))
 
 
@@ -42,4 +48,7 @@ def down(directory: Annotated[Path, DIRECTORY] = Path(".silodp-federation")) -> 
     """Stop every process of the federation (by the PIDs `up` recorded)."""
     from silodp.engines.flower.deployment import down as stop
 
-    stop(directory=directory, log=typer.echo)
+    try:
+        stop(directory=directory, log=typer.echo)
+    except (SilodpError, OSError) as err:
+        fail(str(err))

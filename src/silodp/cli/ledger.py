@@ -10,7 +10,6 @@ import typer
 
 from silodp.cli.common import fail, fmt
 from silodp.errors import SilodpError
-from silodp.ledger.report import ledger_report, verify_ledger
 
 __all__ = ["ledger_app"]
 
@@ -36,15 +35,41 @@ def print_ledger(report: dict[str, Any]) -> None:
         typer.echo(f"  total over runs {total['runs']} ({kind} accounting): ε({eps})")
 
 
+#: how every SQLite database file starts
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _ledger_file(path: Path) -> Path:
+    """``path`` if it is a file; a clear error otherwise (before SQLite sees it)."""
+    if not path.exists():
+        fail(f"Expected PATH {str(path)!r} to be a ledger file; it does not exist.")
+    if not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file"
+        fail(f"Expected PATH {str(path)!r} to be a ledger file; it is {what}.")
+    try:
+        with path.open("rb") as handle:
+            header = handle.read(len(SQLITE_HEADER))
+    except OSError as err:
+        fail(f"Expected PATH {str(path)!r} to be a readable ledger file: {err.strerror or err}.")
+    if header != SQLITE_HEADER:
+        what = "empty" if not header else "not an SQLite database"
+        fail(
+            f"Expected PATH {str(path)!r} to be a silodp ledger (an SQLite database); it is {what}."
+        )
+    return path
+
+
 @ledger_app.command()
 def show(
     path: Annotated[Path, typer.Argument(help="The ledger file.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """The runs, rounds and events a ledger holds, and the ε they give per unit and route."""
+    from silodp.ledger.report import ledger_report
+
     try:
-        report = ledger_report(path)
-    except SilodpError as err:
+        report = ledger_report(_ledger_file(path))
+    except (SilodpError, OSError) as err:
         fail(str(err))
     if as_json:
         typer.echo(json.dumps(report))
@@ -56,9 +81,11 @@ def show(
 def verify(path: Annotated[Path, typer.Argument(help="The ledger file.")]) -> None:
     """Recompute every ε from the recorded events and compare it with what the runs wrote;
     exit code 1 on any difference or a failed integrity check."""
+    from silodp.ledger.report import verify_ledger
+
     try:
-        problems = verify_ledger(path)
-    except SilodpError as err:
+        problems = verify_ledger(_ledger_file(path))
+    except (SilodpError, OSError) as err:
         fail(str(err))
     for problem in problems:
         typer.echo(f"mismatch: {problem}", err=True)

@@ -1,0 +1,390 @@
+"""The command line as a new user meets it: unwritable --out, Ctrl-C, a fast --help, progress
+and warnings in log files, and options that are refused instead of clamped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from silodp.cli import LAZY_COMMANDS, app
+from silodp.errors import InvalidValueError
+
+runner = CliRunner()
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "configs" / "smoke.toml"
+
+
+def _config(
+    path: Path, *, algorithms: tuple[str, ...], rounds: int, privacy: str, extra: str = ""
+) -> Path:
+    path.write_text(
+        f'name = "t"\nalgorithms = {json.dumps(list(algorithms))}\n'
+        '[data]\nsource = "digits"\nnum_silos = 3\nnum_subjects = 40\nallocation = "uniform"\n'
+        'seed = 0\n[model]\nname = "mlp"\n'
+        f"[training]\nrounds = {rounds}\nlocal_steps = 2\nbatch_size = 64\nlr = 0.5\nseed = 0\n"
+        f"[privacy]\n{privacy}\n{extra}"
+    )
+    return path
+
+
+def _no_traceback(result: Any) -> None:
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(
+        result.exception
+    )
+    assert "Traceback" not in result.output
+
+
+def _forbid_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes loading a config (the first slow step of a run) fail the test."""
+
+    def slow(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the config was loaded before --out was checked")
+
+    monkeypatch.setattr("silodp.config.load_config", slow)
+
+
+# --- 1. --out that cannot be written: refused before anything slow, nothing written ---------
+
+
+def test_out_under_a_regular_file_is_refused_before_loading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    _forbid_loading(monkeypatch)
+    result = runner.invoke(app, ["run", str(SMOKE), "--out", str(blocker / "results")])
+    assert result.exit_code == 2, result.output
+    _no_traceback(result)
+    line = next(ln for ln in result.output.splitlines() if ln.startswith("error: "))
+    assert str(blocker / "results") in line and "regular file" in line
+    assert blocker.read_text() == "not a directory"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_out_that_is_a_regular_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "results"
+    blocker.write_text("x")
+    _forbid_loading(monkeypatch)
+    result = runner.invoke(app, ["run", str(SMOKE), "--out", str(blocker)])
+    assert result.exit_code == 2
+    _no_traceback(result)
+    assert f"error: Expected --out {str(blocker)!r} to be a directory; it is a regular file" in (
+        result.output
+    )
+
+
+def test_out_in_a_directory_without_write_permission_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        try:
+            (locked / "probe").touch()
+        except PermissionError:
+            pass
+        else:  # root writes anyway; the regular-file cases above cover root
+            pytest.skip("this user can write in a mode-0o500 directory (root)")
+        _forbid_loading(monkeypatch)
+        result = runner.invoke(app, ["run", str(SMOKE), "--out", str(locked / "results")])
+        assert result.exit_code == 2
+        _no_traceback(result)
+        assert "error: Expected --out" in result.output and "writable" in result.output
+        assert not (locked / "results").exists() and not list(locked.iterdir())
+    finally:
+        locked.chmod(0o700)
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_out_where_even_root_cannot_create_files_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _forbid_loading(monkeypatch)
+    result = runner.invoke(app, ["run", str(SMOKE), "--out", "/proc/silodp-results/run"])
+    assert result.exit_code == 2
+    _no_traceback(result)
+    assert "error: Expected --out '/proc/silodp-results/run' to be a writable directory" in (
+        result.output
+    )
+
+
+def test_run_experiment_checks_out_dir_before_loading_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from silodp.config import load_config
+    from silodp.experiment import run_experiment
+
+    def no_data(*args: object, **kwargs: object) -> None:
+        raise AssertionError("data loaded before out_dir was checked")
+
+    monkeypatch.setattr("silodp.experiment.run.build_federated_data", no_data)
+    blocker = tmp_path / "f"
+    blocker.write_text("")
+    with pytest.raises(InvalidValueError, match="regular file"):
+        run_experiment(load_config(SMOKE), blocker / "out")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--resume", "{tmp}/missing"], "Expected --resume '{tmp}/missing' to be the results"),
+        (["--ledger", "{tmp}/f/ledger.sqlite"], "Expected --ledger's directory '{tmp}/f'"),
+        (["{tmp}", "--out", "{tmp}/o"], "Expected CONFIG '{tmp}' to be an experiment TOML file"),
+    ],
+)
+def test_run_paths_are_checked_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    (tmp_path / "f").write_text("")
+    _forbid_loading(monkeypatch)
+    result = runner.invoke(app, ["run", *(a.format(tmp=tmp_path) for a in args)])
+    assert result.exit_code == 2
+    _no_traceback(result)
+    assert "error: " + message.format(tmp=tmp_path) in result.output
+    assert not (tmp_path / "o").exists()
+
+
+# --- 2. Ctrl-C: what was kept, and the command that continues ------------------------------
+
+
+def test_sigint_during_a_run_says_what_was_kept_and_resume_completes(tmp_path: Path) -> None:
+    # σ = 0: the private algorithm runs as a baseline (no accounting), for 2 rounds only
+    config = _config(
+        tmp_path / "c.toml",
+        algorithms=("fedavg", "local_item_dp"),
+        rounds=40,
+        privacy="noise_multiplier = 0.0\ndelta = 1e-5\nclip = 1.0\ngroup_size = 3",
+        extra="[algorithm.local_item_dp]\nrounds = 2\n",
+    )
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "silodp.cli", "run", str(config), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a background job may inherit SIGINT ignored; a user's terminal delivers it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    metrics = out / "fedavg" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run wrote no rounds"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)  # by its PID
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert f"interrupted: stopped by Ctrl-C; kept in {out}/" in stderr
+    kept = next(ln for ln in stderr.splitlines() if ln.startswith("  fedavg: "))
+    rounds = int(kept.split("interrupted, ")[1].split(" of 40 rounds checkpointed")[0])
+    assert 3 <= rounds < 40
+    assert "  local_item_dp: not started" in stderr
+    assert stderr.rstrip().endswith(f"continue with: silodp run --resume {out}")
+
+    resumed = runner.invoke(app, ["run", "--resume", str(out), "--quiet"])
+    assert resumed.exit_code == 0, resumed.output
+    for name, planned in (("fedavg", 40), ("local_item_dp", 2)):
+        summary = json.loads((out / name / "summary.json").read_text())
+        assert summary["status"] == "complete" and summary["rounds_completed"] == planned
+        rows = [json.loads(r) for r in (out / name / "metrics.jsonl").read_text().splitlines()]
+        assert [r["round"] for r in rows] == list(range(1, planned + 1))
+
+
+def test_ctrl_c_before_any_round_says_to_start_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("silodp.experiment.run_experiment", interrupted)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(SMOKE), "--out", str(out)])
+    assert result.exit_code == 130
+    _no_traceback(result)
+    assert "before any round completed" in result.output
+    assert f"start again with: silodp run {SMOKE} --out {out}" in result.output
+
+
+# --- 3. --help imports nothing heavy ---------------------------------------------------------
+
+HEAVY = ("torch", "dp_accounting", "flwr", "matplotlib", "pandas", "silodp.experiment")
+
+
+@pytest.mark.parametrize("argv", [None, ["--help"], ["run", "--help"], ["ledger", "--help"]])
+def test_the_cli_and_its_help_import_no_heavy_module(argv: list[str] | None) -> None:
+    code = "import sys\nimport silodp.cli\n"
+    if argv is not None:
+        code += (
+            f"try:\n    silodp.cli.app({argv!r})\nexcept SystemExit as e:\n    assert e.code == 0\n"
+        )
+    code += f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-500:]
+    if argv == ["--help"]:
+        assert "account" in done.stdout and "bench" in done.stdout
+
+
+@pytest.mark.parametrize("name", sorted(LAZY_COMMANDS))
+def test_help_lists_lazy_commands_by_their_own_help(name: str) -> None:
+    from silodp.cli import _load
+
+    command = _load(name)
+    first = (command.help or "").split("\n\n")[0]
+    assert " ".join(first.split()) == LAZY_COMMANDS[name][2]
+    result = runner.invoke(app, [name, "--help"], prog_name="silodp")
+    assert result.exit_code == 0 and "Usage: silodp " + name in " ".join(result.output.split())
+
+
+# --- 4. progress in a log file: plain lines, no redraws --------------------------------------
+
+
+def test_progress_is_one_plain_line_per_round_when_stderr_is_not_a_terminal(
+    tmp_path: Path,
+) -> None:
+    config = _config(
+        tmp_path / "c.toml",
+        algorithms=("fedavg",),
+        rounds=3,
+        privacy="noise_multiplier = 0.0\ndelta = 1e-5\nclip = 1.0",
+    )
+    result = runner.invoke(app, ["run", str(config), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "\r" not in result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("fedavg: round ")]
+    assert [ln.split(",")[0] for ln in lines] == [f"fedavg: round {r}/3" for r in (1, 2, 3)]
+    assert all("acc=" in ln for ln in lines)
+
+
+def test_plain_progress_of_a_long_run_prints_every_few_rounds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from silodp.cli.common import progress
+
+    update = progress("fedavg", 1000)
+    for r in range(1, 1001):
+        update({"round": r, "test_accuracy": 0.5, "epsilon": {}})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "fedavg: round 1/1000, acc=0.500"
+    assert lines[-1] == "fedavg: round 1000/1000, acc=0.500"
+    assert 100 <= len(lines) <= 102
+
+
+# --- 5. warnings: one format, each once ------------------------------------------------------
+
+
+def test_warnings_print_once_as_warning_lines(tmp_path: Path) -> None:
+    # no group_size: every algorithm warns that the bound comes from the data (σ = 0 keeps
+    # the runs quick: the bound is resolved all the same)
+    config = _config(
+        tmp_path / "c.toml",
+        algorithms=("local_item_dp", "local_group_dp"),
+        rounds=1,
+        privacy="noise_multiplier = 0.0\ndelta = 1e-5\nclip = 1.0",
+    )
+    result = runner.invoke(app, ["run", str(config), "--out", str(tmp_path / "out"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    warned = [ln for ln in result.stderr.splitlines() if "group_size is not set" in ln]
+    assert len(warned) == 1 and warned[0].startswith("warning: privacy.group_size is not set")
+    assert "WARNING:" not in result.stderr and "silodp.experiment" not in result.stderr
+
+
+def test_python_warnings_print_once_as_warning_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    from silodp.cli.common import cli_messages
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        with cli_messages():
+            for _ in range(3):
+                warnings.warn("overflow encountered", RuntimeWarning, stacklevel=1)
+    assert capsys.readouterr().err == "warning: overflow encountered\n"
+
+
+# --- numeric options: refused, never clamped or replaced --------------------------------------
+
+ACCOUNT = ["account", "--algorithm", "local_item_dp", "--noise-multiplier", "1", "--silos", "3"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--silos-per-round", "0"], "Expected --silos-per-round=0 to be an integer in [1, 3]"),
+        (["--span", "0"], "Expected --span=0 to be an integer in [1, 3]"),
+        (["--span", "7"], "Expected --span=7 to be an integer in [1, 3]"),
+        (["--steps", "10000001"], "Expected --steps=10000001 to be an integer in [1, 1000000]"),
+        (["--noise-multiplier", "1e200"], "Expected --noise-multiplier=1e+200 in (0.0, 1000000.0]"),
+        (["--noise-multiplier", "0"], "Expected --noise-multiplier=0.0 in (0.0, 1000000.0]"),
+    ],
+)
+def test_account_refuses_what_it_used_to_clamp_or_crash_on(extra: list[str], message: str) -> None:
+    result = runner.invoke(app, [*ACCOUNT, *extra])
+    assert result.exit_code == 2, result.output
+    _no_traceback(result)
+    assert f"error: {message}" in result.output
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e9", "abc"])
+def test_run_refuses_a_bad_timeout_before_anything_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    _forbid_loading(monkeypatch)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(SMOKE), "--out", str(out), "--timeout", value])
+    assert result.exit_code == 2
+    _no_traceback(result)
+    line = next(ln for ln in result.output.splitlines() if ln.startswith("error: "))
+    assert "--timeout" in line and "(0, 604800]" in line or "not a valid float" in line
+    assert not out.exists()
+
+
+def test_a_bad_option_type_is_one_error_line_not_a_panel() -> None:
+    result = runner.invoke(app, ["account", "--algorithm", "local_item_dp", "--steps", "abc"])
+    assert result.exit_code == 2
+    assert "error: Invalid value for '--steps': 'abc' is not a valid integer." in result.output
+    assert "╭" not in result.output
+
+
+def test_ledger_show_refuses_an_empty_file_and_leaves_it_alone(tmp_path: Path) -> None:
+    empty = tmp_path / "ledger.sqlite"
+    empty.touch()
+    result = runner.invoke(app, ["ledger", "show", str(empty)])
+    assert result.exit_code == 2
+    assert "error: Expected PATH" in result.output and "it is empty" in result.output
+    assert empty.stat().st_size == 0
+
+
+def test_interrupted_status_lines_are_kept_by_kept_runs(tmp_path: Path) -> None:
+    from silodp.experiment.run import kept_runs
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "summary.json").write_text(
+        json.dumps({"status": "complete", "rounds_completed": 4, "rounds_planned": 4})
+    )
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "summary.json").write_text(
+        json.dumps({"status": "running", "rounds_completed": 2, "rounds_planned": 4})
+    )
+    (tmp_path / "silo_private").mkdir()
+    (tmp_path / "silo_private" / "summary.json").write_text("{}")
+    kept = kept_runs(tmp_path, ["a", "b", "c"])
+    assert [(k["run"], k["status"], k["rounds_kept"]) for k in kept] == [
+        ("a", "complete", 4),
+        ("b", "interrupted", 0),  # no checkpoint: nothing to continue from
+        ("c", "not started", 0),
+    ]
+    assert os.listdir(tmp_path / "b") == ["summary.json"]
