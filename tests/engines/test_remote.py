@@ -1,9 +1,12 @@
 """The remote engine through a loopback transport: the same numbers as in process, the masked
-sum's secrecy and exactness, the wire codec's refusals, and the failure policies."""
+sum's secrecy and exactness, the wire codec's refusals, the failure policies, and the ledger
+of rounds that are aborted or skipped."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -11,15 +14,18 @@ import pytest
 import tomli_w
 import torch
 
+from silodp.algorithms.uldp_common import SIMULATED_AGGREGATION_NOTE
 from silodp.config import load_config
 from silodp.crypto.masked_sum import MaskedSumParty, unmask_sum
 from silodp.data.build import build_federated_data
+from silodp.engines import messages as msg
 from silodp.engines import wire
 from silodp.engines.factory import remote_engine_factory, write_silo_files
 from silodp.engines.loopback import LoopbackTransport
-from silodp.engines.remote import SiloFailureError
+from silodp.engines.remote import CLEAR_REMOTE_NOTE, MASKED_SUM_NOTE, SiloFailureError
 from silodp.engines.silo import SiloRuntime, read_silo_data
-from silodp.experiment.run import run_experiment
+from silodp.experiment.run import resume_experiment, run_experiment
+from silodp.ledger.report import ledger_report, verify_ledger
 
 BASE = {
     "data": {
@@ -35,6 +41,42 @@ BASE = {
 }
 
 
+#: a smaller federation, for the tests that run an experiment several times
+SMALL = {"num_subjects": 15, "max_records": 120}
+
+
+class FaultyTransport(LoopbackTransport):
+    """A loopback whose nodes fail in named rounds: ``faults[(round, node)]`` is ``down`` (no
+    answer), ``unreadable`` (bytes that are no message) or ``malformed`` (a readable reply
+    whose update has no parameters). The silo runs the round in the last two cases: its
+    reply, noisy message included, reaches the server damaged."""
+
+    def __init__(self, runtimes: Mapping[int, SiloRuntime]) -> None:
+        super().__init__(runtimes)
+        self.faults: dict[tuple[int, int], str] = {}
+
+    def exchange(self, requests, timeout):
+        fault = {
+            node: self.faults.get((wire.decode(body)["round"], node))
+            for node, (kind, body) in requests.items()
+            if kind == msg.TRAIN
+        }
+        down = self.down
+        self.down = down | {node for node, f in fault.items() if f == "down"}
+        try:
+            out = super().exchange(requests, timeout)
+        finally:
+            self.down = down
+        for node, f in fault.items():
+            if f == "unreadable":
+                out[node] = b"not a message"
+            elif f == "malformed":
+                reply = wire.decode(out[node])
+                reply["update"]["params"] = {}
+                out[node] = wire.encode(reply)
+        return out
+
+
 def _setup(tmp: Path, algorithm: str, data=None, **privacy):
     raw = json.loads(json.dumps(BASE))
     raw.update(name="remote", algorithms=[algorithm])
@@ -45,10 +87,18 @@ def _setup(tmp: Path, algorithm: str, data=None, **privacy):
     config = load_config(path)
     data = build_federated_data(config.data)
     files = write_silo_files(data.train, tmp / "silos")
-    transport = LoopbackTransport(
+    transport = FaultyTransport(
         {70 + s: SiloRuntime(read_silo_data(f)) for s, f in enumerate(files)}
     )
     return config, transport
+
+
+def _spent(ledger: Path) -> list[tuple[int, int, str]]:
+    """(round, attempt, party) of every round event in ``ledger``, in the order recorded."""
+    with sqlite3.connect(ledger) as db:
+        return list(
+            db.execute("SELECT round, attempt, party FROM events WHERE kind = 'round' ORDER BY id")
+        )
 
 
 def _model(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -76,6 +126,13 @@ def test_same_model_and_epsilon_as_in_process(tmp_path, algorithm, privacy):
     assert local["runs"][0]["epsilon"] == remote["runs"][0]["epsilon"]
     secure = algorithm.startswith("uldp")
     assert remote["runs"][0]["aggregation"].startswith("masked sum" if secure else "clear")
+    # the masked sum ran: its note replaces the in-process one, the other notes are kept
+    notes = local["runs"][0]["notes"]
+    assert (SIMULATED_AGGREGATION_NOTE in notes) == secure
+    expected = [MASKED_SUM_NOTE if n == SIMULATED_AGGREGATION_NOTE else n for n in notes]
+    assert remote["runs"][0]["notes"] == expected
+    written = json.loads((tmp_path / "b" / algorithm / "summary.json").read_text())
+    assert written["notes"] == expected
 
 
 def test_silos_sample_without_noise_from_an_exchanged_seed(tmp_path):
@@ -89,6 +146,8 @@ def test_silos_sample_without_noise_from_an_exchanged_seed(tmp_path):
     )
     assert remote["runs"][0]["aggregation"].startswith("clear (no noise, no guarantee)")
     assert remote["runs"][0]["status"] == "complete"
+    notes = remote["runs"][0]["notes"]
+    assert CLEAR_REMOTE_NOTE in notes and SIMULATED_AGGREGATION_NOTE not in notes
 
 
 @pytest.mark.slow  # Paillier work: ~30 s each
@@ -195,6 +254,65 @@ def test_uldp_aborts_the_round_when_a_silo_is_missing(tmp_path):
 
     with pytest.raises(SiloFailureError, match="needs every silo"):
         run_experiment(config, tmp_path / "a", log=lambda m: None, engine_factory=dying)
+    # the masked messages of the silos that answered reached the server: recorded, although
+    # a partial masked sum reveals nothing (one rule for every algorithm, never optimistic)
+    ledger = tmp_path / "a" / "uldp_avg" / "ledger.sqlite"
+    assert _spent(ledger) == [(1, 0, "silo:0"), (1, 0, "silo:1")]
+    assert verify_ledger(ledger) == []
+
+
+def test_an_aborted_round_records_every_silo_that_answered(tmp_path):
+    config, transport = _setup(tmp_path, "local_item_dp", data=SMALL)
+    transport.faults[(2, 72)] = "down"
+    factory = remote_engine_factory(transport)  # on_failure = "abort"
+    with pytest.raises(SiloFailureError, match=r"Round 2: silo 2: no answer.*silo\(s\) \[0, 1\]"):
+        run_experiment(config, tmp_path / "a", log=lambda m: None, engine_factory=factory)
+    ledger = tmp_path / "a" / "local_item_dp" / "ledger.sqlite"
+    first = [(1, 0, f"silo:{s}") for s in range(3)]
+    assert _spent(ledger) == [*first, (2, 0, "silo:0"), (2, 0, "silo:1")]
+    assert verify_ledger(ledger) == []
+    (run,) = ledger_report(ledger)["runs"]
+    assert run["status"] == "interrupted" and run["interrupted_rounds"] == [2]
+
+    # resumed with every silo up: round 2 runs again as a new attempt; the cut attempt's
+    # events still count, and no silo is recorded twice in one attempt of a round
+    transport.faults.clear()
+    resumed = resume_experiment(tmp_path / "a", log=lambda m: None, engine_factory=factory)
+    spent = _spent(ledger)
+    assert len(set(spent)) == len(spent)
+    assert spent == [*first, (2, 0, "silo:0"), (2, 0, "silo:1")] + [
+        (2, 1, f"silo:{s}") for s in range(3)
+    ]
+    assert verify_ledger(ledger) == []
+    done = resumed["runs"][0]
+    assert done["status"] == "complete"
+    (run,) = ledger_report(ledger)["runs"]
+    assert run["epsilon"] == pytest.approx(done["epsilon"], rel=1e-12)
+    full = run_experiment(config, tmp_path / "c", log=lambda m: None)["runs"][0]
+    assert all(done["epsilon"][u] > full["epsilon"][u] for u in full["epsilon"])
+
+
+def test_an_unreadable_or_malformed_reply_is_charged_when_skipped(tmp_path):
+    config, transport = _setup(tmp_path, "local_item_dp", data=SMALL)
+    transport.faults.update({(1, 71): "unreadable", (2, 71): "malformed"})
+    skipped = run_experiment(
+        config,
+        tmp_path / "b",
+        log=lambda m: None,
+        engine_factory=remote_engine_factory(transport, on_failure="skip"),
+    )["runs"][0]
+    rows = [
+        json.loads(x)
+        for x in (tmp_path / "b" / "local_item_dp" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["silos"] for r in rows] == [[0, 2], [0, 2]]
+    # silo 1's replies reached the server: its planned events are recorded in both rounds
+    ledger = tmp_path / "b" / "local_item_dp" / "ledger.sqlite"
+    assert _spent(ledger) == [(r, 0, f"silo:{s}") for r in (1, 2) for s in range(3)]
+    assert verify_ledger(ledger) == []
+    # so the run spends what it would with silo 1 taking part
+    full = run_experiment(config, tmp_path / "c", log=lambda m: None)["runs"][0]
+    assert skipped["epsilon"] == pytest.approx(full["epsilon"], rel=1e-12)
 
 
 def test_a_node_with_other_records_is_refused(tmp_path):

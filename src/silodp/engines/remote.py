@@ -11,8 +11,11 @@ algorithms whose guarantee against the server needs it, sets up the masked sum
 
 Faults: every wait has a timeout. A silo that fails, times out or sends a malformed reply
 aborts the round (:class:`SiloFailureError`), or with ``on_failure="skip"`` is left out of it
-where the algorithm allows it (a skipped silo's events are not recorded: it released nothing).
-Algorithms that need every silo (the ULDP family) and the masked sum always abort.
+where the algorithm allows it. Algorithms that need every silo (the ULDP family) and the masked
+sum always abort. Whatever is decided, every silo whose reply reached the server has its events
+in the ledger first: a readable reply's own events, an unreadable or malformed one's planned
+events (it may still carry the silo's noisy message). A silo that raised an error or gave no
+answer in time sent nothing, and nothing of it is recorded.
 """
 
 from __future__ import annotations
@@ -21,15 +24,18 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from silodp import faults
 from silodp._validation import check_choice
+from silodp.accounting import SiloPrivacy
 from silodp.algorithms import SiloUpdate
+from silodp.algorithms.uldp_common import PROTOCOL_AGGREGATION_NOTE, SIMULATED_AGGREGATION_NOTE
 from silodp.crypto.errors import ProtocolError
 from silodp.crypto.masked_sum import unmask_sum
 from silodp.data import FederatedDataset
@@ -44,6 +50,34 @@ __all__ = ["FAILURE_POLICIES", "RemoteEngine", "SiloFailureError", "Transport", 
 logger = logging.getLogger(__name__)
 
 FAILURE_POLICIES = ("abort", "skip")
+
+MASKED_SUM_NOTE = (
+    "secure aggregation run by the engine: each silo sent its message masked with pairwise "
+    "masks (X25519 key agreement relayed by the server; the masks cancel only in the sum of "
+    "every silo's message), and the server unmasked only that sum. ε against the server holds "
+    "for an honest-but-curious server that relays the silos' keys faithfully (the key "
+    "directory is not signed) and colludes with no silo; a round a silo misses is aborted"
+)
+
+REMOTE_PROTOCOL_NOTE = (
+    "private weighting protocol run over messages between the silos and the server: weights "
+    "n_{s,a}/n_a, per-subject weighting and the sum over silos were computed under Paillier "
+    "encryption with blinded histograms and pairwise masks; the server decrypted only the sum "
+    "over all silos. This holds against an honest-but-curious server that colludes with no "
+    "silo; the silos' Ed25519 identity keys reached the server in their hello messages and "
+    "were not compared out of band, so a server that substitutes keys is not covered. Deltas "
+    "are clipped so that their fixed-point encodings stay within C, and each silo draws its "
+    "noise exactly as rounded-Gaussian integers on the aggregate's grid, a post-processing of "
+    "the accounted Gaussian mechanism"
+)
+
+CLEAR_REMOTE_NOTE = (
+    "no secure aggregation in this run (no noise, so no grid for a masked sum): the server saw "
+    "each silo's message"
+)
+
+#: the in-process simulator's notes on aggregation, which this engine's notes replace
+IN_PROCESS_NOTES = (SIMULATED_AGGREGATION_NOTE, PROTOCOL_AGGREGATION_NOTE)
 
 
 class SiloFailureError(SilodpError):
@@ -61,7 +95,10 @@ class Transport(Protocol):
         self, requests: Mapping[int, tuple[str, bytes]], timeout: float
     ) -> dict[int, bytes | str]:
         """Sends each node its ``(kind, body)``; each node's reply body, or a string saying
-        why there is none (an error it raised, or no answer within ``timeout`` seconds)."""
+        why there is none (an error it raised, or no answer within ``timeout`` seconds).
+
+        Bytes: a reply reached the server (readable or not). A string or no entry: none did,
+        so the node released nothing to the server."""
         ...
 
 
@@ -101,6 +138,9 @@ class RemoteEngine(Simulator):
         the algorithm allows it.
       connect_timeout: seconds to wait for every silo's node to connect.
       model_spec: the model's ``name``, ``feature_shape`` and ``num_classes``.
+      notes: the notes the run's summary carries; the engine's summary gives them with each
+        note about how the in-process simulator aggregates replaced by what this engine did
+        (``None``: the summary's notes are left as they are).
     """
 
     def __init__(
@@ -112,12 +152,14 @@ class RemoteEngine(Simulator):
         on_failure: str = "abort",
         connect_timeout: float = 300.0,
         model_spec: Mapping[str, Any],
+        notes: Callable[[], Sequence[str]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         #: the run's records after its bounds (what the silos train on)
         self.bounded: FederatedDataset = kwargs["train"]
         self.model_spec = dict(model_spec)
+        self.notes = notes
         self.transport = transport
         self.records = records
         self.timeout = float(timeout)
@@ -139,6 +181,9 @@ class RemoteEngine(Simulator):
         return self.grid is not None
 
     def summary_fields(self) -> dict[str, Any]:
+        """How the server aggregated (``aggregation``) and, given :attr:`notes`, the run's
+        notes with the in-process simulator's notes on aggregation replaced by this engine's
+        (:meth:`aggregation_note`)."""
         if self._relay:
             aggregation = (
                 "private weighting protocol: the server decrypted only the sum of the silos' "
@@ -150,32 +195,57 @@ class RemoteEngine(Simulator):
             aggregation = "clear (no noise, no guarantee): the server saw each silo's message"
         else:
             aggregation = "clear: the server saw each silo's message"
-        return {"aggregation": aggregation}
+        fields: dict[str, Any] = {"aggregation": aggregation}
+        if self.notes is not None:
+            notes = list(self.notes())
+            if any(n in IN_PROCESS_NOTES for n in notes):
+                mine = self.aggregation_note()
+                replaced: list[str] = []
+                for note in notes:  # in place, once
+                    if note in IN_PROCESS_NOTES:
+                        if mine in replaced:
+                            continue
+                        note = mine
+                    replaced.append(note)
+                fields["notes"] = replaced
+        return fields
+
+    def aggregation_note(self) -> str:
+        """What the server of this run could see of the silos' messages, for the summary's
+        notes (replacing the in-process simulator's)."""
+        if self._relay:
+            return REMOTE_PROTOCOL_NOTE
+        if self.secure_sum:
+            return MASKED_SUM_NOTE
+        return CLEAR_REMOTE_NOTE
 
     # --- set-up ---------------------------------------------------------------------------
     def _send(
         self, requests: Mapping[int, tuple[str, Any]]
-    ) -> tuple[dict[int, Any], dict[int, str]]:
-        """Sends each silo its message: every silo's decoded reply, and why the others gave
-        none (a failure, a timeout or an unreadable reply)."""
+    ) -> tuple[dict[int, Any], dict[int, str], set[int]]:
+        """Sends each silo its message: every silo's decoded reply, why the others gave none
+        (a failure, a timeout or an unreadable reply), and the silos whose reply reached the
+        server (readable or not)."""
         by_node = {self.nodes[s]: (kind, wire.encode(body)) for s, (kind, body) in requests.items()}
         replies = self.transport.exchange(by_node, self.timeout)
         out: dict[int, Any] = {}
         failed: dict[int, str] = {}
+        arrived: set[int] = set()
         for s in requests:
             reply = replies.get(self.nodes[s], f"no answer within {self.timeout:g} s")
             if isinstance(reply, str):
                 failed[s] = reply
                 continue
+            arrived.add(s)
             try:
                 out[s] = wire.decode(reply)
             except wire.WireError as err:
                 failed[s] = f"unreadable reply ({err})"
-        return out, failed
+        return out, failed, arrived
 
     def _exchange(self, requests: Mapping[int, tuple[str, Any]], what: str) -> dict[int, Any]:
         """:meth:`_send`, where every silo must answer (else SiloFailureError)."""
-        out, failed = self._send(requests)
+        out, failed, _ = self._send(requests)
         if failed:
             raise SiloFailureError(
                 f"{what}: " + "; ".join(f"silo {s}: {why}" for s, why in sorted(failed.items()))
@@ -333,12 +403,16 @@ class RemoteEngine(Simulator):
             for s in chosen
         }
         started = time.perf_counter()
-        replies, failed = self._send(requests)
+        replies, failed, arrived = self._send(requests)
         updates = []
+        #: the events of every silo whose reply reached the server, readable or not
+        released: list[tuple[int, SiloPrivacy | None]] = []
         for s in chosen:
-            if s not in replies:
-                continue
+            if s not in arrived:
+                continue  # an error the silo raised, or no answer in time: it sent nothing
             try:
+                if s not in replies:
+                    raise msg.MalformedReplyError(failed[s])
                 update = msg.update_from_wire(
                     replies[s],
                     silo=s,
@@ -348,17 +422,39 @@ class RemoteEngine(Simulator):
                 )
             except msg.MalformedReplyError as err:
                 failed[s] = str(err)
+                # Conservative: a reply that cannot be read or checked may still carry the
+                # silo's noisy message, and its own claim of what it ran cannot be trusted, so
+                # the silo is charged the events it was planned to run.
+                released.append((s, self.algorithm.silo_privacy_for(self.silos[s])))
                 continue
             self.states[s] = replies[s]["state"]
             updates.append(update)
+            released.append((s, update.privacy))
+        if record:
+            # before the round goes on, is skipped or is aborted: these messages have reached
+            # the server whatever happens to the round (an aborted round stays open in the
+            # ledger and counts in full; a resumed run records its retry as a new attempt)
+            for s, privacy in released:
+                self._record_release(round_index, s, privacy)
         if failed:
             why = "; ".join(f"silo {s}: {w}" for s, w in sorted(failed.items()))
             may_skip = not (self.secure_sum or self.algorithm.needs_every_silo())
+            charged = (
+                [s for s, p in released if p is not None]
+                if record and self.ledger is not None
+                else []
+            )
             if self.on_failure == "abort" or not may_skip or not updates:
                 raise SiloFailureError(
                     f"Round {round_index}: {why}. The round is aborted"
                     + ("" if may_skip else f" ({self.algorithm.name} needs every silo)")
-                    + "; nothing of it was aggregated."
+                    + "; nothing of it was aggregated"
+                    + (
+                        f"; the events of silo(s) {charged}, whose replies reached the server, "
+                        "are in the ledger."
+                        if charged
+                        else "."
+                    )
                 )
             logger.warning("round %d: skipping %s", round_index, why)
         logger.debug(
@@ -367,10 +463,14 @@ class RemoteEngine(Simulator):
             len(updates),
             time.perf_counter() - started,
         )
-        if record:
-            for update in updates:
-                self.record_update(round_index, update)
         return updates
+
+    def _record_release(self, round_index: int, silo: int, privacy: SiloPrivacy | None) -> None:
+        """Records the events of a silo whose reply reached the server (as
+        :meth:`record_update` does for an update)."""
+        if self.ledger is not None and privacy is not None:
+            self.ledger.record(round_index, f"silo:{silo}", privacy)
+            faults.reached("silo_recorded", round_index)
 
     def to_aggregate(self, updates: list[SiloUpdate]) -> list[SiloUpdate]:
         return [self._unmasked_sum(updates)] if self.secure_sum else updates

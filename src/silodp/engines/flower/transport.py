@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 
@@ -9,6 +10,8 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 __all__ = ["RECORD", "GridTransport", "request_of", "reply_content"]
+
+logger = logging.getLogger(__name__)
 
 #: the record holding silodp's message in a Flower message
 RECORD = "silodp"
@@ -25,7 +28,8 @@ def request_of(message: Message) -> tuple[str, bytes]:
 
 
 class GridTransport:
-    """Sends each node a ``query`` message; replies, Flower errors and timeouts by node."""
+    """Sends each node a ``query`` message; replies, Flower errors and timeouts by node (a
+    node that did not answer in time is left out: see :class:`~silodp.engines.remote.Transport`)."""
 
     def __init__(self, grid: Grid, *, poll: float = 1.0) -> None:
         self.grid = grid
@@ -60,5 +64,8 @@ class GridTransport:
             try:
                 out[node] = bytes(reply.content[RECORD]["body"])  # type: ignore[arg-type]
             except (KeyError, TypeError) as err:
-                out[node] = f"a reply without silodp's record ({err})"
+                # a reply did reach the server: handed on as an unreadable body, which the
+                # engine charges as a reply it could not read (it may hold a noisy message)
+                logger.warning("node %d: a reply without silodp's record (%s)", node, err)
+                out[node] = b""
         return out
