@@ -3,6 +3,10 @@ runs do not, no draw bypasses the coins), sampling rates."""
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import fields
+
 import pytest
 import torch
 from scipy import stats
@@ -320,3 +324,48 @@ def test_silo_above_the_accounted_group_bound_is_refused(name: str) -> None:
         algorithm.local_update(model, params, silo, Coins.seeded(0))
     ok = make_algorithm(name, dict(group_size=3, local_steps=1))
     ok.local_update(model, params, silo, Coins.seeded(0))
+
+
+def test_user_ldp_reports_its_adjacency_per_unit() -> None:
+    from silodp.cli.account import account_report
+
+    user_ldp = ALGORITHMS["user_ldp"]
+    # local DP: a silo's whole dataset replaced; a subject added or removed
+    assert user_ldp.adjacency_of("silo") == "replace-one"
+    assert user_ldp.adjacency_of("subject") == "add/remove"
+    assert ALGORITHMS["prifedsync"].adjacency_of("record") == "replace-one"
+    assert ALGORITHMS["local_item_dp"].adjacency_of("subject") == "add/remove"
+    for cls in ALGORITHMS.values():  # every reported unit has one
+        assert all(cls.adjacency_of(u) in ("add/remove", "replace-one") for u in cls.units)
+    # what `silodp account --json` prints, with ε unchanged: 20 steps of the Gaussian at σ/2
+    report = account_report("user_ldp", noise_multiplier=20.0, steps=5, rounds=4, silos=3)
+    assert json.loads(json.dumps(report))["adjacency"] == {
+        "silo": "replace-one",
+        "subject": "add/remove",
+    }
+    assert report["mu"]["silo"] == pytest.approx(math.sqrt(20) / 10.0)
+    update = _run("user_ldp", 0)
+    assert update.privacy is not None
+    sigma, steps = CONFIG["noise_multiplier"], CONFIG["local_steps"]
+    assert update.privacy.events["silo"] == gaussian_steps(sigma / 2, steps)
+    assert update.privacy.events["subject"] == gaussian_steps(sigma / 2, steps)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_threat_model_speaks_of_a_subject_sample_only_where_there_is_one(name: str) -> None:
+    cls = ALGORITHMS[name]
+    samples = "subject_rate" in {f.name for f in fields(cls.Config)}
+    assert ("sample" in cls.threat_model) == samples, cls.threat_model
+    settings = {**CONFIG, "num_silos": 3, **({"subject_rate": 0.5} if samples else {})}
+    algorithm = make_algorithm(name, settings)
+    if not algorithm.needs_secure_aggregation():
+        return
+    # the ULDP aggregate methods: what each round runs is sub-sampled exactly when the threat
+    # model says there is a subject sample (uldp_naive: every subject, every round)
+    rate = algorithm.sampling_rate(num_records=40, num_subjects=8)
+    assert (rate < 1.0) == samples
+    event = algorithm.silo_privacy(sampling_rate=rate).events["subject"]
+    if samples:
+        assert event == poisson_gaussian_steps(rate, CONFIG["noise_multiplier"], 1)
+    else:
+        assert event == gaussian_steps(CONFIG["noise_multiplier"] / 2, 1)

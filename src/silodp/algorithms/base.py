@@ -201,8 +201,10 @@ class Algorithm(ABC):
     threat_model: ClassVar[str] = ""
     #: What ``group_size`` bounds: a subject's records in one silo, or in the federation.
     group_scope: ClassVar[str] = "silo"
-    #: Neighbouring datasets of the guarantee: ``add/remove`` or ``replace-one`` (a record).
-    adjacency: ClassVar[str] = "add/remove"
+    #: Neighbouring datasets of the guarantee: ``add/remove`` (one unit's data added or
+    #: removed) or ``replace-one`` (one unit's data replaced); ``{unit: adjacency}`` where the
+    #: units differ (see :meth:`adjacency_of`).
+    adjacency: ClassVar[str | Mapping[str, str]] = "add/remove"
     #: Relative tolerance of σ when calibrating to a target ε.
     calibration_tolerance: ClassVar[float] = 1e-2
 
@@ -227,6 +229,11 @@ class Algorithm(ABC):
     def run_notes(self) -> list[str]:
         """Caveats a reviewer must read beside this algorithm's reported ε (in summaries)."""
         return []
+
+    @classmethod
+    def adjacency_of(cls, unit: str) -> str:
+        """The neighbouring datasets of the guarantee at ``unit`` (:attr:`adjacency`)."""
+        return cls.adjacency if isinstance(cls.adjacency, str) else cls.adjacency[unit]
 
     @abstractmethod
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy | None:

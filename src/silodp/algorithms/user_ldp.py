@@ -8,11 +8,17 @@ Gaussian mechanism with noise multiplier σ/2 relative to its sensitivity; there
 amplification by sampling (q = 1). The silo-level guarantee composes over the T·R steps; a
 subject spread over ``span`` silos is protected by the composition over those silos. Holds
 against the server and other silos.
+
+Neighbouring datasets, per unit (:attr:`UserLDP.adjacency`): ``silo``, one silo's whole dataset
+replaced by any other (``replace-one``, local DP); ``subject``, one subject's records added or
+removed (``add/remove``), which changes each of the ≤ ``span`` silos it occupies by a
+replacement of that silo's dataset.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -39,6 +45,7 @@ class UserLDP(Algorithm):
     units = ("silo", "subject")
     calibration_unit = "subject"
     threat_model = "local DP: holds against the server and other silos"
+    adjacency: ClassVar[Mapping[str, str]] = {"silo": "replace-one", "subject": "add/remove"}
 
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
         cfg = self.config
