@@ -23,7 +23,6 @@ from silodp.algorithms.base import (
 from silodp.algorithms.dp_sgd import LocalItemDP
 from silodp.algorithms.registry import register
 from silodp.algorithms.uldp_common import (
-    SECURE_AGGREGATION,
     SIMULATED_AGGREGATION_NOTE,
     UldpNaiveConfig,
     apply_total,
@@ -34,6 +33,15 @@ from silodp.algorithms.uldp_common import (
 from silodp.data import FederatedDataset
 from silodp.privacy.gradients import Params, tree_norm
 from silodp.privacy.randomness import Coins
+
+#: ULDP-NAIVE's threat model: secure aggregation as the rest of the family, without a subject
+#: sample (the shared ``SECURE_AGGREGATION`` text speaks of one)
+NAIVE_SECURE_AGGREGATION = (
+    "secure aggregation: noise is split over silos; ε holds for the released model and, "
+    "against the server, only if it sees just the sum of the silos' messages; every subject's "
+    "records enter every round (none is left out), so one ε holds against every "
+    "adversary"
+)
 
 
 @register
@@ -47,7 +55,7 @@ class UldpNaive(Algorithm):
     name = "uldp_naive"
     units = ("subject",)
     calibration_unit = "subject"
-    threat_model = SECURE_AGGREGATION
+    threat_model = NAIVE_SECURE_AGGREGATION
     Config = UldpNaiveConfig
     config: UldpNaiveConfig
 
