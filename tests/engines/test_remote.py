@@ -14,7 +14,7 @@ import pytest
 import tomli_w
 import torch
 
-from silodp.algorithms.uldp_common import SIMULATED_AGGREGATION_NOTE
+from silodp.algorithms.uldp_common import PROTOCOL_AGGREGATION_NOTE, SIMULATED_AGGREGATION_NOTE
 from silodp.config import load_config
 from silodp.crypto.masked_sum import MaskedSumParty, unmask_sum
 from silodp.data.build import build_federated_data
@@ -22,7 +22,12 @@ from silodp.engines import messages as msg
 from silodp.engines import wire
 from silodp.engines.factory import remote_engine_factory, write_silo_files
 from silodp.engines.loopback import LoopbackTransport
-from silodp.engines.remote import CLEAR_REMOTE_NOTE, MASKED_SUM_NOTE, SiloFailureError
+from silodp.engines.remote import (
+    CLEAR_REMOTE_NOTE,
+    MASKED_SUM_NOTE,
+    REMOTE_PROTOCOL_NOTE,
+    SiloFailureError,
+)
 from silodp.engines.silo import SiloRuntime, read_silo_data
 from silodp.experiment.run import resume_experiment, run_experiment
 from silodp.ledger.report import ledger_report, verify_ledger
@@ -164,6 +169,13 @@ def test_weighting_protocol_over_messages(tmp_path, sampler):
     )
     assert remote["runs"][0]["aggregation"].startswith("private weighting protocol")
     assert local["runs"][0]["epsilon"] == remote["runs"][0]["epsilon"]
+    # the protocol ran over messages, not in one process: the notes say so
+    assert PROTOCOL_AGGREGATION_NOTE in local["runs"][0]["notes"]
+    expected = [
+        REMOTE_PROTOCOL_NOTE if n == PROTOCOL_AGGREGATION_NOTE else n
+        for n in local["runs"][0]["notes"]
+    ]
+    assert remote["runs"][0]["notes"] == expected
     a, b = _model(tmp_path / "a" / "uldp_avg_w"), _model(tmp_path / "b" / "uldp_avg_w")
     if sampler == "server":  # the sample comes from the seeded coins: the very same model
         assert all(torch.equal(a[k], b[k]) for k in a)
