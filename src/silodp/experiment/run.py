@@ -372,12 +372,13 @@ def resume_experiment(
         changed.
     """
     out = Path(out_dir)
-    if not out.is_dir():
+    if out.exists() and not out.is_dir():
         raise InvalidValueError(
             f"Expected {str(out)!r} to be the results directory of an experiment to resume; "
-            + ("it is not a directory." if out.exists() else "it does not exist.")
+            "it is not a directory."
         )
-    check_writable_dir(out, name="the results directory")
+    if out.is_dir():
+        check_writable_dir(out, name="the results directory")
     path = out / EXPERIMENT_FILE
     summary_path = out / "summary.json"
     if summary_path.is_file():
