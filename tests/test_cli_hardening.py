@@ -204,6 +204,39 @@ def test_sigint_during_a_run_says_what_was_kept_and_resume_completes(tmp_path: P
         assert [r["round"] for r in rows] == list(range(1, planned + 1))
 
 
+def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path / "c.toml",
+        algorithms=("fedavg",),
+        rounds=40,
+        privacy="noise_multiplier = 0.0\ndelta = 1e-5\nclip = 1.0\ngroup_size = 3",
+    )
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "silodp.cli", "run", str(config), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = out / "fedavg" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run wrote no rounds"
+        time.sleep(0.02)
+    proc.terminate()  # SIGTERM, by its PID
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert f"interrupted: stopped by SIGTERM; kept in {out}/" in stderr
+    kept = next(ln for ln in stderr.splitlines() if ln.startswith("  fedavg: "))
+    rounds = int(kept.split("interrupted, ")[1].split(" of 40 rounds checkpointed")[0])
+    assert 2 <= rounds < 40
+    assert stderr.rstrip().endswith(f"continue with: silodp run --resume {out}")
+    summary = json.loads((out / "fedavg" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds_completed"] == rounds
+
+
 def test_ctrl_c_before_any_round_says_to_start_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,8 +16,11 @@ import importlib
 import json
 import math
 import shlex
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -28,6 +31,7 @@ from typer.core import TyperGroup
 from silodp.cli.common import (
     BUDGET_EXIT_CODE,
     INTERRUPTED_EXIT_CODE,
+    TERMINATED_EXIT_CODE,
     WHO,
     check_config_file,
     cli_messages,
@@ -260,9 +264,10 @@ def run(
     """Run an experiment: train every listed algorithm, write metrics, summaries and plots.
 
     Progress goes to stderr: a bar per algorithm on a terminal, one line per round otherwise.
-    Ctrl-C stops the run, keeps every completed round and prints the command that continues
-    it. Exit codes: 0 done, 2 bad input (nothing trained), 3 a privacy budget stopped a run
-    (its model and results so far are kept), 130 interrupted."""
+    Ctrl-C (or SIGTERM) stops the run, keeps every completed round and prints the command that
+    continues it. Exit codes: 0 done, 2 bad input (nothing trained), 3 a privacy budget stopped
+    a run (its model and results so far are kept), 130 interrupted by Ctrl-C, 143 by
+    SIGTERM."""
     _check_run_options(config, engine, on_failure, timeout, out, resume, ledger)
     target = resume if resume is not None else out
     restart = ["silodp", "run", *([str(config)] if config else []), "--out", str(out)]
@@ -270,15 +275,37 @@ def run(
     if engine == "flower-deploy" and federation != Path(".silodp-federation"):
         follow += ["--federation", str(federation)]
     try:
-        if engine != IN_PROCESS:
-            summary = _run_on_flower(
-                config, out, engine, overwrite, resume, on_failure, timeout, federation
-            )
-        else:
-            summary = _run_in_process(config, out, overwrite, quiet, resume, ledger)
-    except KeyboardInterrupt:
-        _interrupted(target, follow, restart)
+        with _sigterm_interrupts():
+            if engine != IN_PROCESS:
+                summary = _run_on_flower(
+                    config, out, engine, overwrite, resume, on_failure, timeout, federation
+                )
+            else:
+                summary = _run_in_process(config, out, overwrite, quiet, resume, ledger)
+    except KeyboardInterrupt as stop:
+        _interrupted(target, follow, restart, terminated=isinstance(stop, _Terminated))
     _print_summary(summary, target)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, stopping a run as Ctrl-C does (every ``finally`` runs, children included)."""
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`_Terminated` in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _fail_on(err: BaseException) -> NoReturn:
@@ -328,8 +355,11 @@ def _run_in_process(
         _fail_on(err)
 
 
-def _interrupted(out: Path, follow: list[str], restart: list[str]) -> NoReturn:
-    """After Ctrl-C: what the run kept, and the command that continues it; exit code 130."""
+def _interrupted(
+    out: Path, follow: list[str], restart: list[str], *, terminated: bool = False
+) -> NoReturn:
+    """After Ctrl-C (or SIGTERM): what the run kept, and the command that continues it; exit
+    code 130 (143)."""
     from silodp.experiment.run import EXPERIMENT_FILE, kept_runs
 
     typer.echo("", err=True)
@@ -346,11 +376,11 @@ def _interrupted(out: Path, follow: list[str], restart: list[str]) -> NoReturn:
             pass
     kept = kept_runs(out, names) if out.is_dir() else []
     trained = [r for r in kept if r["rounds_kept"] > 0]
+    by = "SIGTERM" if terminated else "Ctrl-C"
     typer.echo(
-        f"interrupted: stopped by Ctrl-C; kept in {out}/ (every completed round is checkpointed):"
+        f"interrupted: stopped by {by}; kept in {out}/ (every completed round is checkpointed):"
         if trained
-        else f"interrupted: stopped by Ctrl-C before any round completed; nothing trained in "
-        f"{out}/",
+        else f"interrupted: stopped by {by} before any round completed; nothing trained in {out}/",
         err=True,
     )
     for item in kept:
@@ -375,7 +405,7 @@ def _interrupted(out: Path, follow: list[str], restart: list[str]) -> NoReturn:
         )
         command = shlex.join([*restart, *follow, *(["--overwrite"] if dp_scaling else [])])
         typer.echo(f"{why}; start again with: {command}", err=True)
-    raise typer.Exit(code=INTERRUPTED_EXIT_CODE)
+    raise typer.Exit(code=TERMINATED_EXIT_CODE if terminated else INTERRUPTED_EXIT_CODE)
 
 
 def _run_on_flower(

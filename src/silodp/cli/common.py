@@ -21,6 +21,7 @@ import typer
 __all__ = [
     "BUDGET_EXIT_CODE",
     "INTERRUPTED_EXIT_CODE",
+    "TERMINATED_EXIT_CODE",
     "WHO",
     "check_config_file",
     "cli_messages",
@@ -35,6 +36,9 @@ BUDGET_EXIT_CODE = 3
 
 #: the exit code of a command stopped by Ctrl-C (SIGINT), as shells report it
 INTERRUPTED_EXIT_CODE = 130
+
+#: the exit code of a command stopped by SIGTERM (``kill PID``), as shells report it
+TERMINATED_EXIT_CODE = 143
 
 #: how each adversary is named in printed output
 WHO = {
