@@ -40,7 +40,11 @@ CONFIG = {
     "privacy": {"noise_multiplier": 1.5, "group_size": 4, "noise": "seeded", "n_max": 60},
 }
 #: long enough for a message round trip on a loaded machine, short enough to wait out twice
-TIMEOUT = "30"
+#: each wait's limit where every node is alive (a round is far shorter; the margin is for a
+#: loaded machine, where each message starts a ClientApp process that imports torch)
+TIMEOUT = "180"
+#: where a node is killed, each round without it waits this long
+DEAD_NODE_TIMEOUT = "60"
 
 
 def _write(path: Path, **changes) -> Path:
@@ -255,7 +259,7 @@ def test_killed_supernode_aborts_the_run(federation, tmp_path):
         "--out",
         str(tmp_path / "run"),
         "--timeout",
-        TIMEOUT,
+        DEAD_NODE_TIMEOUT,
         "--on-failure",
         "abort",
     )
@@ -263,7 +267,7 @@ def test_killed_supernode_aborts_the_run(federation, tmp_path):
     federation.kill(federation.pid("supernode-2"))
     text = _finish(proc, log)
     assert proc.returncode != 0
-    assert f"Round 2: silo 2: no answer within {TIMEOUT} s" in text, text[-3000:]
+    assert f"Round 2: silo 2: no answer within {DEAD_NODE_TIMEOUT} s" in text, text[-3000:]
     # what ran is kept and says so: one round, and the run was not completed
     summary = json.loads((tmp_path / "run" / "higradavg_dp" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds_completed"] == 1
@@ -286,7 +290,7 @@ def test_killed_supernode_is_skipped(tmp_path):
             "--out",
             str(out),
             "--timeout",
-            TIMEOUT,
+            DEAD_NODE_TIMEOUT,
             "--on-failure",
             "skip",
         )
@@ -294,20 +298,17 @@ def test_killed_supernode_is_skipped(tmp_path):
         fed.kill(fed.pid("supernode-2"))
         text = _finish(proc, log)
         assert proc.returncode == 0, text[-3000:]
-        assert "round 2: skipping silo 2" in text and "round 3: skipping silo 2" in text
+        for r in (2, 3):  # (a slow silo may be skipped too on a loaded machine)
+            lines = [x for x in text.splitlines() if f"round {r}: skipping" in x]
+            assert any("silo 2: no answer" in x for x in lines), text[-3000:]
         summary = json.loads((out / "higradavg_dp" / "summary.json").read_text())
         assert summary["status"] == "complete" and summary["rounds_completed"] == 3
+        rows = (out / "higradavg_dp" / "metrics.jsonl").read_text().splitlines()
+        assert [2 in json.loads(x)["silos"] for x in rows] == [True, False, False]
         with sqlite3.connect(out / "higradavg_dp" / "ledger.sqlite") as db:
             spent = sorted(db.execute("select round, party from events"))
-        # the skipped silo spent nothing in the rounds it missed
-        assert spent == [
-            (1, "silo:0"),
-            (1, "silo:1"),
-            (1, "silo:2"),
-            (2, "silo:0"),
-            (2, "silo:1"),
-            (3, "silo:0"),
-            (3, "silo:1"),
-        ]
+        # the dead silo's silence cannot be told from a slow silo's late reply: it is charged
+        # its planned events in the rounds it missed, once per round
+        assert spent == [(r, f"silo:{s}") for r in (1, 2, 3) for s in range(3)]
     finally:
         fed.down()

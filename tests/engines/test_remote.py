@@ -52,9 +52,10 @@ SMALL = {"num_subjects": 15, "max_records": 120}
 
 class FaultyTransport(LoopbackTransport):
     """A loopback whose nodes fail in named rounds: ``faults[(round, node)]`` is ``down`` (no
-    answer), ``unreadable`` (bytes that are no message) or ``malformed`` (a readable reply
-    whose update has no parameters). The silo runs the round in the last two cases: its
-    reply, noisy message included, reaches the server damaged."""
+    answer), ``error`` (the silo answers with an error and no message), ``unreadable`` (bytes
+    that are no message) or ``malformed`` (a readable reply whose update has no parameters).
+    The silo runs the round in the last two cases: its reply, noisy message included, reaches
+    the server damaged."""
 
     def __init__(self, runtimes: Mapping[int, SiloRuntime]) -> None:
         super().__init__(runtimes)
@@ -73,7 +74,9 @@ class FaultyTransport(LoopbackTransport):
         finally:
             self.down = down
         for node, f in fault.items():
-            if f == "unreadable":
+            if f == "error":
+                out[node] = "the silo's process failed: out of memory"
+            elif f == "unreadable":
                 out[node] = b"not a message"
             elif f == "malformed":
                 reply = wire.decode(out[node])
@@ -235,7 +238,8 @@ def test_a_dead_silo_aborts_or_is_skipped(tmp_path):
             log=lambda m: None,
             engine_factory=remote_engine_factory(transport),
         )
-    # connected for set-up, dead in the rounds: skipped, and its events are not counted
+    # connected for set-up, dead in the rounds: skipped, and charged its planned events (the
+    # server cannot tell a dead silo from a slow one whose reply may still come)
     transport.down.clear()
     factory = remote_engine_factory(transport, on_failure="skip")
 
@@ -252,7 +256,9 @@ def test_a_dead_silo_aborts_or_is_skipped(tmp_path):
         for x in (tmp_path / "b" / "local_item_dp" / "metrics.jsonl").read_text().splitlines()
     ]
     assert all(r["silos"] == [0, 2] for r in rows)
-    assert skipped["runs"][0]["epsilon"]["record"] <= full["runs"][0]["epsilon"]["record"]
+    ledger = tmp_path / "b" / "local_item_dp" / "ledger.sqlite"
+    assert _spent(ledger) == [(r, 0, f"silo:{s}") for r in (1, 2) for s in range(3)]
+    assert skipped["runs"][0]["epsilon"] == pytest.approx(full["runs"][0]["epsilon"], rel=1e-12)
 
 
 def test_uldp_aborts_the_round_when_a_silo_is_missing(tmp_path):
@@ -266,10 +272,11 @@ def test_uldp_aborts_the_round_when_a_silo_is_missing(tmp_path):
 
     with pytest.raises(SiloFailureError, match="needs every silo"):
         run_experiment(config, tmp_path / "a", log=lambda m: None, engine_factory=dying)
-    # the masked messages of the silos that answered reached the server: recorded, although
-    # a partial masked sum reveals nothing (one rule for every algorithm, never optimistic)
+    # the masked messages of the silos that answered reached the server, and the silent
+    # silo's may still: all recorded, although a partial masked sum reveals nothing (one rule
+    # for every algorithm, never optimistic)
     ledger = tmp_path / "a" / "uldp_avg" / "ledger.sqlite"
-    assert _spent(ledger) == [(1, 0, "silo:0"), (1, 0, "silo:1")]
+    assert _spent(ledger) == [(1, 0, f"silo:{s}") for s in range(3)]
     assert verify_ledger(ledger) == []
 
 
@@ -277,11 +284,14 @@ def test_an_aborted_round_records_every_silo_that_answered(tmp_path):
     config, transport = _setup(tmp_path, "local_item_dp", data=SMALL)
     transport.faults[(2, 72)] = "down"
     factory = remote_engine_factory(transport)  # on_failure = "abort"
-    with pytest.raises(SiloFailureError, match=r"Round 2: silo 2: no answer.*silo\(s\) \[0, 1\]"):
+    with pytest.raises(
+        SiloFailureError, match=r"Round 2: silo 2: no answer.*silo\(s\) \[0, 1, 2\]"
+    ):
         run_experiment(config, tmp_path / "a", log=lambda m: None, engine_factory=factory)
     ledger = tmp_path / "a" / "local_item_dp" / "ledger.sqlite"
     first = [(1, 0, f"silo:{s}") for s in range(3)]
-    assert _spent(ledger) == [*first, (2, 0, "silo:0"), (2, 0, "silo:1")]
+    cut = [(2, 0, f"silo:{s}") for s in range(3)]
+    assert _spent(ledger) == [*first, *cut]
     assert verify_ledger(ledger) == []
     (run,) = ledger_report(ledger)["runs"]
     assert run["status"] == "interrupted" and run["interrupted_rounds"] == [2]
@@ -292,9 +302,7 @@ def test_an_aborted_round_records_every_silo_that_answered(tmp_path):
     resumed = resume_experiment(tmp_path / "a", log=lambda m: None, engine_factory=factory)
     spent = _spent(ledger)
     assert len(set(spent)) == len(spent)
-    assert spent == [*first, (2, 0, "silo:0"), (2, 0, "silo:1")] + [
-        (2, 1, f"silo:{s}") for s in range(3)
-    ]
+    assert spent == [*first, *cut] + [(2, 1, f"silo:{s}") for s in range(3)]
     assert verify_ledger(ledger) == []
     done = resumed["runs"][0]
     assert done["status"] == "complete"
@@ -325,6 +333,24 @@ def test_an_unreadable_or_malformed_reply_is_charged_when_skipped(tmp_path):
     # so the run spends what it would with silo 1 taking part
     full = run_experiment(config, tmp_path / "c", log=lambda m: None)["runs"][0]
     assert skipped["epsilon"] == pytest.approx(full["epsilon"], rel=1e-12)
+
+
+def test_a_silo_that_answers_with_an_error_is_not_charged(tmp_path):
+    config, transport = _setup(tmp_path, "local_item_dp", data=SMALL)
+    transport.faults[(2, 71)] = "error"
+    run_experiment(
+        config,
+        tmp_path / "b",
+        log=lambda m: None,
+        engine_factory=remote_engine_factory(transport, on_failure="skip"),
+    )
+    # its error carried no message: nothing of silo 1 in round 2
+    ledger = tmp_path / "b" / "local_item_dp" / "ledger.sqlite"
+    assert _spent(ledger) == [(1, 0, f"silo:{s}") for s in range(3)] + [
+        (2, 0, "silo:0"),
+        (2, 0, "silo:2"),
+    ]
+    assert verify_ledger(ledger) == []
 
 
 def test_a_node_with_other_records_is_refused(tmp_path):

@@ -14,8 +14,10 @@ aborts the round (:class:`SiloFailureError`), or with ``on_failure="skip"`` is l
 where the algorithm allows it. Algorithms that need every silo (the ULDP family) and the masked
 sum always abort. Whatever is decided, every silo whose reply reached the server has its events
 in the ledger first: a readable reply's own events, an unreadable or malformed one's planned
-events (it may still carry the silo's noisy message). A silo that raised an error or gave no
-answer in time sent nothing, and nothing of it is recorded.
+events (it may still carry the silo's noisy message). A silo that gave no answer in time is
+charged its planned events too: its reply may still reach the server's side after the timeout
+(the server cannot tell a dead silo from a slow one). Only a silo that answered with an error it
+raised sent nothing, and nothing of it is recorded.
 """
 
 from __future__ import annotations
@@ -95,10 +97,12 @@ class Transport(Protocol):
         self, requests: Mapping[int, tuple[str, bytes]], timeout: float
     ) -> dict[int, bytes | str]:
         """Sends each node its ``(kind, body)``; each node's reply body, or a string saying
-        why there is none (an error it raised, or no answer within ``timeout`` seconds).
+        why there is none.
 
-        Bytes: a reply reached the server (readable or not). A string or no entry: none did,
-        so the node released nothing to the server."""
+        Bytes: a reply reached the server (readable or not). A string: the node answered with
+        an error instead of a reply, so it released nothing. No entry: no answer within
+        ``timeout`` seconds; a reply may still come later, so the node may have released its
+        message."""
         ...
 
 
@@ -224,24 +228,28 @@ class RemoteEngine(Simulator):
         self, requests: Mapping[int, tuple[str, Any]]
     ) -> tuple[dict[int, Any], dict[int, str], set[int]]:
         """Sends each silo its message: every silo's decoded reply, why the others gave none
-        (a failure, a timeout or an unreadable reply), and the silos whose reply reached the
-        server (readable or not)."""
+        (a failure, a timeout or an unreadable reply), and the silos that may have released
+        their message to the server: those whose reply reached it (readable or not) and those
+        that gave no answer in time (a late reply may still reach it)."""
         by_node = {self.nodes[s]: (kind, wire.encode(body)) for s, (kind, body) in requests.items()}
         replies = self.transport.exchange(by_node, self.timeout)
         out: dict[int, Any] = {}
         failed: dict[int, str] = {}
-        arrived: set[int] = set()
+        released: set[int] = set()
         for s in requests:
-            reply = replies.get(self.nodes[s], f"no answer within {self.timeout:g} s")
-            if isinstance(reply, str):
+            reply = replies.get(self.nodes[s])
+            if isinstance(reply, str):  # an error the silo raised: it sent nothing
                 failed[s] = reply
                 continue
-            arrived.add(s)
+            released.add(s)
+            if reply is None:
+                failed[s] = f"no answer within {self.timeout:g} s"
+                continue
             try:
                 out[s] = wire.decode(reply)
             except wire.WireError as err:
                 failed[s] = f"unreadable reply ({err})"
-        return out, failed, arrived
+        return out, failed, released
 
     def _exchange(self, requests: Mapping[int, tuple[str, Any]], what: str) -> dict[int, Any]:
         """:meth:`_send`, where every silo must answer (else SiloFailureError)."""
@@ -264,7 +272,8 @@ class RemoteEngine(Simulator):
             {n: (msg.HELLO, wire.encode({})) for n in nodes}, self.timeout
         )
         seen: dict[int, int] = {}
-        for node, reply in replies.items():
+        for node in nodes:
+            reply = replies.get(node, f"no answer within {self.timeout:g} s")
             if isinstance(reply, str):
                 raise SiloFailureError(f"Node {node} did not say which silo it is: {reply}")
             hello = wire.decode(reply)
@@ -403,13 +412,13 @@ class RemoteEngine(Simulator):
             for s in chosen
         }
         started = time.perf_counter()
-        replies, failed, arrived = self._send(requests)
+        replies, failed, may_have_sent = self._send(requests)
         updates = []
-        #: the events of every silo whose reply reached the server, readable or not
+        #: the events of every silo that may have released its message to the server
         released: list[tuple[int, SiloPrivacy | None]] = []
         for s in chosen:
-            if s not in arrived:
-                continue  # an error the silo raised, or no answer in time: it sent nothing
+            if s not in may_have_sent:
+                continue  # an error the silo raised: it sent nothing
             try:
                 if s not in replies:
                     raise msg.MalformedReplyError(failed[s])
@@ -421,10 +430,12 @@ class RemoteEngine(Simulator):
                     encrypted=bool(self._relay),
                 )
             except msg.MalformedReplyError as err:
-                failed[s] = str(err)
-                # Conservative: a reply that cannot be read or checked may still carry the
-                # silo's noisy message, and its own claim of what it ran cannot be trusted, so
-                # the silo is charged the events it was planned to run.
+                failed[s] = str(err) + (
+                    " (charged its planned events)" if record and self.ledger is not None else ""
+                )
+                # Conservative: a reply that is late, or cannot be read or checked, may still
+                # carry the silo's noisy message, and its own claim of what it ran cannot be
+                # trusted, so the silo is charged the events it was planned to run.
                 released.append((s, self.algorithm.silo_privacy_for(self.silos[s])))
                 continue
             self.states[s] = replies[s]["state"]
@@ -432,8 +443,9 @@ class RemoteEngine(Simulator):
             released.append((s, update.privacy))
         if record:
             # before the round goes on, is skipped or is aborted: these messages have reached
-            # the server whatever happens to the round (an aborted round stays open in the
-            # ledger and counts in full; a resumed run records its retry as a new attempt)
+            # (or may still reach) the server whatever happens to the round (an aborted round
+            # stays open in the ledger and counts in full; a resumed run records its retry as
+            # a new attempt)
             for s, privacy in released:
                 self._record_release(round_index, s, privacy)
         if failed:
@@ -450,8 +462,8 @@ class RemoteEngine(Simulator):
                     + ("" if may_skip else f" ({self.algorithm.name} needs every silo)")
                     + "; nothing of it was aggregated"
                     + (
-                        f"; the events of silo(s) {charged}, whose replies reached the server, "
-                        "are in the ledger."
+                        f"; the events of silo(s) {charged}, whose replies reached (or, late, "
+                        "may still reach) the server, are in the ledger."
                         if charged
                         else "."
                     )

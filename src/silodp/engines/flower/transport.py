@@ -51,7 +51,7 @@ class GridTransport:
                 RecordDict({RECORD: ConfigRecord({"kind": kind, "body": body})}),
                 dst_node_id=node,
                 message_type="query",
-                ttl=timeout + 60.0,
+                ttl=timeout,
             )
             for node, (kind, body) in requests.items()
         ]
