@@ -38,7 +38,7 @@ from silodp.data import FederatedData
 from silodp.errors import InvalidValueError
 from silodp.experiment.ledger import LEDGER_FILE
 from silodp.experiment.prepare import prepare_run
-from silodp.experiment.run import ProgressFactory, train_run
+from silodp.experiment.run import ProgressFactory, engine_arguments, train_run
 from silodp.federated.simulator import Simulator
 from silodp.io import write_json
 from silodp.ledger.report import verify_ledger
@@ -262,17 +262,8 @@ def _initial_params(run: Any, data: FederatedData) -> dict[str, torch.Tensor]:
 def _train_quietly(run: Any, data: FederatedData) -> dict[str, torch.Tensor]:
     """One training with the run's algorithm in-process, nothing recorded (the many-runs
     design's runs after the first)."""
-    model = _linear(run, data)
     engine = Simulator(
-        algorithm=run.algorithm,
-        model=model,
-        train=run.train,
-        test=data.test,
-        accountant=None,
-        silos_per_round=run.silos_per_round,
-        seed=run.training.seed,
-        eval_every=run.training.rounds,
-        noise=run.privacy.noise,
+        **engine_arguments(run, data, _linear(run, data), eval_every=run.training.rounds)
     )
     engine.run(run.training.rounds)
     return engine.params

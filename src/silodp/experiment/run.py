@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
+import torch
 
 from silodp import plotting
 from silodp.accounting import SiloPrivacy
@@ -39,6 +40,7 @@ from silodp.models import build_model
 
 __all__ = [
     "ProgressFactory",
+    "engine_arguments",
     "kept_runs",
     "resume_experiment",
     "run_experiment",
@@ -74,6 +76,31 @@ EngineFactory = Callable[..., Engine]
 
 def _in_process(run: PreparedRun, data: FederatedData, **kwargs: Any) -> Engine:
     return Simulator(**kwargs)
+
+
+def engine_arguments(
+    run: PreparedRun,
+    data: FederatedData,
+    model: torch.nn.Module,
+    *,
+    accountant: Any = None,
+    ledger: Any = None,
+    eval_every: int | None = None,
+) -> dict[str, Any]:
+    """The simulator's arguments for one prepared run (what every engine is built from):
+    its algorithm, the bounded training records, sampling, seed and noise."""
+    return {
+        "algorithm": run.algorithm,
+        "model": model,
+        "train": run.train,
+        "test": data.test,
+        "accountant": accountant,
+        "silos_per_round": run.silos_per_round,
+        "seed": run.training.seed,
+        "eval_every": run.training.eval_every if eval_every is None else eval_every,
+        "noise": run.privacy.noise,
+        "ledger": ledger,
+    }
 
 
 def train_run(
@@ -127,18 +154,7 @@ def train_run(
     write_text(run_dir / "config.toml", config_text)
     make_engine = engine_factory or _in_process
     engine = make_engine(
-        run,
-        data,
-        algorithm=run.algorithm,
-        model=model,
-        train=run.train,
-        test=data.test,
-        accountant=accountant,
-        silos_per_round=run.silos_per_round,
-        seed=run.training.seed,
-        eval_every=run.training.eval_every,
-        noise=run.privacy.noise,
-        ledger=ledger,
+        run, data, **engine_arguments(run, data, model, accountant=accountant, ledger=ledger)
     )
     start = 1
     previous: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
