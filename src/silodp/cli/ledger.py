@@ -20,7 +20,11 @@ ledger_app = typer.Typer(
 
 
 def print_ledger(report: dict[str, Any]) -> None:
-    typer.echo(f"ledger {report['path']} (schema v{report['schema_version']})")
+    from silodp.ledger.store import SCHEMA_VERSION
+
+    version = report["schema_version"]
+    read_as = f", read as v{SCHEMA_VERSION} without migrating" if version < SCHEMA_VERSION else ""
+    typer.echo(f"ledger {report['path']} (schema v{version}{read_as})")
     for run in report["runs"]:
         eps = ", ".join(f"{u}={fmt(v)} via {run['routes'][u]}" for u, v in run["epsilon"].items())
         typer.echo(
@@ -35,27 +39,13 @@ def print_ledger(report: dict[str, Any]) -> None:
         typer.echo(f"  total over runs {total['runs']} ({kind} accounting): ε({eps})")
 
 
-#: how every SQLite database file starts
-SQLITE_HEADER = b"SQLite format 3\x00"
-
-
 def _ledger_file(path: Path) -> Path:
-    """``path`` if it is a file; a clear error otherwise (before SQLite sees it)."""
-    if not path.exists():
-        fail(f"Expected PATH {str(path)!r} to be a ledger file; it does not exist.")
-    if not path.is_file():
-        what = "a directory" if path.is_dir() else "not a regular file"
-        fail(f"Expected PATH {str(path)!r} to be a ledger file; it is {what}.")
-    try:
-        with path.open("rb") as handle:
-            header = handle.read(len(SQLITE_HEADER))
-    except OSError as err:
-        fail(f"Expected PATH {str(path)!r} to be a readable ledger file: {err.strerror or err}.")
-    if header != SQLITE_HEADER:
-        what = "empty" if not header else "not an SQLite database"
-        fail(
-            f"Expected PATH {str(path)!r} to be a silodp ledger (an SQLite database); it is {what}."
-        )
+    """``path`` if it can be a ledger file; a clear error otherwise (before SQLite sees it)."""
+    from silodp.ledger.store import ledger_file_problem
+
+    problem = ledger_file_problem(path)
+    if problem is not None:
+        fail(f"Expected PATH {str(path)!r} to be a silodp ledger (an SQLite database); {problem}.")
     return path
 
 

@@ -1,9 +1,17 @@
 """What a ledger says, recomputed from its events: the history and totals (``ledger show``) and
-the check that every ε a run wrote is what its recorded events give (``ledger verify``)."""
+the check that every ε a run wrote is what its recorded events give (``ledger verify``).
+
+Both only read: the ledger is opened read-only (:class:`~silodp.ledger.store.Ledger` with
+``read_only=True``), so the file stays byte for byte as it was, an older one is not migrated,
+and a file that is not a ledger is refused rather than turned into one."""
 
 from __future__ import annotations
 
+import json
 import math
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +28,16 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _open(path: str | Path) -> Ledger:
-    if not Path(path).is_file():
-        raise LedgerError(f"Expected a ledger file at {str(path)!r}; it does not exist.")
-    return Ledger(path)
+@contextmanager
+def _reading(path: str | Path) -> Iterator[Ledger]:
+    """The ledger at ``path`` opened read-only; what cannot be read in it is a LedgerError."""
+    with Ledger(path, read_only=True) as ledger:
+        try:
+            yield ledger
+        except (sqlite3.DatabaseError, json.JSONDecodeError) as err:
+            raise LedgerError(
+                f"Expected a readable silodp ledger at {str(path)!r}: {err}."
+            ) from err
 
 
 def ledger_report(path: str | Path) -> dict[str, Any]:
@@ -31,10 +45,13 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
     from the events: per run, and for every group of runs of one accounting kind composed
     together (what a shared ledger has spent on its data).
 
+    ``schema_version`` is the version of the file; an older one is read as the current one
+    without migrating the file.
+
     Raises:
       LedgerError: no ledger at ``path``, or one this code cannot read.
     """
-    with _open(path) as ledger:
+    with _reading(path) as ledger:
         runs = []
         for record in ledger.runs():
             rounds = ledger.rounds(record.id)
@@ -69,7 +86,7 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
         }
         return {
             "path": str(path),
-            "schema_version": ledger.schema_version,
+            "schema_version": ledger.file_schema_version,
             "runs": runs,
             "total": total,
         }
@@ -83,7 +100,7 @@ def verify_ledger(path: str | Path) -> list[str]:
     Raises:
       LedgerError: no ledger at ``path``, or one of a schema version this code does not know.
     """
-    with _open(path) as ledger:
+    with _reading(path) as ledger:
         problems = ledger.integrity_errors()
         if problems:
             return problems

@@ -6,15 +6,23 @@ transaction before the silo's output is handed on. ε is never stored as the tru
 recomputed from these rows by the same accountant code calibration uses (:meth:`Ledger.replay`).
 The database runs in WAL mode with ``synchronous=FULL``, so a committed row survives a crash or
 a power loss.
+
+``Ledger(path, read_only=True)`` (what ``ledger show`` and ``ledger verify`` use) never writes:
+it copies the ledger's last committed state into memory through a read-only SQLite connection
+and reads that copy, so the file, its directory and any writer still running are left alone.
+An older ledger is migrated in that copy only; the file keeps its version until a run writes
+to it.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +32,9 @@ from silodp.accounting.interface import Accountant, accountant_from_spec
 from silodp.errors import SilodpError
 from silodp.ledger.serialize import privacy_from_json, privacy_to_json
 
-__all__ = ["SCHEMA_VERSION", "Ledger", "LedgerError", "RunRecord"]
+__all__ = ["SCHEMA_VERSION", "Ledger", "LedgerError", "RunRecord", "ledger_file_problem"]
 
-#: the schema this code writes; older ledgers are migrated on open, newer ones refused
+#: the schema this code writes; an older ledger opened for writing is migrated, a newer refused
 SCHEMA_VERSION = 3
 
 
@@ -102,6 +110,109 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
 }
 
 
+#: the tables and columns of the current schema (what a ledger read is checked against)
+COLUMNS = {
+    "meta": {"key", "value"},
+    "runs": {"id", "name", "algorithm", "accountant", "started", "status", "noise", "config_hash"},
+    "events": {"id", "run_id", "round", "party", "kind", "privacy", "recorded", "attempt"},
+    "rounds": {"run_id", "round", "attempt", "status", "participants", "written"},
+}
+
+#: how every SQLite database file starts (its header is 100 bytes long)
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _header(path: Path) -> bytes:
+    with path.open("rb") as handle:
+        return handle.read(100)
+
+
+def ledger_file_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be a ledger to read, found from its first bytes without SQLite (for
+    example ``"it is empty"``); None if it is a readable SQLite database."""
+    path = Path(path)
+    if not path.exists():
+        return "it does not exist"
+    if not path.is_file():
+        return "it is a directory" if path.is_dir() else "it is not a regular file"
+    try:
+        header = _header(path)
+    except OSError as err:
+        return f"it cannot be read ({err.strerror or err})"
+    if not header:
+        return "it is empty"
+    if len(header) < 100 or not header.startswith(SQLITE_HEADER):
+        return "it is not an SQLite database"
+    return None
+
+
+def _file_state(path: Path) -> tuple[object, ...]:
+    """What changes when a writer touches the ledger's committed state on disk."""
+    states: list[tuple[int, int, int] | None] = []
+    for file in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            stat = file.stat()
+        except FileNotFoundError:
+            states.append(None)
+        else:
+            states.append((stat.st_ino, stat.st_size, stat.st_mtime_ns))
+    return (*states, _header(path))
+
+
+def _copy_into(memory: sqlite3.Connection, path: Path) -> bool:
+    """Copies the committed state of the SQLite database at ``path`` into ``memory`` without
+    writing anything, whatever state a writer left it in; True if the copy is known to be
+    consistent, False if it must be checked against ``path`` not having changed meanwhile.
+
+    * no ``-wal`` file (every writer closed cleanly, or a rollback-journal file): the file
+      alone holds every committed transaction. A WAL-mode file is read as ``immutable`` (a
+      read-only connection to it would create ``-wal`` and ``-shm`` files beside it, or fail
+      in a read-only directory), and the caller checks it did not change while it was read.
+    * ``-wal`` and ``-shm`` (a writer is open, or one stopped without closing): read through
+      SQLite's read-only WAL mode, which takes its locks in ``-shm`` as every reader of a WAL
+      database does and sees exactly the committed transactions; works in a read-only
+      directory too.
+    * ``-wal`` but no ``-shm`` (no writer can be open): the two files are copied to a private
+      directory, where SQLite recovers the committed transactions from the copy.
+    """
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    wal_mode = _header(path)[18:20] == b"\x02\x02"
+    if wal.exists() and not shm.exists():
+        with tempfile.TemporaryDirectory(prefix="silodp-ledger-") as private:
+            copy = Path(private) / "ledger.sqlite"
+            shutil.copyfile(path, copy)
+            shutil.copyfile(wal, Path(f"{copy}-wal"))
+            with closing(sqlite3.connect(copy)) as source:
+                source.backup(memory)
+        return False
+    immutable = wal_mode and not wal.exists()
+    uri = path.as_uri() + "?mode=ro" + ("&immutable=1" if immutable else "")
+    with closing(sqlite3.connect(uri, uri=True, timeout=30.0)) as source:
+        source.backup(memory)
+    return not immutable
+
+
+def _snapshot(path: Path) -> sqlite3.Connection:
+    """An in-memory copy of the ledger file's last committed state (see :func:`_copy_into`)."""
+    for _ in range(5):
+        before = _file_state(path)
+        memory = sqlite3.connect(":memory:", isolation_level=None)
+        try:
+            consistent = _copy_into(memory, path)
+        except (sqlite3.DatabaseError, OSError):
+            memory.close()
+            if _file_state(path) == before:
+                raise
+            continue  # a writer changed the files under the copy: read them again
+        if consistent or _file_state(path) == before:
+            return memory
+        memory.close()
+    raise LedgerError(
+        f"Expected the ledger {str(path)!r} to hold still while it is read; a writer kept "
+        "changing it. Read it again when the run writing to it has stopped."
+    )
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """One run as the ledger holds it."""
@@ -119,13 +230,21 @@ class RunRecord:
 class Ledger:
     """A privacy ledger file (created with the current schema if it does not exist).
 
+    With ``read_only=True`` the file must already be a ledger; it is read as a snapshot of its
+    last committed state, never written (nor migrated, nor given ``-wal``/``-shm`` files), and
+    the writing methods refuse. ``file_schema_version`` is the version the file has on disk.
+
     Raises:
       LedgerError: the file's schema version is newer than this code knows, or the file is not
         a ledger.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         self.path = Path(path)
+        self.read_only = read_only
+        if read_only:
+            self._open_read_only()
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
@@ -135,6 +254,89 @@ class Ledger:
             self._migrate()
         except sqlite3.DatabaseError as err:
             raise LedgerError(f"Expected a silodp ledger at {str(self.path)!r}: {err}.") from err
+        self.file_schema_version = self.schema_version
+
+    def _open_read_only(self) -> None:
+        where = str(self.path)
+        problem = ledger_file_problem(self.path)
+        if problem is not None:
+            raise LedgerError(f"Expected {where!r} to be a silodp ledger; {problem}.")
+        try:
+            self.db = _snapshot(self.path.resolve())
+        except sqlite3.DatabaseError as err:
+            raise LedgerError(f"Expected {where!r} to be a readable silodp ledger: {err}.") from err
+        except OSError as err:
+            raise LedgerError(
+                f"Expected {where!r} to be a readable silodp ledger: {err.strerror or err}."
+            ) from err
+        try:
+            self.file_schema_version = self._check_read_only()
+            try:
+                # an older ledger is brought to the current schema in this copy only
+                for version in range(self.file_schema_version, SCHEMA_VERSION):
+                    MIGRATIONS[version](self.db)
+                    self.db.execute(
+                        "UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                        (str(version + 1),),
+                    )
+            except sqlite3.DatabaseError as err:
+                raise LedgerError(
+                    f"Expected {where!r} to be a silodp ledger of schema version "
+                    f"{self.file_schema_version}: {err}."
+                ) from err
+            self._check_columns()
+            self.db.execute("PRAGMA query_only=ON")
+        except BaseException:
+            self.db.close()
+            raise
+
+    def _check_read_only(self) -> int:
+        """The schema version of a ledger read, after checking it is one this code reads."""
+        where = str(self.path)
+        query = "SELECT name FROM sqlite_master WHERE type='table'"
+        tables = sorted(r[0] for r in self.db.execute(query))
+        if not tables:
+            raise LedgerError(
+                f"Expected {where!r} to be a silodp ledger; it is an SQLite database with no "
+                "tables."
+            )
+        if "meta" not in tables:
+            raise LedgerError(
+                f"Expected {where!r} to be a silodp ledger; it holds other tables "
+                f"({', '.join(tables)})."
+            )
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        try:
+            version = int(row[0])
+        except (TypeError, ValueError):
+            version = 0
+        if version < 1:
+            value = "none" if row is None else repr(row[0])
+            raise LedgerError(
+                f"Expected {where!r} to be a silodp ledger with a schema version of 1 to "
+                f"{SCHEMA_VERSION} in its meta table; it has {value}."
+            )
+        if version > SCHEMA_VERSION:
+            raise LedgerError(
+                f"Ledger {where!r} has schema version {version}; this silodp knows "
+                f"versions up to {SCHEMA_VERSION}. Use a newer silodp."
+            )
+        return version
+
+    def _check_columns(self) -> None:
+        """Every table and column the reading methods use is there."""
+        for table, columns in COLUMNS.items():
+            found = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            if not columns <= found:
+                what = (
+                    f"its table {table!r} lacks {', '.join(sorted(columns - found))}"
+                    if found
+                    else f"it has no table {table!r}"
+                )
+                raise LedgerError(
+                    f"Expected {str(self.path)!r} to be a silodp ledger of schema version "
+                    f"{self.file_schema_version}; {what}."
+                )
 
     def close(self) -> None:
         self.db.close()
@@ -147,6 +349,10 @@ class Ledger:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        if self.read_only:
+            raise LedgerError(
+                f"Expected a ledger opened for writing; {str(self.path)!r} was opened read-only."
+            )
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield self.db
