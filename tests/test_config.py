@@ -93,3 +93,18 @@ def test_missing_and_malformed_files(tmp_path) -> None:
     bad.write_text("name = [unclosed")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize(
+    "value", [10**400, -(10**400), 10**5000], ids=["1e400", "-1e400", "1e5000"]
+)
+def test_an_integer_beyond_float_range_is_a_clear_error(value: int) -> None:
+    from silodp._validation import check_in_range, check_positive
+    from silodp.errors import InvalidValueError
+
+    for check in (
+        lambda: check_positive("privacy.noise_multiplier", value),
+        lambda: check_in_range("privacy.delta", value, 0.0, 1.0),
+    ):
+        with pytest.raises(InvalidValueError, match=r"privacy\.\w+ to be a number of at most"):
+            check()

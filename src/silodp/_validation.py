@@ -8,6 +8,7 @@ parameter, the value received and what was expected, e.g.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable
 
 from silodp.errors import InvalidValueError
@@ -29,7 +30,17 @@ def check_in_range(
     hi_open: bool = False,
 ) -> float:
     """Checks ``lo <= value <= hi`` (open ends where asked) and returns ``float(value)``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidValueError(f"Expected {name}={value!r} to be a number.")
+    if isinstance(value, int):
+        try:
+            float(value)
+        except OverflowError:
+            raise InvalidValueError(
+                f"Expected {name} to be a number of at most {sys.float_info.max:.3g} in "
+                f"magnitude, got an integer of {value.bit_length()} bits."
+            ) from None
+    elif math.isnan(value):
         raise InvalidValueError(f"Expected {name}={value!r} to be a number.")
     below = value <= lo if lo_open else value < lo
     above = value >= hi if hi_open else value > hi
