@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -383,3 +384,35 @@ def test_feature_stats_from_bounds_and_standard() -> None:
         stats.transform(np.zeros((1, 3), np.float32))
     std = FeatureStats.standard((1.0, 2.0), 2.0, 2)
     np.testing.assert_allclose(std.transform(np.array([[3.0, 2.0]], np.float32)), [[1, 0]])
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "what"),
+    [
+        ("user_ldp", "user_ldp's silo-level (replace-one) guarantee"),
+        ("prifedsync", "prifedsync's record-level (replace-one) guarantee"),
+        ("local_item_dp", None),
+    ],
+)
+def test_dp_scaling_names_the_guarantee_it_does_not_compose_with(
+    algorithm: str, what: str | None
+) -> None:
+    import dataclasses
+
+    from silodp.config import load_config
+    from silodp.errors import InvalidValueError
+    from silodp.experiment.prepare import dp_scaling
+
+    smoke = Path(__file__).resolve().parents[2] / "configs" / "smoke.toml"
+    config = dataclasses.replace(load_config(smoke), algorithms=(algorithm,))
+    if what is None:  # an add/remove record/subject guarantee: refused only for lack of ε
+        with pytest.raises(InvalidValueError, match="privacy.epsilon"):
+            dp_scaling(
+                dataclasses.replace(
+                    config, privacy=dataclasses.replace(config.privacy, epsilon=None)
+                ),
+                None,
+            )  # type: ignore[arg-type]
+        return
+    with pytest.raises(InvalidValueError, match=re.escape(what)):
+        dp_scaling(config, None)  # type: ignore[arg-type]

@@ -291,8 +291,13 @@ def dp_scaling(
     privacy = config.privacy
     for name in config.algorithms:
         cls = ALGORITHMS[name]
-        if cls.adjacency != "add/remove" or "silo" in cls.units:
-            what = "replace-one records" if cls.adjacency != "add/remove" else "silo-level"
+        refused = [
+            f"{u}-level ({cls.adjacency_of(u)})"
+            for u in cls.units
+            if u == "silo" or cls.adjacency_of(u) != "add/remove"
+        ]
+        if refused:
+            what = " and ".join(refused)
             raise InvalidValueError(
                 f"Expected [data] scaling = 'bounds' or 'standard' with {name}: the DP feature "
                 f"statistics are accounted per record and subject, not for {name}'s "
