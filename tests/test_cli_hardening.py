@@ -160,16 +160,11 @@ def test_run_paths_are_checked_first(
 # --- 2. Ctrl-C: what was kept, and the command that continues ------------------------------
 
 
-def test_sigint_during_a_run_says_what_was_kept_and_resume_completes(tmp_path: Path) -> None:
-    # σ = 0: the private algorithm runs as a baseline (no accounting), for 2 rounds only
-    config = _config(
-        tmp_path / "c.toml",
-        algorithms=("fedavg", "local_item_dp"),
-        rounds=40,
-        privacy="noise_multiplier = 0.0\ndelta = 1e-5\nclip = 1.0\ngroup_size = 3",
-        extra="[algorithm.local_item_dp]\nrounds = 2\n",
-    )
-    out = tmp_path / "out"
+def _stop_after_rounds(
+    config: Path, out: Path, rounds: int, stop: signal.Signals
+) -> tuple[subprocess.Popen[str], str]:
+    """Starts ``silodp run``, sends it ``stop`` (by its PID) once fedavg wrote ``rounds``
+    rounds; the process and its stderr."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "silodp.cli", "run", str(config), "--out", str(out)],
         stdout=subprocess.PIPE,
@@ -180,18 +175,38 @@ def test_sigint_during_a_run_says_what_was_kept_and_resume_completes(tmp_path: P
     )
     metrics = out / "fedavg" / "metrics.jsonl"
     deadline = time.monotonic() + 120
-    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= rounds):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the run wrote no rounds"
         time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)  # by its PID
-    stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr[-2000:]
+    proc.send_signal(stop)
+    _, stderr = proc.communicate(timeout=60)
     assert "Traceback" not in stderr
-    assert f"interrupted: stopped by Ctrl-C; kept in {out}/" in stderr
+    return proc, stderr
+
+
+def _rounds_kept(stderr: str) -> int:
     kept = next(ln for ln in stderr.splitlines() if ln.startswith("  fedavg: "))
-    rounds = int(kept.split("interrupted, ")[1].split(" of 40 rounds checkpointed")[0])
-    assert 3 <= rounds < 40
+    return int(kept.split("interrupted, ")[1].split(" of 40 rounds checkpointed")[0])
+
+
+#: σ = 0: the private algorithm runs as a baseline (no accounting)
+NO_NOISE = "noise_multiplier = 0.0\ndelta = 1e-5\nclip = 1.0\ngroup_size = 3"
+
+
+def test_sigint_during_a_run_says_what_was_kept_and_resume_completes(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path / "c.toml",
+        algorithms=("fedavg", "local_item_dp"),
+        rounds=40,
+        privacy=NO_NOISE,
+        extra="[algorithm.local_item_dp]\nrounds = 2\n",
+    )
+    out = tmp_path / "out"
+    proc, stderr = _stop_after_rounds(config, out, 3, signal.SIGINT)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert f"interrupted: stopped by Ctrl-C; kept in {out}/" in stderr
+    assert 3 <= _rounds_kept(stderr) < 40
     assert "  local_item_dp: not started" in stderr
     assert stderr.rstrip().endswith(f"continue with: silodp run --resume {out}")
 
@@ -205,32 +220,12 @@ def test_sigint_during_a_run_says_what_was_kept_and_resume_completes(tmp_path: P
 
 
 def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path: Path) -> None:
-    config = _config(
-        tmp_path / "c.toml",
-        algorithms=("fedavg",),
-        rounds=40,
-        privacy="noise_multiplier = 0.0\ndelta = 1e-5\nclip = 1.0\ngroup_size = 3",
-    )
+    config = _config(tmp_path / "c.toml", algorithms=("fedavg",), rounds=40, privacy=NO_NOISE)
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "silodp.cli", "run", str(config), "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    metrics = out / "fedavg" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the run wrote no rounds"
-        time.sleep(0.02)
-    proc.terminate()  # SIGTERM, by its PID
-    stdout, stderr = proc.communicate(timeout=60)
+    proc, stderr = _stop_after_rounds(config, out, 2, signal.SIGTERM)
     assert proc.returncode == 143, stderr[-2000:]
-    assert "Traceback" not in stderr
     assert f"interrupted: stopped by SIGTERM; kept in {out}/" in stderr
-    kept = next(ln for ln in stderr.splitlines() if ln.startswith("  fedavg: "))
-    rounds = int(kept.split("interrupted, ")[1].split(" of 40 rounds checkpointed")[0])
+    rounds = _rounds_kept(stderr)
     assert 2 <= rounds < 40
     assert stderr.rstrip().endswith(f"continue with: silodp run --resume {out}")
     summary = json.loads((out / "fedavg" / "summary.json").read_text())
