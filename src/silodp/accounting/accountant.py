@@ -37,7 +37,14 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from silodp._validation import check_choice, check_in_range, check_int
 from silodp.accounting import conversions
-from silodp.accounting.pld import DEFAULT_DISCRETIZATION, event_pld, is_supported
+from silodp.accounting.hockey import EpsilonForDelta, epsilon_for_delta
+from silodp.accounting.pld import (
+    DEFAULT_DISCRETIZATION,
+    event_pld,
+    fits,
+    is_supported,
+    loss_variance,
+)
 
 __all__ = [
     "ADVERSARIES",
@@ -153,6 +160,9 @@ def _mixture_group(event: dp_event.DpEvent) -> int:
 class _UnitState:
     pld: pld_lib.PrivacyLossDistribution | None
     rdp: np.ndarray | None
+    #: variance of the privacy loss composed into ``pld`` (and ``record_pld``) so far
+    pld_variance: float = 0.0
+    record_variance: float = 0.0
     mu_sq: float | None = 0.0
     mixture: bool = False
     # group-conversion routes (subject unit of DP-SGD based mechanisms)
@@ -228,8 +238,10 @@ class FederatedAccountant:
             if _rdp_supported(event):
                 curve = conversions.rdp_curve(event)
                 value = conversions.rdp_epsilon(conversions.RDP_ORDERS, curve, self.delta)
-            else:
-                value = event_pld(event, 1e-2).get_epsilon_for_delta(self.delta)
+            elif fits(loss_variance(event, 1e-2), 1e-2):
+                value = epsilon_for_delta(event_pld(event, 1e-2), self.delta)
+            else:  # too long a plan for a PLD: same noise, more loss variance dominates
+                value = loss_variance(event, 1e-2)
             self._rank_cache[event] = value
         return self._rank_cache[event]
 
@@ -331,6 +343,11 @@ class FederatedAccountant:
         if not is_supported(event) or group > self.max_mixture_group:
             state.pld = None
             return
+        variance = state.pld_variance + times * loss_variance(event, self.discretization)
+        if not fits(variance, self.discretization):
+            state.pld = None  # a plan too long for a PLD: the other routes bound it
+            return
+        state.pld_variance = variance
         state.mixture = state.mixture or group > 0
         state.pld = state.pld.compose(event_pld(event, self.discretization).self_compose(times))
 
@@ -360,6 +377,11 @@ class FederatedAccountant:
         add = m * count * grouped
         state.group_rdp = add if state.group_rdp is None else state.group_rdp + add
         if "dp-group" in self.routes and state.record_pld is not None:
+            variance = state.record_variance + count * loss_variance(record, self.discretization)
+            if not fits(variance, self.discretization):
+                state.record_pld = None
+                return
+            state.record_variance = variance
             state.record_pld = state.record_pld.compose(
                 event_pld(record, self.discretization).self_compose(count)
             )
@@ -421,7 +443,7 @@ class FederatedAccountant:
             routes: dict[str, float] = {}
             if state.pld is not None:
                 name = "pld-mixture" if state.mixture else "pld"
-                routes[name] = float(state.pld.get_epsilon_for_delta(self.delta))
+                routes[name] = epsilon_for_delta(state.pld, self.delta)
             if state.rdp is not None:
                 routes["rdp"] = conversions.rdp_epsilon(
                     conversions.RDP_ORDERS, state.rdp, self.delta
@@ -438,7 +460,7 @@ class FederatedAccountant:
                 # (ε, δ) group conversion covers only the record-level mechanism
                 if "dp-group" in self.routes and record_pld is not None and not state.others:
                     routes["dp-group"] = conversions.group_epsilon_dp(
-                        record_pld.get_epsilon_for_delta,
+                        EpsilonForDelta(record_pld),
                         group_size=state.group_size,
                         delta=self.delta,
                         compositions=max(state.group_silos, 1),

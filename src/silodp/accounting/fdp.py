@@ -54,7 +54,9 @@ from silodp._validation import (
 from silodp.accounting.accountant import ADVERSARIES, Estimate, SiloPrivacy
 from silodp.accounting.calibrate import calibrate_noise
 from silodp.accounting.conversions import RDP_ORDERS, rdp_epsilon
+from silodp.accounting.hockey import epsilon_for_delta
 from silodp.accounting.plan import PrivacyPlan
+from silodp.accounting.pld import MAX_PLD_POINTS, fits, pld_loss_moments
 from silodp.accounting.tradeoff import (
     BATCH_SAMPLING,
     DISCRETIZATION,
@@ -62,7 +64,7 @@ from silodp.accounting.tradeoff import (
     MAX_ESTIMATE_MU,
     _gdp_epsilon_or_zero,
     _round_pld,
-    _step_pld,  # noqa: F401  (one step's PLD, compared with closed forms by tests)
+    _step_pld,
     _step_rdp,
     client_sampled_epsilon,
     client_sampled_tradeoff,
@@ -72,6 +74,7 @@ from silodp.accounting.tradeoff import (
     tradeoff_gaussian,
     tradeoff_pld,
 )
+from silodp.errors import InvalidValueError
 
 __all__ = [
     "BATCH_SAMPLING",
@@ -270,6 +273,14 @@ class FdpAccountant:
         """Adds ``count`` rounds of the most exposed client's events among ``silos``."""
         check_int("count", count, 1)
         sigma, q, steps, sampling = self._set_mechanism(silos)
+        _, step_variance = pld_loss_moments(_step_pld(sigma, q, sampling, self.discretization))
+        if not fits(step_variance * steps * (self.rounds + count), self.discretization):
+            raise InvalidValueError(
+                f"Expected a plan whose privacy loss distribution this machine can build: "
+                f"{steps} local steps x {self.rounds + count} rounds of the replace-one "
+                f"Gaussian at σ={sigma:g}, rate {q:g} needs more than {MAX_PLD_POINTS:.0e} "
+                "grid points. Use fewer steps or rounds."
+            )
         round_pld = _round_pld(sigma, q, steps, sampling, self.discretization)
         p = self.client_rate
         if p < 1.0:
@@ -367,7 +378,7 @@ class FdpAccountant:
 
 
 def _epsilon(pld: pld_lib.PrivacyLossDistribution, delta: float) -> float:
-    return float(pld.get_epsilon_for_delta(delta))
+    return epsilon_for_delta(pld, delta)
 
 
 def _advance(

@@ -25,6 +25,7 @@ from silodp._validation import (
     check_probability,
 )
 from silodp.accounting.conversions import gdp_epsilon, rdp_curve
+from silodp.accounting.hockey import epsilon_for_delta
 
 __all__ = [
     "BATCH_SAMPLING",
@@ -312,7 +313,7 @@ def client_sampled_epsilon(
     check_int("rounds", rounds, 1)
     check_in_range("delta", delta, 0.0, 1.0, lo_open=True, hi_open=True)
     pld = tradeoff_pld(mu, p=p, discretization=discretization).self_compose(rounds)
-    return float(pld.get_epsilon_for_delta(delta))
+    return epsilon_for_delta(pld, delta)
 
 
 # ----------------------------------------------------------------------------- rigorous steps

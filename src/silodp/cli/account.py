@@ -152,22 +152,27 @@ def print_report(result: dict[str, Any]) -> None:
         f"{result['algorithm']}: σ = {result['noise_multiplier']:.6g} "
         f"({result['noise_multiplier_source']}), δ = {result['delta']:g}, "
         f"S = {plan['silos']}, R = {plan['rounds']}, ε against {result['adversary']}"
-        + (f", {result['adjacency']} adjacency" if result["adjacency"] != "add/remove" else "")
+        + (f", {result['adjacency']} adjacency" if result["adjacency"] == "replace-one" else "")
     )
+    per_unit = result["adjacency"] if isinstance(result["adjacency"], dict) else {}
     for u, eps in result["epsilon"].items():
         routes = ", ".join(
             f"{k}={'inf' if v is None else format(v, '.4g')}"
             for k, v in result["routes"][u].items()
         )
         value = "inf" if eps is None else f"{eps:.4f}"
-        typer.echo(f"  {u:>20}: ε = {value}  via {result['method'][u]}  (guarantee; {routes})")
+        adjacency = f", {per_unit[u]} adjacency" if u in per_unit else ""
+        typer.echo(
+            f"  {u:>20}: ε = {value}  via {result['method'][u]}  (guarantee{adjacency}; {routes})"
+        )
     for who, unit, other in differing(result):
         typer.echo(
             f"  {unit:>20}: ε = {'inf' if other is None else format(other, '.4f')} against "
             f"{WHO[who]}"
         )
     for key, eps in result.get("estimates", {}).items():
-        typer.echo(f"  {key:>20}: ε ≈ {eps:.4f}  (CLT estimate, not a guarantee)")
+        value = "inf" if eps is None else f"{eps:.4f}"
+        typer.echo(f"  {key:>20}: ε ≈ {value}  (CLT estimate, not a guarantee)")
     for u, m in result.get("mu", {}).items():
         typer.echo(f"  {u:>20}: μ = {m:.4f} (Gaussian DP; an estimate where labelled)")
     for row in result.get("per_round", []):
