@@ -332,6 +332,35 @@ def test_warnings_print_once_as_warning_lines(tmp_path: Path) -> None:
     assert "WARNING:" not in result.stderr and "silodp.experiment" not in result.stderr
 
 
+def test_a_group_size_taken_from_the_data_by_name_is_warned_of(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path / "c.toml",
+        algorithms=("uldp_group",),
+        rounds=1,
+        privacy='noise_multiplier = 0.0\ndelta = 1e-5\nclip = 1.0\ngroup_size = "median"',
+    )
+    result = runner.invoke(app, ["run", str(config), "--out", str(tmp_path / "out"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    warned = [ln for ln in result.stderr.splitlines() if "is computed from the data" in ln]
+    assert len(warned) == 1, result.stderr
+    assert warned[0].startswith("warning: privacy.group_size = 'median' is computed from the data")
+
+
+def test_a_span_above_the_silos_is_refused_before_training(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path / "c.toml",
+        algorithms=("local_group_dp",),
+        rounds=1,
+        privacy="noise_multiplier = 1.0\ndelta = 1e-5\nclip = 1.0\ngroup_size = 4\nspan = 5",
+    )
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(config), "--out", str(out), "--quiet"])
+    _no_traceback(result)
+    assert result.exit_code == 2
+    assert "error: Expected privacy.span=5 to be at most the data's 3 silos" in result.stderr
+    assert not list(out.rglob("metrics.jsonl")) and not list(out.rglob("ledger.sqlite"))
+
+
 def test_python_warnings_print_once_as_warning_lines(capsys: pytest.CaptureFixture[str]) -> None:
     from silodp.cli.common import cli_messages
 
@@ -364,6 +393,40 @@ def test_account_refuses_what_it_used_to_clamp_or_crash_on(extra: list[str], mes
     assert result.exit_code == 2, result.output
     _no_traceback(result)
     assert f"error: {message}" in result.output
+
+
+LARGEST = ["--steps", "1000000", "--rounds", "1000000", "--silos", "1000000"]
+
+
+@pytest.mark.parametrize("algorithm", ["local_item_dp", "user_ldp", "uldp_avg"])
+def test_account_answers_the_largest_plan_it_accepts(algorithm: str) -> None:
+    """10¹² steps over 10⁶ silos: too long for a PLD (10 GB at 10⁹ steps), so ε comes from
+    RDP, in seconds and without running out of memory (it used to hang)."""
+    args = ["account", "--algorithm", algorithm, "--noise-multiplier", "0.3", "--json"]
+    result = runner.invoke(app, [*args, "--sample-rate", "0.5", *LARGEST])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report["method"].values()) <= {"rdp", "rdp-group"}
+    assert all(e is not None and e > 1e6 for e in report["epsilon"].values())
+
+
+def test_account_refuses_a_prifedsync_plan_too_long_for_its_pld() -> None:
+    args = ["account", "--algorithm", "prifedsync", "--noise-multiplier", "0.3"]
+    result = runner.invoke(app, [*args, "--sample-rate", "0.5", *LARGEST])
+    assert result.exit_code == 2, result.output
+    _no_traceback(result)
+    assert "error: Expected a plan whose privacy loss distribution" in result.output
+    assert "1000000 local steps x 1000000 rounds" in result.output
+
+
+def test_account_prints_an_infinite_estimate_as_inf() -> None:
+    """A PriFedSync plan whose CLT estimate is infinite printed a traceback."""
+    args = ["account", "--algorithm", "prifedsync", "--noise-multiplier", "1", "--silos", "4"]
+    result = runner.invoke(
+        app, [*args, "--sample-rate", "0.01", "--steps", "100000", "--rounds", "100"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "ε ≈ inf  (CLT estimate, not a guarantee)" in result.output
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e9", "abc"])

@@ -215,3 +215,23 @@ def test_garbled_toml_is_a_config_error(tmp_path: Path, text: str) -> None:
         load_config(cfg)  # any other exception fails the test
     except ConfigError as err:
         assert str(err)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "largest"),
+    [
+        ("training", "local_steps", 10**6),
+        ("training", "local_epochs", 10**6),
+        ("training", "batch_size", 10**9),
+        ("privacy", "key_bits", 8192),
+    ],
+)
+def test_counts_above_their_limit_are_refused_naming_the_limit(
+    section: str, key: str, largest: int
+) -> None:
+    raw = _base(key)
+    raw[section][key] = largest
+    parse_config(raw)  # the limit itself is accepted
+    raw[section][key] = largest + 2
+    with pytest.raises(ConfigError, match=rf"{key}={largest + 2}\b.*{largest}"):
+        parse_config(raw)

@@ -43,6 +43,12 @@ __all__ = [
 ]
 
 
+#: the largest local steps (or epochs) per round a config may ask for
+MAX_STEPS = 10**6
+#: the largest expected batch size (a batch above a silo's records takes all of them: q = 1)
+MAX_BATCH_SIZE = 10**9
+
+
 def hyperparameter(default: Any, table: str | None, doc: str = "", *, account: bool = False) -> Any:
     """A config field: its default, the TOML table it is read from (``training`` or
     ``privacy``; ``None`` for what the experiment resolves, e.g. σ or the group bound), a
@@ -86,9 +92,9 @@ class AlgorithmConfig:
     def __post_init__(self) -> None:
         if self.num_silos is not None:
             check_int("num_silos", self.num_silos, 1)
-        check_int(self.key("local_steps"), self.local_steps, 1)
+        check_int(self.key("local_steps"), self.local_steps, 1, MAX_STEPS)
         check_choice(self.key("grad_method"), self.grad_method, ("auto", "vmap"))
-        check_int(self.key("batch_size"), self.batch_size, 1)
+        check_int(self.key("batch_size"), self.batch_size, 1, MAX_BATCH_SIZE)
         check_positive(self.key("lr"), self.lr)
         check_positive(self.key("server_lr"), self.server_lr)
         check_positive(self.key("clip"), self.clip)
@@ -318,7 +324,11 @@ class Algorithm(ABC):
         algorithm = self
         if self.config.num_silos is None:  # the ULDP methods need S to account a curious silo
             algorithm = type(self)(replace(self.config, num_silos=len(plan.sampling_rates)))
-        events = [algorithm.silo_privacy(sampling_rate=rate) for rate in plan.sampling_rates]
+        # silos at one rate run the same events: built once per rate (plans of 10⁶ silos)
+        by_rate = {
+            rate: algorithm.silo_privacy(sampling_rate=rate) for rate in set(plan.sampling_rates)
+        }
+        events = [by_rate[rate] for rate in plan.sampling_rates]
         return [e for e in events if e is not None]
 
     def accounted_events(

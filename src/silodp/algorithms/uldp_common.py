@@ -12,6 +12,7 @@ import torch
 
 from silodp._validation import check_choice, check_in_range, check_int
 from silodp.algorithms.base import (
+    MAX_STEPS,
     AlgorithmConfig,
     SiloUpdate,
     hyperparameter,
@@ -35,7 +36,7 @@ class UldpNaiveConfig(AlgorithmConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_int(self.key("local_epochs"), self.local_epochs, 1)
+        check_int(self.key("local_epochs"), self.local_epochs, 1, MAX_STEPS)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,6 +25,7 @@ from silodp.crypto.secretpow import SecretPower
 
 __all__ = [
     "DEFAULT_KEY_BITS",
+    "MAX_KEY_BITS",
     "MIN_KEY_BITS",
     "MIN_TEST_KEY_BITS",
     "PaillierKeyPair",
@@ -36,6 +37,8 @@ __all__ = [
 
 DEFAULT_KEY_BITS = 3072
 MIN_KEY_BITS = 2048
+#: ciphertexts mod n² must fit the messages' 16384-bit bound (:mod:`silodp.crypto.messages`)
+MAX_KEY_BITS = 8192
 MIN_TEST_KEY_BITS = 128
 _PRIME_REPS = 40
 
@@ -55,6 +58,11 @@ def check_key_bits(bits: int, *, insecure_test_key_bits: int | None = None) -> i
         raise InsecureKeyError(
             f"Refusing Paillier key_bits={bits}: below the {MIN_KEY_BITS}-bit minimum "
             f"(default {DEFAULT_KEY_BITS}). Tests may pass insecure_test_key_bits explicitly."
+        )
+    if bits > MAX_KEY_BITS:
+        raise ValueError(
+            f"Expected key_bits={bits} to be at most {MAX_KEY_BITS} (ciphertexts mod n² must fit "
+            f"the protocol's messages; the default is {DEFAULT_KEY_BITS})."
         )
     if bits % 2:
         raise ValueError(f"Expected key_bits={bits} to be even.")
