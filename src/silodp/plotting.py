@@ -62,7 +62,7 @@ def plot_epsilon(metrics: Metrics, path: Path, title: str, delta: float) -> Path
     adjacency = next((m["adjacency"] for m in metrics if "adjacency" in m), None)
     against = next((m["adversary"] for m in metrics if m.get("adversary")), None)
     for unit in units:
-        label = unit + (f" ({adjacency})" if adjacency else "")
+        label = unit + f" ({adjacency_at(adjacency, unit)})"
         label += f", against {against}" if against else ""
         _curve(ax, metrics, lambda m, u=unit: m["epsilon"].get(u), label=label)
         for who in ("released", "server", "silos"):
@@ -76,11 +76,12 @@ def plot_epsilon(metrics: Metrics, path: Path, title: str, delta: float) -> Path
     ax.set_ylabel(f"ε at δ={delta:g}")
     if units:
         ax.legend(title="unit", fontsize=8)
-        if adjacency == "replace-one":
+        replaced = [u for u in units if adjacency_at(adjacency, u) == "replace-one"]
+        if replaced:
             ax.text(
                 0.01,
                 0.99,
-                "replace-one adjacency: not comparable with add/remove ε",
+                f"{', '.join(replaced)}: replace-one adjacency, not comparable with add/remove ε",
                 transform=ax.transAxes,
                 va="top",
                 fontsize=8,
@@ -90,6 +91,14 @@ def plot_epsilon(metrics: Metrics, path: Path, title: str, delta: float) -> Path
     ax.grid(alpha=0.3)
     ax.set_title(title)
     return save_figure(fig, path)
+
+
+def adjacency_at(adjacency: str | Mapping[str, str] | None, unit: str) -> str:
+    """The adjacency of the guarantee at ``unit``: a run's metrics hold one name for all its
+    units, a mapping ``{unit: name}`` where they differ (user_ldp), or nothing (add/remove)."""
+    if adjacency is None:
+        return "add/remove"
+    return adjacency if isinstance(adjacency, str) else adjacency.get(unit, "add/remove")
 
 
 def _curve(ax: Any, metrics: Metrics, value: Any, **style: Any) -> None:
@@ -129,7 +138,7 @@ def plot_comparison(
             for m in metrics
             if m.get("epsilon", {}).get(unit) is not None
         ]
-        replace_one = any(m.get("adjacency") == "replace-one" for m in metrics)
+        replace_one = any(adjacency_at(m.get("adjacency"), unit) == "replace-one" for m in metrics)
         if rows:
             right.plot(
                 [r for r, _ in rows],

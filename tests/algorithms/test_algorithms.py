@@ -351,6 +351,32 @@ def test_user_ldp_reports_its_adjacency_per_unit() -> None:
     assert update.privacy.events["subject"] == gaussian_steps(sigma / 2, steps)
 
 
+def test_user_ldp_adjacency_is_shown_per_unit_in_text_and_plots(tmp_path, monkeypatch, capsys):
+    """`silodp account`'s text and the ε plot name each unit's own adjacency (they printed
+    the raw mapping, and the plot labelled no unit as replace-one)."""
+    from silodp import plotting
+    from silodp.cli.account import account_report, print_report
+
+    report = account_report("user_ldp", noise_multiplier=20.0, steps=5, rounds=4, silos=3)
+    print_report(report)
+    text = capsys.readouterr().out
+    assert "{" not in text.splitlines()[0]
+    assert "silo: ε = " in text and "(guarantee, replace-one adjacency;" in text
+    assert "(guarantee, add/remove adjacency;" in text
+    figures = []
+    monkeypatch.setattr(plotting, "save_figure", lambda fig, path: figures.append(fig) or path)
+    adjacency = dict(report["adjacency"])
+    rows = [
+        {"round": r, "epsilon": {"silo": 1.0 * r, "subject": 2.0 * r}, "adjacency": adjacency}
+        for r in (1, 2)
+    ]
+    plotting.plot_epsilon(rows, tmp_path / "e.png", "user_ldp", 1e-5)
+    legend = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    assert legend == ["silo (replace-one)", "subject (add/remove)"]
+    notes = [t.get_text() for t in figures[0].axes[0].texts]
+    assert notes == ["silo: replace-one adjacency, not comparable with add/remove ε"]
+
+
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_threat_model_speaks_of_a_subject_sample_only_where_there_is_one(name: str) -> None:
     cls = ALGORITHMS[name]
