@@ -110,15 +110,13 @@ def _bound_data(
 ) -> tuple[FederatedDataset, int | None, str, int, str]:
     """Applies the public span and group bounds (dropping excess records, SPEC §1)."""
     span_source = "config" if privacy.span is not None else "number of silos (worst case)"
-    span = min(privacy.span or train.num_silos, train.num_silos)
     if privacy.span is not None and privacy.span > train.num_silos:
-        logger.warning(
-            "privacy.span=%d is more than the data's %d silos: a subject spans at most every "
-            "silo, so the bound used is %d.",
-            privacy.span,
-            train.num_silos,
-            span,
+        raise InvalidValueError(
+            f"Expected privacy.span={privacy.span} to be at most the data's {train.num_silos} "
+            "silos (a subject spans at most every silo); set it to the public bound on the "
+            "silos one subject's records may occupy, or leave it unset for every silo."
         )
+    span = privacy.span or train.num_silos
     if algorithm.uses_span():
         train = cap_span(train, span=span, seed=seed)
     scope = algorithm.group_bound_scope()
@@ -131,11 +129,19 @@ def _bound_data(
             train = cap_records(train, total=k, seed=seed)
         else:
             train = cap_records(train, per_silo=k, seed=seed)
-        source = (
-            "config"
-            if isinstance(privacy.group_size, int)
-            else f"data ({privacy.group_size} records of a subject {where})"
-        )
+        source = "config"
+        if not isinstance(privacy.group_size, int):
+            source = f"data ({privacy.group_size} records of a subject {where})"
+            logger.warning(
+                "privacy.group_size = %r is computed from the data (k = %d, the %s count of "
+                "one subject's records %s). That bound depends on the data; set "
+                "privacy.group_size to a public number for a strictly valid subject-level "
+                "guarantee.",
+                privacy.group_size,
+                k,
+                privacy.group_size,
+                where,
+            )
         return train, k, source, span, span_source
     largest = _group_bound(train, "max", scope)
     logger.warning(
