@@ -38,9 +38,10 @@ from silodp.algorithms.uldp import (
     record_weights,
     uniform_weights,
 )
-from silodp.crypto.errors import InsecureKeyError, SiloDropoutError, SubjectBoundError
+from silodp.crypto.errors import InsecureKeyError, SiloDropoutError
 from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
+from silodp.errors import InvalidValueError
 from silodp.models import MLP
 from silodp.privacy.gradients import batch_gradient, tree_norm
 from silodp.privacy.per_subject import per_subject_deltas_loop, subject_batches
@@ -355,6 +356,48 @@ def test_local_update_contract(name) -> None:
     assert a.privacy.views == {"silos": {"subject": known_sample_gaussian_steps(0.6, peers, 1)}}
     full = make_algorithm(name, _with(cfg, subject_rate=1.0), train)
     assert full.silo_privacy(sampling_rate=1.0).events == {"subject": gaussian_steps(1.1, 1)}
+
+
+#: Global torch samplers that no privacy-relevant draw may use (the coins are the only source).
+TORCH_SAMPLERS = ("rand", "randn", "randperm", "randint", "bernoulli", "normal", "multinomial")
+
+
+@pytest.mark.parametrize(
+    ("name", "sampler"),
+    [
+        ("uldp_naive", "server"),
+        *[(n, s) for n in ("uldp_avg", "uldp_sgd", "uldp_avg_w") for s in ("server", "silos")],
+    ],
+)
+def test_no_draw_bypasses_the_coins(name, sampler, monkeypatch) -> None:
+    """The server's subject sample, the silos' sample and every noise draw of the ULDP family
+    come from the injected coins: with torch's global samplers refused, the same coins give
+    the same messages."""
+    train = _federation(dtype=np.float32)
+    cfg = dict(noise_multiplier=1.1, clip=0.3, local_epochs=2, weighting="clear")
+    if name != "uldp_naive":
+        cfg.update(subject_rate=0.6, subject_sampler=sampler)
+    algo = make_algorithm(name, cfg, train, coins=Coins.seeded(1))
+    model = MLP(5, 3, hidden=8)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a privacy-relevant draw went through torch's samplers")
+
+    for name_ in TORCH_SAMPLERS:
+        monkeypatch.setattr(torch, name_, refuse)
+    runs = []
+    for _ in range(2):
+        instr = algo.configure_round(1, Coins.seeded(0))
+        runs.append(
+            [
+                algo.local_update(model, params, s, Coins.seeded(4), instr)
+                for s in silo_tensors(train)
+            ]
+        )
+    monkeypatch.undo()
+    for a, b in zip(*runs, strict=True):
+        assert all(torch.equal(a.params[k], b.params[k]) for k in params)
 
 
 @pytest.mark.parametrize("name", ["uldp_avg", "uldp_sgd"])
@@ -835,7 +878,8 @@ def test_protocol_set_up_refuses_small_keys_and_subjects_above_n_max() -> None:
     with pytest.raises(InsecureKeyError, match="1024"):
         UldpAvgW.for_data(dict(key_bits=1024, n_max=30), train)
     largest = int(train.histogram().sum(axis=0).max())
-    with pytest.raises(SubjectBoundError, match=f"n_max={largest - 1}"):
+    # refused before the protocol (whose own check is SubjectBoundError), naming the subject
+    with pytest.raises(InvalidValueError, match=rf"privacy\.n_max={largest - 1} .* \({largest}\)"):
         _protocol(dict(n_max=largest - 1), train)
 
 

@@ -331,6 +331,15 @@ def test_subjects_above_n_max_are_named_by_their_own_ids(tmp_path: Path) -> None
         check_records_per_subject(data.train, 10, name="n_max")
     assert "'p0042' (" in str(err.value) and "n_max=10" in str(err.value)
     assert describe(data)["max_records_subject_id"] == "p0042"
+    # uldp_avg_w refuses before the weighting protocol (which knows only indices) is set up
+    from silodp.algorithms import ALGORITHMS
+    from silodp.privacy.randomness import Coins
+
+    cls = ALGORITHMS["uldp_avg_w"]
+    config = {"n_max": 10, "num_silos": data.train.num_silos, "noise_multiplier": 1.0}
+    with pytest.raises(InvalidValueError) as err:
+        cls.for_data(config, data.train, insecure_test_key_bits=512, coins=Coins.seeded(0))
+    assert "'p0042' (" in str(err.value) and "privacy.n_max=10" in str(err.value)
 
 
 def test_a_silo_emptied_by_the_test_split_is_named_by_its_id(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from silodp.crypto.protocol import Parties, ProtocolConfig, WeightingSession, wi
 from silodp.crypto.randomness import RandomSource
 from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
+from silodp.data.bounds import check_records_per_subject
 from silodp.errors import InvalidValueError
 from silodp.privacy.gradients import Params
 from silodp.privacy.per_subject import per_subject_deltas, subject_batches
@@ -140,6 +141,8 @@ class UldpAvgW(UldpAvg):
                 weights=cls.make_weights(train),
                 sample_key=cls.shared_sample_key(cfg, coins),
             )
+        # named by the data's own subject ids here; the sealed protocol knows only indices
+        check_records_per_subject(train, cfg.n_max, name=cfg.key("n_max"))
         root: RandomSource = source if source is not None else coins
         hist = train.histogram()
         histograms = {
