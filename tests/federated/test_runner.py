@@ -100,6 +100,37 @@ def test_existing_results_are_not_overwritten(tmp_path: Path) -> None:
     run_experiment(cfg, tmp_path, overwrite=True)
 
 
+def test_overwriting_a_calibrated_run_keeps_the_replaced_ledger(tmp_path: Path) -> None:
+    """A calibrated run's budget is its target ε: run again with --overwrite, it used to stop
+    with BudgetExceededError on the replaced run's ledger. That ledger is now kept beside the
+    new one, verifiable, and the shared ledger of a budget across runs is never moved."""
+    from silodp.ledger.report import ledger_report, verify_ledger
+    from silodp.ledger.run import BudgetExceededError
+
+    raw = _tiny(noise_multiplier=None, epsilon=4.0)
+    raw["algorithms"] = ["user_ldp"]
+    raw["training"]["rounds"] = 2
+    cfg = parse_config(raw)
+    run_experiment(cfg, tmp_path)
+    first = (tmp_path / "user_ldp" / "ledger.sqlite").read_bytes()
+    run_experiment(cfg, tmp_path, overwrite=True)
+    kept = sorted((tmp_path / "user_ldp").glob("ledger.replaced-*.sqlite"))
+    assert len(kept) == 1 and kept[0].read_bytes() == first
+    assert (
+        verify_ledger(kept[0]) == []
+        and verify_ledger(tmp_path / "user_ldp" / "ledger.sqlite") == []
+    )
+    assert len(ledger_report(tmp_path / "user_ldp" / "ledger.sqlite")["runs"]) == 1
+    # a shared ledger counts every run: the same plan twice exceeds the target-ε budget
+    shared = parse_config(
+        {**raw, "privacy": {**raw["privacy"], "ledger": str(tmp_path / "d.sqlite")}}
+    )
+    run_experiment(shared, tmp_path / "s")
+    with pytest.raises(BudgetExceededError, match="budget 4"):
+        run_experiment(shared, tmp_path / "s", overwrite=True)
+    assert not list((tmp_path / "s" / "user_ldp").glob("ledger.replaced-*"))
+
+
 def test_unreachable_target_fails_before_writing_anything(tmp_path: Path) -> None:
     raw = _tiny(noise_multiplier=None, epsilon=1e-6)
     raw["algorithms"] = ["user_ldp"]

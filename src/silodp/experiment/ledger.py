@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,9 @@ from silodp.accounting.interface import Accountant
 from silodp.experiment.prepare import PreparedRun
 from silodp.ledger import Ledger, RunLedger
 
-__all__ = ["LEDGER_FILE", "budget_of", "open_run_ledger"]
+__all__ = ["LEDGER_FILE", "budget_of", "open_run_ledger", "set_aside_replaced_ledger"]
+
+logger = logging.getLogger(__name__)
 
 #: a run's own ledger, in its directory, unless ``privacy.ledger`` names a shared one
 LEDGER_FILE = "ledger.sqlite"
@@ -54,6 +59,37 @@ def resume_run_ledger(
         accountant=accountant,
         budget=budget_of(run),
     )
+
+
+def set_aside_replaced_ledger(run: PreparedRun, run_dir: Path) -> Path | None:
+    """Before a run starts afresh in ``run_dir`` (``--overwrite``, or a run started again
+    without ``--resume``), renames the replaced run's own ledger to
+    ``ledger.replaced-<UTC time>.sqlite`` beside it and returns the new name.
+
+    The replaced run's spending stays on record there, but does not count against the new
+    run's budget: a per-run ledger belongs to the results it is written with. A shared ledger
+    (``privacy.ledger``) is never moved: every run on its data counts against its budget.
+    """
+    if run.privacy.ledger or not (run_dir / LEDGER_FILE).is_file():
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = run_dir / f"ledger.replaced-{stamp}.sqlite"
+    n = 1
+    while target.exists():
+        n += 1
+        target = run_dir / f"ledger.replaced-{stamp}-{n}.sqlite"
+    for suffix in ("-wal", "-shm"):  # a writer stopped without closing leaves these
+        side = run_dir / (LEDGER_FILE + suffix)
+        if side.exists():
+            os.replace(side, target.with_name(target.name + suffix))
+    os.replace(run_dir / LEDGER_FILE, target)
+    logger.warning(
+        "%s: the replaced run's ledger is kept as %s; what it spent does not count against "
+        "this run's budget (a shared privacy.ledger counts every run).",
+        run.name,
+        target,
+    )
+    return target
 
 
 def open_run_ledger(

@@ -22,7 +22,11 @@ from silodp.data.build import build_federated_data
 from silodp.data.describe import describe
 from silodp.errors import InvalidValueError
 from silodp.experiment.checkpoint import load_checkpoint, save_checkpoint
-from silodp.experiment.ledger import open_run_ledger, resume_run_ledger
+from silodp.experiment.ledger import (
+    open_run_ledger,
+    resume_run_ledger,
+    set_aside_replaced_ledger,
+)
 from silodp.experiment.prepare import PreparedRun, dp_scaling, prepare_run
 from silodp.experiment.record import (
     PRIVATE_DIR,
@@ -146,6 +150,8 @@ def train_run(
             span=run.span, delta=run.privacy.delta, target=run.privacy.adversary
         )
         ledger = resume_run_ledger(run, run_dir, accountant, config_hash) if resume else None
+        if not resume:
+            set_aside_replaced_ledger(run, run_dir)
         if ledger is None:
             ledger = open_run_ledger(run, run_dir, accountant, config_hash)
             if run.plan.releases:
