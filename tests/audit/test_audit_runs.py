@@ -201,8 +201,87 @@ def test_cli_audit_writes_reports_and_refuses_bad_input(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     [report] = json.loads(result.stdout)
     assert report["algorithm"] == "local_item_dp" and report["unit"] == "subject"
+    assert report["claim"] == "finite" and report["adjacency"] == "add/remove"
     assert report["canaries"] == 60 and report["confidence"] == pytest.approx(0.95)
     assert 0 <= report["lower_bound"] <= report["claimed_epsilon"]
     written = json.loads((out / "local_item_dp" / "audit.json").read_text())
     assert len(written["scores"]) == 60 and sum(written["inclusion"]) == report["included"]
     assert (out / "local_item_dp" / "ledger.sqlite").is_file()
+
+
+def _fake_report(name: str, claimed: float | None, bound: float, claim: str = "finite") -> dict:
+    return {
+        "algorithm": name,
+        "unit": "subject",
+        "claimed_epsilon": claimed,
+        "claim": claim,
+        "lower_bound": bound,
+        "bound": {"correct": 10, "guesses": 10},
+        "runs": 1,
+        "wall_time_s": 1.0,
+    }
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_cli_audit_exits_1_when_a_bound_exceeds_its_claim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, as_json: bool
+) -> None:
+    """With and without --json (which used to exit 0 whatever the bound)."""
+    path, _ = _config(tmp_path, ["local_item_dp"], "noise_multiplier = 1.0")
+    reports = {"above": _fake_report("local_item_dp", 1.0, 2.5)}
+    monkeypatch.setattr(
+        "silodp.audit.run.audit_algorithm", lambda cfg, data, name, out, **kw: reports["above"]
+    )
+    args = ["audit", str(path), "--out", str(tmp_path / "out"), "--quiet"]
+    result = CliRunner().invoke(app, args + (["--json"] if as_json else []))
+    assert result.exit_code == 1, result.output
+    assert "lower bound above the claimed ε: local_item_dp" in result.stderr
+    if as_json:
+        assert json.loads(result.stdout)[0]["lower_bound"] == 2.5
+    reports["above"] = _fake_report("local_item_dp", 3.0, 2.5)
+    assert CliRunner().invoke(app, args + (["--json"] if as_json else [])).exit_code == 0
+
+
+def test_cli_audit_table_tells_an_infinite_claim_from_no_claim() -> None:
+    from silodp.cli.audit import _table, _violates
+
+    table = _table(
+        [
+            _fake_report("local_item_dp", None, 5.0, claim="infinite"),
+            _fake_report("fedavg", None, 5.0, claim="not private"),
+        ]
+    )
+    lines = table.splitlines()
+    assert " inf " in lines[1] and "not private" in lines[2]
+    assert not _violates(_fake_report("local_item_dp", None, 5.0, claim="infinite"))
+
+
+def test_cli_audit_refuses_a_unit_the_algorithm_claims_nothing_at(tmp_path: Path) -> None:
+    path, _ = _config(tmp_path, ["uldp_avg"], "noise_multiplier = 1.0")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["audit", str(path), "--unit", "record", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "Expected --unit to be a unit 'uldp_avg' reports ε for (subject); got 'record'" in (
+        result.output
+    )
+    assert not (out / "uldp_avg").exists()
+
+
+def test_cli_audit_ctrl_c_says_what_was_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, _ = _config(tmp_path, ["fedavg", "local_item_dp"], "noise_multiplier = 1.0")
+
+    def audit(cfg, data, name, out, **kw):
+        if name == "local_item_dp":
+            raise KeyboardInterrupt
+        return _fake_report(name, None, 0.0, claim="not private")
+
+    monkeypatch.setattr("silodp.audit.run.audit_algorithm", audit)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["audit", str(path), "--out", str(out), "--quiet"])
+    assert result.exit_code == 130, result.output
+    assert f"interrupted: stopped by Ctrl-C; audits finished and kept in {out}/: fedavg." in (
+        result.stderr
+    )
+    assert "Traceback" not in result.output

@@ -120,11 +120,15 @@ def _claimed(summary: dict[str, Any], unit: str, run_dir: Path) -> dict[str, Any
     by = summary.get("epsilon_by_adversary") or {}
     released = (by.get("released") or {}).get(unit)
     headline = (summary.get("epsilon") or {}).get(unit)
+    private = summary.get("noise_multiplier") not in (None, 0, 0.0)
+    epsilon = released if by else headline
     return {
-        "epsilon": released if by else headline,
+        "epsilon": epsilon,
         "epsilon_headline": headline,
         "epsilon_by_adversary": {who: v.get(unit) for who, v in by.items()},
-        "private": summary.get("noise_multiplier") not in (None, 0, 0.0),
+        "private": private,
+        # the summaries write an infinite ε as null: say which null it is
+        "status": "not private" if not private else ("infinite" if epsilon is None else "finite"),
     }
 
 
@@ -161,6 +165,12 @@ def audit_algorithm(
     probe = prepare_run(name, cfg, data)
     unit = unit or default_unit(probe.algorithm)
     check_choice("unit", unit, CANARY_UNITS)
+    reported = tuple(probe.algorithm.units)
+    if probe.algorithm.private and unit not in reported:
+        raise InvalidValueError(
+            f"Expected --unit to be a unit {name!r} reports ε for ({', '.join(reported)}); got "
+            f"{unit!r}: it claims nothing at that unit, so no bound could contradict it."
+        )
     rng = np.random.default_rng(seed if seed is not None else secrets.randbits(128))
     amplitude = AMPLITUDE_PER_CLIP * max(1.0, float(probe.algorithm.config.clip))
     run_dir = out / name
@@ -192,6 +202,10 @@ def audit_algorithm(
         sigma = run.noise_multiplier
     else:
         check_int("runs", runs, 4)
+        log(
+            f"{name}: {runs} trainings on the config's data; the first is recorded in "
+            f"{run_dir / LEDGER_FILE}, the other {runs - 1} in no ledger"
+        )
         scores_list, bits = [], []
         sigma = None
         delta = cfg.privacy.delta
@@ -233,6 +247,8 @@ def audit_algorithm(
         "delta": delta,
         "noise_multiplier": sigma,
         "claimed_epsilon": claimed["epsilon"],
+        "claim": claimed["status"],
+        "adjacency": probe.algorithm.adjacency_of(unit) if unit in reported else None,
         "claimed_epsilon_by_adversary": claimed["epsilon_by_adversary"],
         "lower_bound": bound["epsilon"],
         "confidence": 1 - significance,

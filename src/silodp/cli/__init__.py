@@ -16,11 +16,8 @@ import importlib
 import json
 import math
 import shlex
-import signal
 import sys
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -33,12 +30,14 @@ from silodp.cli.common import (
     INTERRUPTED_EXIT_CODE,
     TERMINATED_EXIT_CODE,
     WHO,
+    Terminated,
     check_config_file,
     cli_messages,
     differing,
     fail,
     fmt,
     progress,
+    sigterm_interrupts,
 )
 from silodp.errors import SilodpError
 from silodp.io import check_writable_dir
@@ -275,7 +274,7 @@ def run(
     if engine == "flower-deploy" and federation != Path(".silodp-federation"):
         follow += ["--federation", str(federation)]
     try:
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             if engine != IN_PROCESS:
                 summary = _run_on_flower(
                     config, out, engine, overwrite, resume, on_failure, timeout, federation
@@ -283,29 +282,8 @@ def run(
             else:
                 summary = _run_in_process(config, out, overwrite, quiet, resume, ledger)
     except KeyboardInterrupt as stop:
-        _interrupted(target, follow, restart, terminated=isinstance(stop, _Terminated))
+        _interrupted(target, follow, restart, terminated=isinstance(stop, Terminated))
     _print_summary(summary, target)
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, stopping a run as Ctrl-C does (every ``finally`` runs, children included)."""
-
-
-@contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`_Terminated` in the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminate(signum: int, frame: object) -> None:
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _fail_on(err: BaseException) -> NoReturn:

@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
-from silodp.cli.common import fail, fmt
+from silodp.cli.common import (
+    INTERRUPTED_EXIT_CODE,
+    TERMINATED_EXIT_CODE,
+    Terminated,
+    fail,
+    fmt,
+    sigterm_interrupts,
+)
 
 __all__ = ["audit"]
 
@@ -24,7 +31,12 @@ def _table(reports: list[dict[str, Any]]) -> str:
         guesses = (
             f"{bound['correct']}/{bound['guesses']}" if "guesses" in bound else f"{r['runs']} runs"
         )
-        claimed = "not private" if r["claimed_epsilon"] is None else fmt(r["claimed_epsilon"])
+        claim = r.get("claim", "finite")
+        claimed = (
+            fmt(r["claimed_epsilon"])
+            if claim == "finite"
+            else ("inf" if claim == "infinite" else "not private")
+        )
         lines.append(
             f"{r['algorithm']:>15}  {r['unit']:<7}  {claimed:>10}  {r['lower_bound']:>11.3g}  "
             f"{guesses:>12}  {r['wall_time_s']:>7.0f}"
@@ -77,6 +89,7 @@ def audit(
     from silodp.data.build import build_federated_data
     from silodp.errors import SilodpError
     from silodp.experiment.record import check_output
+    from silodp.io import check_writable_dir
 
     if unit is not None and unit not in CANARY_UNITS:
         fail(f"Expected --unit to be one of {', '.join(CANARY_UNITS)}; got {unit!r}.")
@@ -88,7 +101,9 @@ def audit(
         fail(f"Expected --runs >= 4; got {runs}.")
     if not 0 < significance < 1:
         fail(f"Expected --significance in (0, 1); got {significance}.")
+    reports: list[dict[str, Any]] = []
     try:
+        check_writable_dir(out, name="--out")
         cfg = load_config(config)
         names = list(algorithm or cfg.algorithms)
         for name in names:
@@ -101,34 +116,37 @@ def audit(
         log = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
         log(f"silodp: auditing {', '.join(names)} from {config}")
         data = build_federated_data(cfg.data)
-        reports = []
-        for name in names:
-            reports.append(
-                audit_algorithm(
-                    cfg,
-                    data,
-                    name,
-                    out,
-                    unit=unit,
-                    design=design,
-                    canaries=canaries,
-                    runs=runs,
-                    significance=significance,
-                    seed=seed,
-                    log=log,
+        with sigterm_interrupts():
+            for name in names:
+                reports.append(
+                    audit_algorithm(
+                        cfg,
+                        data,
+                        name,
+                        out,
+                        unit=unit,
+                        design=design,
+                        canaries=canaries,
+                        runs=runs,
+                        significance=significance,
+                        seed=seed,
+                        log=log,
+                    )
                 )
-            )
-    except (SilodpError, ProtocolError, ValueError, FileNotFoundError) as err:
-        fail(str(err))
+    except KeyboardInterrupt as stop:
+        _stopped(out, reports, terminated=isinstance(stop, Terminated))
+    except (SilodpError, ProtocolError, ValueError, OSError) as err:
+        done = ", ".join(r["algorithm"] for r in reports)
+        fail(str(err) + (f" (audits finished and kept in {out}/: {done})" if done else ""))
+    above = [r["algorithm"] for r in reports if _violates(r)]
     if as_json:
         json.dump(reports, sys.stdout, indent=2)
         typer.echo("")
-        return
-    conf = f"{1 - significance:.0%}"
-    typer.echo(f"\nempirical lower bounds on ε ({conf} confidence), released-model attacker:")
-    typer.echo(_table(reports))
-    above = [r["algorithm"] for r in reports if _violates(r)]
-    typer.echo(f"\nresults in {out}/ (audit.json, audit_roc.png per algorithm)")
+    else:
+        conf = f"{1 - significance:.0%}"
+        typer.echo(f"\nempirical lower bounds on ε ({conf} confidence), released-model attacker:")
+        typer.echo(_table(reports))
+        typer.echo(f"\nresults in {out}/ (audit.json, audit_roc.png per algorithm)")
     if above:
         typer.secho(
             f"lower bound above the claimed ε: {', '.join(above)} - the claim does not hold",
@@ -136,6 +154,18 @@ def audit(
             err=True,
         )
         raise typer.Exit(code=1)
+
+
+def _stopped(out: Path, reports: list[dict[str, Any]], *, terminated: bool) -> NoReturn:
+    """After Ctrl-C (or SIGTERM): which audits finished; exit code 130 (143)."""
+    done = ", ".join(r["algorithm"] for r in reports) or "none"
+    typer.echo(
+        f"interrupted: stopped by {'SIGTERM' if terminated else 'Ctrl-C'}; audits finished and "
+        f"kept in {out}/: {done}. An audit cut short is not a result: run it again with "
+        "--overwrite.",
+        err=True,
+    )
+    raise typer.Exit(code=TERMINATED_EXIT_CODE if terminated else INTERRUPTED_EXIT_CODE)
 
 
 def _violates(report: dict[str, Any]) -> bool:

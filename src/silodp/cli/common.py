@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ __all__ = [
     "BUDGET_EXIT_CODE",
     "INTERRUPTED_EXIT_CODE",
     "TERMINATED_EXIT_CODE",
+    "Terminated",
     "WHO",
     "check_config_file",
     "cli_messages",
@@ -29,6 +32,7 @@ __all__ = [
     "fail",
     "fmt",
     "progress",
+    "sigterm_interrupts",
 ]
 
 #: the exit code of a run a privacy budget stopped
@@ -39,6 +43,28 @@ INTERRUPTED_EXIT_CODE = 130
 
 #: the exit code of a command stopped by SIGTERM (``kill PID``), as shells report it
 TERMINATED_EXIT_CODE = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, stopping a run as Ctrl-C does (every ``finally`` runs, children included)."""
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
 
 #: how each adversary is named in printed output
 WHO = {
