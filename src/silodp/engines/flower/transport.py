@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 
 from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 __all__ = ["RECORD", "GridTransport", "request_of", "reply_content"]
@@ -15,6 +16,14 @@ logger = logging.getLogger(__name__)
 
 #: the record holding silodp's message in a Flower message
 RECORD = "silodp"
+
+#: Flower errors that mean the silo's app raised before replying, so it released nothing.
+#: Every other error (the SuperLink's "reply unavailable" for a reply it stored and let
+#: expire, "node unavailable" for a node that may have pulled the request and answered, a
+#: crashed app, unknown) is taken as no answer, which the engine charges in full.
+SENT_NOTHING = frozenset(
+    {ErrorCode.LOAD_CLIENT_APP_EXCEPTION, ErrorCode.CLIENT_APP_RAISED_EXCEPTION}
+)
 
 
 def reply_content(body: bytes) -> RecordDict:
@@ -59,7 +68,16 @@ class GridTransport:
         for reply in self.grid.send_and_receive(messages, timeout=timeout):
             node = reply.metadata.src_node_id
             if reply.has_error():
-                out[node] = f"the silo's process failed: {reply.error.reason}"
+                if reply.error.code in SENT_NOTHING:
+                    out[node] = f"the silo's process failed: {reply.error.reason}"
+                else:
+                    logger.warning(
+                        "node %d: Flower error %d (%s), taken as no answer: the silo may have "
+                        "released its message",
+                        node,
+                        reply.error.code,
+                        reply.error.reason,
+                    )
                 continue
             try:
                 out[node] = bytes(reply.content[RECORD]["body"])  # type: ignore[arg-type]
