@@ -27,11 +27,26 @@ def test_pure_dp_p_value_is_the_binomial_tail() -> None:
     assert one_run_p_value(m, r, v, eps, 0.0) == pytest.approx(tail, rel=1e-9)
 
 
-def test_delta_term_only_adds() -> None:
-    base = one_run_p_value(1000, 100, 80, 1.0, 0.0)
-    with_delta = one_run_p_value(1000, 100, 80, 1.0, 1e-5)
-    # the δ term is 2·m·δ·α with 0 < α <= 1
-    assert base < with_delta <= base + 2 * 1000 * 1e-5
+@pytest.mark.parametrize(("m", "r", "v", "eps"), [(1000, 100, 80, 1.0), (500, 60, 20, 0.3)])
+def test_delta_term_is_theorem_5_2s(m: int, r: int, v: int, eps: float) -> None:
+    """The δ term is 2·m·δ·α with α = max_{1≤i≤v} P[v-i ≤ Binomial(r, q) < v] / i (Steinke,
+    Nasr & Jagielski 2023, Theorem 5.2), here summed term by term."""
+    q = math.exp(eps) / (1 + math.exp(eps))
+
+    def pmf(k: int) -> float:
+        return math.comb(r, k) * q**k * (1 - q) ** (r - k)
+
+    alpha = max(sum(pmf(j) for j in range(v - i, v)) / i for i in range(1, v + 1))
+    base = one_run_p_value(m, r, v, eps, 0.0)
+    delta = 1e-5
+    assert one_run_p_value(m, r, v, eps, delta) - base == pytest.approx(
+        2 * m * delta * alpha, rel=1e-9
+    )
+    # a wrong α (the whole P[Binomial < v], not divided by i) is told apart
+    wrong = sum(pmf(j) for j in range(v))
+    assert one_run_p_value(m, r, v, eps, delta) - base != pytest.approx(
+        2 * m * delta * wrong, rel=1e-3
+    )
 
 
 def test_all_correct_guesses_bound_is_the_closed_form() -> None:
