@@ -361,6 +361,27 @@ def test_a_span_above_the_silos_is_refused_before_training(tmp_path: Path) -> No
     assert not list(out.rglob("metrics.jsonl")) and not list(out.rglob("ledger.sqlite"))
 
 
+def test_a_root_handler_added_mid_command_does_not_print_warnings_twice(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """absl's logging.warning (called by dp-accounting) runs logging.basicConfig mid-run."""
+    import logging
+
+    from silodp.cli.common import cli_messages
+
+    root = logging.getLogger()
+    before = list(root.handlers)
+    try:
+        with cli_messages():
+            logging.basicConfig(force=False)
+            root.addHandler(logging.StreamHandler(sys.stderr))
+            logging.getLogger("silodp.experiment.ledger").warning("kept as %s", "x.sqlite")
+    finally:
+        root.handlers[:] = before
+    assert capsys.readouterr().err == "warning: kept as x.sqlite\n"
+    assert logging.getLogger("silodp").propagate
+
+
 def test_python_warnings_print_once_as_warning_lines(capsys: pytest.CaptureFixture[str]) -> None:
     from silodp.cli.common import cli_messages
 

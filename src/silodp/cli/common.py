@@ -157,6 +157,9 @@ def cli_messages() -> Iterator[None]:
     handler.addFilter(once)
     logger = logging.getLogger("silodp")
     logger.addHandler(handler)
+    # printed here only: a dependency may give the root logger a handler mid-run (absl's
+    # logging.warning calls logging.basicConfig), which would print each warning again
+    propagate, logger.propagate = logger.propagate, False
     previous = warnings.showwarning
 
     def show(message: Warning | str, *args: Any, **kwargs: Any) -> None:
@@ -171,6 +174,7 @@ def cli_messages() -> Iterator[None]:
     finally:
         warnings.showwarning = previous
         logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 def _postfix(row: dict[str, Any]) -> dict[str, str]:
