@@ -112,7 +112,13 @@ def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:
 
 def _claimed(summary: dict[str, Any], unit: str, run_dir: Path) -> dict[str, Any]:
     ledger = run_dir / LEDGER_FILE
-    problems = verify_ledger(ledger) if ledger.exists() else []
+    private = summary.get("noise_multiplier") not in (None, 0, 0.0)
+    if private and not ledger.is_file():
+        raise InvalidValueError(
+            f"Expected the audited run's ledger at {str(ledger)!r}: a claimed ε is read only "
+            "after its ledger has been verified."
+        )
+    problems = verify_ledger(ledger) if ledger.is_file() else []
     if problems:
         raise InvalidValueError(
             f"Expected the audited run's ledger to agree with its results: {problems[0]}"
@@ -120,7 +126,6 @@ def _claimed(summary: dict[str, Any], unit: str, run_dir: Path) -> dict[str, Any
     by = summary.get("epsilon_by_adversary") or {}
     released = (by.get("released") or {}).get(unit)
     headline = (summary.get("epsilon") or {}).get(unit)
-    private = summary.get("noise_multiplier") not in (None, 0, 0.0)
     epsilon = released if by else headline
     return {
         "epsilon": epsilon,
