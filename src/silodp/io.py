@@ -15,14 +15,31 @@ from silodp.errors import InvalidValueError
 __all__ = ["atomic_write", "check_writable_dir", "write_json", "write_jsonl", "write_text"]
 
 
+def _umask() -> int:
+    """The process's file-mode creation mask (read without changing it where Linux says it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # pragma: no cover - systems without /proc
+    os.umask(mask)  # pragma: no cover
+    return mask  # pragma: no cover
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
-    """Calls ``write(tmp)`` on a temporary file beside ``path``, then renames it into place."""
+    """Calls ``write(tmp)`` on a temporary file beside ``path``, then renames it into place.
+
+    The file gets the permissions any new file of the user gets (``0o666`` less the umask), as
+    ``model.pt`` written by torch does, not the temporary file's ``0o600``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     tmp = Path(tmp_name)
     try:
+        tmp.chmod(0o666 & ~_umask())
         write(tmp)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
