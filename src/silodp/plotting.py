@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -110,17 +111,40 @@ def plot_batch_histograms(metrics: Metrics, path: Path, title: str) -> Path:
     """Histograms of the largest subject group per mini-batch and distinct subjects per batch."""
     groups = [g for m in metrics for g in m.get("largest_group_per_batch", [])]
     distinct = [d for m in metrics for d in m.get("subjects_per_batch", [])]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    if groups:
-        left.hist(groups, bins=range(0, max(groups) + 2), align="left", rwidth=0.85)
-    left.set_xlabel("records of the largest subject in a mini-batch")
-    left.set_ylabel("mini-batches")
-    if distinct:
-        right.hist(distinct, bins=min(30, max(distinct) + 1), rwidth=0.85)
-    right.set_xlabel("distinct subjects in a mini-batch")
-    right.set_ylabel("mini-batches")
+    # one panel per diagnostic the algorithm reports (the ULDP methods report no batches'
+    # largest group: their "batch" is the subjects sampled in a silo)
+    panels = [p for p in ("groups", "distinct") if (groups if p == "groups" else distinct)]
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5 * max(1, len(panels)), 4))
+    axes = list(np.atleast_1d(axes))
+    for ax, panel in zip(axes, panels, strict=False):
+        if panel == "groups":
+            ax.hist(groups, bins=range(0, max(groups) + 2), align="left", rwidth=0.85)
+            ax.set_xlabel("records of the largest subject in a mini-batch")
+        else:
+            ax.hist(distinct, bins=min(30, max(distinct) + 1), rwidth=0.85)
+            ax.set_xlabel("distinct subjects in a mini-batch")
+        ax.set_ylabel("mini-batches")
     fig.suptitle(title)
     return save_figure(fig, path)
+
+
+#: one marker per algorithm in the comparison, so that overlapping curves stay told apart
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
+
+
+#: ε curves closer than this (relative, every round) are drawn as overlapping and labelled
+OVERLAP = 0.02
+
+
+def _overlap(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]]) -> str | None:
+    """``"same"`` if two ε curves are equal, ``"close"`` if within :data:`OVERLAP` at every
+    round (they overlap on the plot), else ``None``."""
+    if len(a) != len(b) or any(r != s for (r, _), (s, _) in zip(a, b, strict=True)):
+        return None
+    gaps = [abs(u - v) / max(abs(u), abs(v), 1e-12) for (_, u), (_, v) in zip(a, b, strict=True)]
+    if max(gaps, default=0.0) <= 1e-9:
+        return "same"
+    return "close" if max(gaps, default=0.0) <= OVERLAP else None
 
 
 def plot_comparison(
@@ -129,10 +153,12 @@ def plot_comparison(
     """Utility against round (left) and ε at ``unit`` against round (right), all methods."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    drawn: dict[str, list[tuple[int, float]]] = {}  # ε curves drawn so far, by algorithm
     for i, (name, metrics) in enumerate(runs.items()):
         colour = colours[i % len(colours)]
+        marker = MARKERS[i % len(MARKERS)]
         rounds, acc = _series(metrics, "test_accuracy")
-        left.plot(rounds, acc, marker="o", markersize=3, label=name, color=colour)
+        left.plot(rounds, acc, marker=marker, markersize=3, label=name, color=colour)
         rows = [
             (m["round"], m["epsilon"][unit])
             for m in metrics
@@ -140,15 +166,28 @@ def plot_comparison(
         ]
         replace_one = any(adjacency_at(m.get("adjacency"), unit) == "replace-one" for m in metrics)
         if rows:
+            # algorithms calibrated to one target often share their ε curve exactly: say so,
+            # and draw the later one with open markers so that both stay visible
+            close = [(o, _overlap(curve, rows)) for o, curve in drawn.items()]
+            same, how = next(((o, h) for o, h in close if h), (None, None))
+            label = name + (" (replace-one ε: not comparable)" if replace_one else "")
+            if same:
+                label += (
+                    f" (same ε as {same})"
+                    if how == "same"
+                    else f" (ε within {OVERLAP:.0%} of {same})"
+                )
             right.plot(
                 [r for r, _ in rows],
                 [v for _, v in rows],
-                marker="o",
-                markersize=3,
-                label=name + (" (replace-one ε: not comparable)" if replace_one else ""),
+                marker=marker,
+                markersize=7 if same else 3,
+                markerfacecolor="none" if same else colour,
+                label=label,
                 color=colour,
-                linestyle=":" if replace_one else "-",
+                linestyle=":" if replace_one else ("--" if same else "-"),
             )
+            drawn[name] = rows
     left.set_xlabel("round")
     left.set_ylabel("test accuracy")
     left.grid(alpha=0.3)
@@ -158,7 +197,7 @@ def plot_comparison(
     if right.lines:
         if any(v > 0 for line in right.lines for v in line.get_ydata()):
             right.set_yscale("log")
-        right.legend()
+        right.legend(fontsize="small", loc="best")
     else:
         right.text(0.5, 0.5, "no private run", ha="center", va="center", transform=right.transAxes)
     right.grid(alpha=0.3)

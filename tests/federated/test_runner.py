@@ -46,9 +46,10 @@ def test_run_writes_every_output(tmp_path: Path) -> None:
             "summary.json",
             "model.pt",
             "accuracy_loss.png",
-            "epsilon.png",
         ):
             assert (run_dir / f).is_file(), f
+        # an ε figure only where there is an ε (fedavg's was an empty "not private" axis)
+        assert (run_dir / "epsilon.png").is_file() == (name != "fedavg")
         rows = _metrics(run_dir / "metrics.jsonl")
         private = _metrics(run_dir / "silo_private" / "diagnostics.jsonl")
         assert (run_dir / "silo_private" / "batch_histograms.png").is_file()
@@ -345,3 +346,34 @@ def test_default_runs_draw_secret_coins(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "a" / "local_item_dp" / "summary.json").read_text())
     assert summary["noise"]["mode"] == "secure"
     assert not any("not for production" in note for note in summary["notes"])
+
+
+def test_comparison_labels_identical_epsilon_curves_and_histograms_skip_empty_panels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from silodp import plotting
+
+    figures = []
+    monkeypatch.setattr(plotting, "save_figure", lambda fig, path: figures.append(fig) or path)
+    same = [{"round": r, "test_accuracy": 0.5, "epsilon": {"subject": 0.5 * r}} for r in (1, 2)]
+    other = [{"round": r, "test_accuracy": 0.4, "epsilon": {"subject": 0.7 * r}} for r in (1, 2)]
+    near = [{**r, "epsilon": {"subject": r["epsilon"]["subject"] * 1.01}} for r in same]
+    runs = {
+        "a": same,
+        "b": [dict(r) for r in same],
+        "c": other,
+        "d": near,
+        "fedavg": [{"round": 1}],
+    }
+    plotting.plot_comparison(runs, tmp_path / "c.png", delta=1e-5)
+    right = figures[-1].axes[1]
+    labels = [t.get_text() for t in right.get_legend().get_texts()]
+    assert labels == ["a", "b (same ε as a)", "c", "d (ε within 2% of a)"]
+    assert len({line.get_marker() for line in right.lines}) == 4
+    assert right.lines[1].get_linestyle() == "--" and right.lines[1].get_markerfacecolor() == "none"
+    # a ULDP run reports subjects per batch only: one panel, not an empty one beside it
+    plotting.plot_batch_histograms(
+        [{"round": 1, "subjects_per_batch": [3, 4, 4]}], tmp_path / "h.png", "t"
+    )
+    assert len(figures[-1].axes) == 1
+    assert figures[-1].axes[0].get_xlabel() == "distinct subjects in a mini-batch"

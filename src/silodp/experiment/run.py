@@ -223,7 +223,8 @@ def train_run(
         ledger.finish(status)
     title = f"{config.name}: {run.name}"
     plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
-    plotting.plot_epsilon(rows, run_dir / "epsilon.png", title, run.privacy.delta)
+    if any(r.get("epsilon") for r in rows):  # a run without noise has no ε to draw
+        plotting.plot_epsilon(rows, run_dir / "epsilon.png", title, run.privacy.delta)
     if any(r.metrics.get("personalised_accuracy") is not None for r in results):
         plotting.plot_personalised(
             {run.name: rows},
