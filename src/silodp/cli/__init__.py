@@ -59,6 +59,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "released model, and print an empirical lower bound on ε (with its confidence) beside "
         "the claimed ε.",
     ),
+    "sweep": (
+        "silodp.cli.sweep",
+        "sweep",
+        "Run a sweep: every combination of a grid of config values and seeds, each an experiment.",
+    ),
     "bench": (
         "silodp.bench.cli",
         "bench_app",
@@ -67,7 +72,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 #: the order ``silodp --help`` lists the commands in (any other command follows)
-ORDER = ("run", "describe", "account", "audit", "ledger", "federation", "bench")
+ORDER = ("run", "sweep", "describe", "account", "audit", "ledger", "federation", "bench")
 
 #: the longest --timeout (seconds) ``silodp run`` accepts: one week
 MAX_TIMEOUT = 7 * 24 * 3600.0

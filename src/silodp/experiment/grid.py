@@ -1,0 +1,380 @@
+"""Sweeps over any config key: a grid file expanded into experiments, run, resumed, tabulated.
+
+A sweep file names a base experiment config and a grid::
+
+    name = "epsilon-sweep"
+    base = "smoke.toml"               # relative to this file
+    seeds = [0, 1, 2]                 # training.seed of each repeat
+    baseline = true                   # a non-private fedavg cell per grid point (default)
+    [grid]
+    algorithms = ["local_item_dp", "uldp_avg"]   # one algorithm (or a list) per cell
+    "privacy.epsilon" = [1.0, 4.0]
+    "data.num_silos" = [3, 5]
+
+Every combination of the grid's values and the seeds is one experiment (a *cell*), the base
+config with those keys set and validated as any config is. With ``baseline``, each combination
+of the grid's non-privacy keys and the seeds also gets a ``fedavg`` cell: the same data, model
+and schedule without clipping or noise, the first row of every table. Cells run one after
+another under ``OUT/cells/``; a cell that finished is skipped when the sweep runs again, and one
+that was interrupted continues from its checkpoints through the ledger (``resume``). The
+table (``OUT/results.csv``, ``OUT/results.md``) gives, per algorithm and grid point, the mean
+and standard deviation over seeds of the final test accuracy and of ε per unit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from silodp.config import parse_config
+from silodp.errors import ConfigError, OutputExistsError
+from silodp.experiment.run import (
+    EXPERIMENT_FILE,
+    ProgressFactory,
+    resume_experiment,
+    run_experiment,
+)
+from silodp.io import write_json, write_text
+
+__all__ = ["Cell", "GridSpec", "expand", "grid_rows", "load_grid", "run_grid"]
+
+#: the manifest of a sweep's results directory: the cells it expanded into
+MANIFEST = "grid.json"
+#: at most this many cells in one sweep (each is a whole experiment)
+MAX_CELLS = 10_000
+#: the grid key whose values name the algorithms of a cell
+ALGORITHMS = "algorithms"
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """A parsed sweep file: the base config (as TOML data), the grid and the seeds."""
+
+    name: str
+    base: Mapping[str, Any]
+    axes: Mapping[str, tuple[Any, ...]]
+    seeds: tuple[int, ...]
+    baseline: bool = True
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One experiment of a sweep: the grid values it sets, its seed, and its directory name."""
+
+    id: str
+    values: Mapping[str, Any]
+    seed: int
+    baseline: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "values": dict(self.values),
+            "seed": self.seed,
+            "baseline": self.baseline,
+        }
+
+
+def load_grid(path: str | Path) -> GridSpec:
+    """Reads a sweep file; the base config is read relative to it.
+
+    Raises:
+      ConfigError: the file, its base config or a grid entry is not what a sweep needs.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"Expected a sweep file at {str(path)!r}; it does not exist.")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"Sweep file {str(path)!r} is not valid UTF-8 TOML: {err}") from err
+    unknown = set(raw) - {"name", "base", "seeds", "baseline", "grid"}
+    if unknown:
+        raise ConfigError(
+            f"Unknown key(s) {sorted(unknown)} in sweep file {str(path)!r}; expected name, "
+            "base, seeds, baseline and [grid]."
+        )
+    base_name = raw.get("base")
+    if not isinstance(base_name, str):
+        raise ConfigError(f'Expected base = "CONFIG.toml" in sweep file {str(path)!r}.')
+    base_path = (path.parent / base_name) if not Path(base_name).is_absolute() else Path(base_name)
+    if not base_path.is_file():
+        raise ConfigError(
+            f"Expected base={base_name!r} of sweep file {str(path)!r} to be a config file "
+            f"(looked for {str(base_path)!r})."
+        )
+    try:
+        base = tomllib.loads(base_path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"Base config {str(base_path)!r} is not valid TOML: {err}") from err
+    parse_config(base)  # the base alone must be a valid experiment
+    grid = raw.get("grid", {})
+    if not isinstance(grid, dict):
+        raise ConfigError("Expected [grid] to be a table of key = [values].")
+    axes: dict[str, tuple[Any, ...]] = {}
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(
+                f"Expected grid.{key} to be a non-empty list of values, got {values!r}."
+            )
+        axes[key] = tuple(values)
+    seeds = raw.get("seeds", [base.get("training", {}).get("seed", 0)])
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
+        or len(set(seeds)) != len(seeds)
+    ):
+        raise ConfigError(f"Expected seeds to be a list of distinct integers >= 0, got {seeds!r}.")
+    baseline = raw.get("baseline", True)
+    if not isinstance(baseline, bool):
+        raise ConfigError(f"Expected baseline to be true or false, got {baseline!r}.")
+    name = raw.get("name", path.stem)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"Expected name to be a non-empty string, got {name!r}.")
+    spec = GridSpec(name=name, base=base, axes=axes, seeds=tuple(seeds), baseline=baseline)
+    cells = expand(spec)
+    if len(cells) > MAX_CELLS:
+        raise ConfigError(f"Expected at most {MAX_CELLS} cells in a sweep, got {len(cells)}.")
+    for cell in cells:  # every cell is a valid experiment before anything runs
+        cell_config(spec, cell)
+    return spec
+
+
+def _private_axis(key: str) -> bool:
+    return key.startswith("privacy.") or key.startswith("algorithm.")
+
+
+def expand(spec: GridSpec) -> list[Cell]:
+    """The sweep's cells: baseline cells first (one per non-privacy grid point and seed), then
+    every grid point and seed."""
+    cells: list[Cell] = []
+    if spec.baseline:
+        keys = [k for k in spec.axes if k != ALGORITHMS and not _private_axis(k)]
+        for combo in itertools.product(*(spec.axes[k] for k in keys)):
+            for seed in spec.seeds:
+                values = dict(zip(keys, combo, strict=True))
+                cells.append(Cell(_cell_id(len(cells), values, seed, True), values, seed, True))
+    keys = list(spec.axes)
+    for combo in itertools.product(*(spec.axes[k] for k in keys)):
+        for seed in spec.seeds:
+            values = dict(zip(keys, combo, strict=True))
+            cells.append(Cell(_cell_id(len(cells), values, seed, False), values, seed, False))
+    return cells
+
+
+def _cell_id(index: int, values: Mapping[str, Any], seed: int, baseline: bool) -> str:
+    def short(value: Any) -> str:
+        text = "+".join(map(str, value)) if isinstance(value, list) else str(value)
+        return "".join(c if c.isalnum() or c in ".-+" else "_" for c in text)[:24]
+
+    parts = ["baseline"] if baseline else []
+    parts += [
+        short(v) if k == ALGORITHMS else f"{k.split('.')[-1]}={short(v)}" for k, v in values.items()
+    ]
+    return f"{index:03d}-" + "-".join([*parts, f"seed{seed}"])
+
+
+def cell_config(spec: GridSpec, cell: Cell) -> Any:
+    """The cell's experiment config: the base with the cell's grid values and seed set."""
+    raw = json.loads(json.dumps(spec.base))  # a deep copy of plain TOML data
+    for key, value in cell.values.items():
+        if key == ALGORITHMS:
+            raw[ALGORITHMS] = value if isinstance(value, list) else [value]
+            continue
+        *tables, leaf = key.split(".")
+        node = raw
+        for table in tables:
+            node = node.setdefault(table, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"Expected grid key {key!r} to name a config key in a table.")
+        node[leaf] = value
+    raw.setdefault("training", {})["seed"] = cell.seed
+    raw["name"] = f"{spec.name}/{cell.id}"
+    if cell.baseline:
+        raw[ALGORITHMS] = ["fedavg"]
+    try:
+        return parse_config(raw)
+    except ConfigError as err:
+        raise ConfigError(f"Sweep cell {cell.id}: {err}") from err
+
+
+def run_grid(
+    spec: GridSpec,
+    out_dir: str | Path,
+    *,
+    overwrite: bool = False,
+    progress: ProgressFactory | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Runs every cell of ``spec`` not finished yet in ``out_dir`` and writes the tables.
+
+    A results directory of the same sweep continues where it stopped: finished cells are
+    kept, interrupted ones resume. One of another sweep is refused unless ``overwrite``.
+
+    Raises:
+      OutputExistsError: ``out_dir`` holds another sweep's cells and ``overwrite`` is false.
+    """
+    out = Path(out_dir)
+    cells = expand(spec)
+    manifest = {"name": spec.name, "cells": [c.to_json() for c in cells]}
+    existing = out / MANIFEST
+    if existing.is_file() and not overwrite:
+        if json.loads(existing.read_text()) != json.loads(json.dumps(manifest)):
+            raise OutputExistsError(
+                f"{str(out)!r} holds another sweep (its {MANIFEST} differs: the sweep file or "
+                "its grid changed); choose another --out or pass --overwrite."
+            )
+    write_json(existing, manifest)
+    for i, cell in enumerate(cells, start=1):
+        cell_dir = out / "cells" / cell.id
+        what = ", ".join(f"{k}={v}" for k, v in cell.values.items())
+        kind = "baseline " if cell.baseline else ""
+        label = f"[{i}/{len(cells)}] {kind}{what or 'base'}, seed {cell.seed}"
+        if _cell_done(cell_dir) and not overwrite:
+            log(f"{label}: done, kept")
+            continue
+        log(label)
+        if (cell_dir / EXPERIMENT_FILE).is_file() and not overwrite:
+            resume_experiment(cell_dir, progress=progress, log=log)
+        else:
+            run_experiment(
+                cell_config(spec, cell), cell_dir, overwrite=True, progress=progress, log=log
+            )
+    rows = grid_rows(out)
+    write_text(out / "results.csv", _csv(rows))
+    write_text(out / "results.md", _markdown(rows, spec))
+    summary = {"name": spec.name, "cells": len(cells), "rows": rows}
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def _cell_done(cell_dir: Path) -> bool:
+    path = cell_dir / "summary.json"
+    if not path.is_file():
+        return False
+    runs = json.loads(path.read_text()).get("runs", [])
+    return bool(runs) and all(r.get("status") in ("complete", "budget_exhausted") for r in runs)
+
+
+def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
+    """Per algorithm and grid point (seeds pooled): mean and standard deviation of the final
+    test accuracy and of ε per unit, from every finished cell; the baseline rows first."""
+    out = Path(out_dir)
+    manifest = json.loads((out / MANIFEST).read_text())
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for cell in manifest["cells"]:
+        path = out / "cells" / cell["id"] / "summary.json"
+        if not path.is_file():
+            continue
+        values = {k: v for k, v in cell["values"].items() if k != ALGORITHMS}
+        for run in json.loads(path.read_text()).get("runs", []):
+            if run.get("status") not in ("complete", "budget_exhausted"):
+                continue
+            key = (run["algorithm"], json.dumps(values, sort_keys=True))
+            group = groups.setdefault(
+                key,
+                {
+                    "algorithm": run["algorithm"],
+                    "baseline": cell["baseline"],
+                    "values": values,
+                    "accuracy": [],
+                    "epsilon": {},
+                    "seeds": [],
+                },
+            )
+            group["seeds"].append(cell["seed"])
+            group["accuracy"].append(run.get("test_accuracy"))
+            for unit, eps in (run.get("epsilon") or {}).items():
+                group["epsilon"].setdefault(unit, []).append(eps)
+    rows = []
+    for group in groups.values():
+        row: dict[str, Any] = {
+            "algorithm": group["algorithm"],
+            "baseline": group["baseline"],
+            **group["values"],
+            "seeds": len(group["seeds"]),
+        }
+        row["accuracy_mean"], row["accuracy_std"] = _mean_std(group["accuracy"])
+        for unit, values in sorted(group["epsilon"].items()):
+            row[f"epsilon_{unit}_mean"], row[f"epsilon_{unit}_std"] = _mean_std(values)
+        rows.append(row)
+    rows.sort(key=lambda r: not r["baseline"])  # stable: expansion order within each
+    return rows
+
+
+def _mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (0 for one value); ``None`` where a value is missing
+    or infinite (an infinite ε is written as null)."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not values or len(finite) != len(values):
+        return None, None
+    mean = sum(finite) / len(finite)
+    if len(finite) == 1:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+
+
+def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    return columns
+
+
+def _csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=_columns(rows), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
+    grid_keys = [k for k in spec.axes if k != ALGORITHMS]
+    units = sorted(
+        {
+            k[len("epsilon_") : -len("_mean")]
+            for r in rows
+            for k in r
+            if k.startswith("epsilon_") and k.endswith("_mean")
+        }
+    )
+    header = ["algorithm", *grid_keys, "seeds", "test accuracy", *(f"ε ({u})" for u in units)]
+    lines = [f"# {spec.name}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+    def pm(mean: float | None, std: float | None, digits: int) -> str:
+        if mean is None:
+            return "-"
+        return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+    for row in rows:
+        name = row["algorithm"] + (" (non-private baseline)" if row["baseline"] else "")
+        repeated = row["seeds"] > 1  # a single seed has no spread to show
+
+        def std(key: str, row: Mapping[str, Any] = row, repeated: bool = repeated) -> Any:
+            return row.get(key) if repeated else None
+
+        cells = [
+            name,
+            *(str(row.get(k, "")) for k in grid_keys),
+            str(row["seeds"]),
+            pm(row["accuracy_mean"], std("accuracy_std"), 3),
+        ]
+        cells += [pm(row.get(f"epsilon_{u}_mean"), std(f"epsilon_{u}_std"), 2) for u in units]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Mean ± standard deviation over seeds; ε is each run's final ε against its "
+        'adversary ("-": not private at that unit).',
+    ]
+    return "\n".join(lines) + "\n"

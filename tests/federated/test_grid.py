@@ -1,0 +1,167 @@
+"""silodp sweep: grid expansion with a non-private baseline, resumable runs, the tables."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from silodp.cli import app
+from silodp.errors import ConfigError, OutputExistsError
+from silodp.experiment import grid as grid_module
+from silodp.experiment.grid import cell_config, expand, grid_rows, load_grid, run_grid
+
+BASE = """
+name = "tiny"
+algorithms = ["local_item_dp"]
+[data]
+source = "digits"
+num_silos = 3
+num_subjects = 30
+max_records = 300
+seed = 0
+[model]
+name = "mlp"
+[training]
+rounds = 1
+local_steps = 2
+batch_size = 32
+lr = 0.5
+[privacy]
+noise_multiplier = 1.0
+group_size = 3
+"""
+
+SWEEP = """
+name = "grid-test"
+base = "base.toml"
+seeds = [0, 1]
+[grid]
+algorithms = ["local_item_dp", "higradavg_dp"]
+"privacy.noise_multiplier" = [1.0, 2.0]
+"data.num_silos" = [3]
+"""
+
+
+def _files(tmp_path: Path, sweep: str = SWEEP) -> Path:
+    (tmp_path / "base.toml").write_text(BASE)
+    path = tmp_path / "sweep.toml"
+    path.write_text(sweep)
+    return path
+
+
+def test_expansion_puts_a_baseline_first_and_sets_every_value(tmp_path: Path) -> None:
+    spec = load_grid(_files(tmp_path))
+    cells = expand(spec)
+    baseline = [c for c in cells if c.baseline]
+    # one baseline per non-privacy grid point (num_silos) and seed; 2 x 2 x 1 x 2 others
+    assert len(baseline) == 2 and cells[:2] == baseline
+    assert len(cells) == 2 + 8
+    assert all("privacy.noise_multiplier" not in c.values for c in baseline)
+    assert len({c.id for c in cells}) == len(cells)
+    config = cell_config(spec, cells[-1])
+    assert config.algorithms == ("higradavg_dp",)
+    assert config.privacy.noise_multiplier == 2.0 and config.training.seed == 1
+    assert config.data.num_silos == 3
+    assert cell_config(spec, baseline[0]).algorithms == ("fedavg",)
+
+
+@pytest.mark.parametrize(
+    ("sweep", "message"),
+    [
+        ('base = "base.toml"\n[grid]\n"privacy.noise_multiplier" = [-1.0]', "noise_multiplier"),
+        ('base = "base.toml"\n[grid]\n"training.nonsense" = [1]', "nonsense"),
+        ('base = "base.toml"\n[grid]\n"privacy.epsilon" = []', "grid.privacy.epsilon"),
+        ('base = "missing.toml"', "missing.toml"),
+        ('base = "base.toml"\nseeds = [0, 0]', "distinct"),
+        ('base = "base.toml"\nrepeat = 3', "repeat"),
+    ],
+)
+def test_a_bad_sweep_file_is_refused_naming_the_value(
+    tmp_path: Path, sweep: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_grid(_files(tmp_path, sweep))
+
+
+def test_sweep_runs_resumes_and_tabulates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = load_grid(_files(tmp_path))
+    out = tmp_path / "out"
+    real = grid_module.run_experiment
+    calls: list[str] = []
+
+    def stop_in_the_fourth(config, out_dir, **kwargs):
+        calls.append(Path(out_dir).name)
+        if len(calls) == 4:  # Ctrl-C once the cell's first round is checkpointed
+
+            def progress(name, rounds):
+                def update(row):
+                    raise KeyboardInterrupt
+
+                return update
+
+            kwargs["progress"] = progress
+        return real(config, out_dir, **kwargs)
+
+    monkeypatch.setattr(grid_module, "run_experiment", stop_in_the_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        run_grid(spec, out, log=lambda m: None)
+    monkeypatch.setattr(grid_module, "run_experiment", real)
+    fourth = out / "cells" / calls[3]
+    assert (fourth / "experiment.toml").is_file() and not grid_module._cell_done(fourth)
+    resumed: list[str] = []
+    real_resume = grid_module.resume_experiment
+
+    def resume(out_dir, **kwargs):
+        resumed.append(Path(out_dir).name)
+        return real_resume(out_dir, **kwargs)
+
+    monkeypatch.setattr(grid_module, "resume_experiment", resume)
+    logged: list[str] = []
+    summary = run_grid(spec, out, log=logged.append)
+    assert sum(m.endswith(": done, kept") for m in logged) == 3  # the first three cells
+    assert resumed == [calls[3]]  # the interrupted one continued from its checkpoint
+    assert summary["cells"] == 10
+    rows = summary["rows"]
+    assert rows[0]["algorithm"] == "fedavg" and rows[0]["baseline"] is True
+    assert [r["algorithm"] for r in rows[1:]] == ["local_item_dp"] * 2 + ["higradavg_dp"] * 2
+    # mean and std over the two seeds, from the cells' own summaries
+    cells = [
+        c
+        for c in expand(spec)
+        if c.values.get("algorithms") == "higradavg_dp"
+        and c.values["privacy.noise_multiplier"] == 2.0
+    ]
+    accs = [
+        json.loads((out / "cells" / c.id / "summary.json").read_text())["runs"][0]["test_accuracy"]
+        for c in cells
+    ]
+    row = rows[-1]
+    assert row["seeds"] == 2 and row["privacy.noise_multiplier"] == 2.0
+    assert row["accuracy_mean"] == pytest.approx(statistics.mean(accs))
+    assert row["accuracy_std"] == pytest.approx(statistics.stdev(accs))
+    assert row["epsilon_subject_mean"] > 0 and "epsilon_record_mean" not in row
+    assert grid_rows(out) == rows
+    table = (out / "results.md").read_text()
+    assert "| fedavg (non-private baseline) |" in table.splitlines()[4]
+    assert (out / "results.csv").read_text().splitlines()[0].startswith("algorithm,baseline,")
+    # another grid in the same directory is refused
+    other = load_grid(_files(tmp_path, SWEEP.replace("[1.0, 2.0]", "[1.0, 3.0]")))
+    with pytest.raises(OutputExistsError, match="another sweep"):
+        run_grid(other, out, log=lambda m: None)
+
+
+def test_cli_sweep_refuses_bad_input_and_prints_the_table(tmp_path: Path) -> None:
+    runner = CliRunner()
+    bad = runner.invoke(app, ["sweep", str(tmp_path / "none.toml"), "--out", str(tmp_path / "o")])
+    assert bad.exit_code == 2 and "none.toml" in bad.output and not (tmp_path / "o").exists()
+    sweep = 'base = "base.toml"\nseeds = [0]\nbaseline = false\n'
+    sweep += '[grid]\n"privacy.noise_multiplier" = [1.5]'
+    path = _files(tmp_path, sweep)
+    result = runner.invoke(app, ["sweep", str(path), "--out", str(tmp_path / "o"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "| local_item_dp | 1.5 | 1 |" in result.output
+    assert "fedavg" not in result.output
