@@ -17,9 +17,12 @@ from silodp.io import atomic_write  # noqa: E402
 __all__ = [
     "plot_batch_histograms",
     "plot_comparison",
+    "plot_data_distribution",
     "plot_epsilon",
     "plot_personalised",
     "plot_training",
+    "plot_units",
+    "plot_utility_vs_epsilon",
     "save_figure",
 ]
 
@@ -227,4 +230,99 @@ def plot_personalised(
     else:
         ax.legend(fontsize="x-small")
     ax.set_title(title)
+    return save_figure(fig, path)
+
+
+def plot_units(runs: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
+    """Final ε at each unit, one group of bars per algorithm (log scale); ``None`` when no run
+    is private."""
+    private = [r for r in runs if r.get("epsilon")]
+    if not private:
+        return None
+    units = sorted({u for r in private for u in r["epsilon"]})
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(private)), 4))
+    width = 0.8 / len(units)
+    for j, unit in enumerate(units):
+        xs = [i + (j - (len(units) - 1) / 2) * width for i in range(len(private))]
+        values = [r["epsilon"].get(unit) for r in private]
+        bars = ax.bar(
+            [x for x, v in zip(xs, values, strict=True) if v is not None],
+            [v for v in values if v is not None],
+            width=width,
+            label=unit,
+        )
+        ax.bar_label(bars, fmt="%.3g", fontsize=7)
+    ax.set_xticks(range(len(private)), [r["algorithm"] for r in private], rotation=15)
+    ax.set_yscale("log")
+    ax.set_ylabel("final ε")
+    ax.legend(title="unit")
+    ax.grid(alpha=0.3, axis="y")
+    return save_figure(fig, path)
+
+
+def plot_data_distribution(data: Mapping[str, Any], path: Path) -> Path:
+    """Records per silo, the histogram of records per subject and of silos per subject."""
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.8))
+    per_silo = data.get("records_per_silo", [])
+    a.bar(range(len(per_silo)), per_silo)
+    a.set_xlabel("silo")
+    a.set_ylabel("records")
+    bins = data.get("records_per_subject", {}).get("histogram", [])
+    b.bar(
+        [f"{h['lo']}" if h["lo"] == h["hi"] else f"{h['lo']}-{h['hi']}" for h in bins],
+        [h["count"] for h in bins],
+    )
+    b.tick_params(axis="x", rotation=45, labelsize=7)
+    b.set_xlabel("records per subject")
+    b.set_ylabel("subjects")
+    spans = data.get("span", {}).get("histogram", {})
+    c.bar(list(spans), list(spans.values()))
+    c.set_xlabel("silos per subject")
+    c.set_ylabel("subjects")
+    fig.suptitle("the training data (silo-private: exact counts)")
+    return save_figure(fig, path)
+
+
+def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
+    """Final accuracy against final ε (mean ± std over seeds) per algorithm, at the subject
+    unit where an algorithm reports it, else its other unit; the non-private baseline as a
+    dashed line. ``None`` when no row has an ε."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series: dict[str, list[tuple[float, float, float, float]]] = {}
+    for row in rows:
+        unit = next(
+            (u for u in ("subject", "record", "silo") if row.get(f"epsilon_{u}_mean") is not None),
+            None,
+        )
+        if row.get("baseline") and row.get("accuracy_mean") is not None:
+            ax.axhline(row["accuracy_mean"], color="grey", linestyle="--", linewidth=1)
+        if unit is None or row.get("accuracy_mean") is None:
+            continue
+        series.setdefault(f"{row['algorithm']} ({unit} ε)", []).append(
+            (
+                row[f"epsilon_{unit}_mean"],
+                row.get(f"epsilon_{unit}_std") or 0.0,
+                row["accuracy_mean"],
+                row.get("accuracy_std") or 0.0,
+            )
+        )
+    if not series:
+        plt.close(fig)
+        return None
+    for i, (label, points) in enumerate(series.items()):
+        points.sort()
+        ax.errorbar(
+            [p[0] for p in points],
+            [p[2] for p in points],
+            xerr=[p[1] for p in points],
+            yerr=[p[3] for p in points],
+            marker=MARKERS[i % len(MARKERS)],
+            capsize=3,
+            label=label,
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("final ε")
+    ax.set_ylabel("final test accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
     return save_figure(fig, path)

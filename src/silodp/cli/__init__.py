@@ -64,6 +64,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "sweep",
         "Run a sweep: every combination of a grid of config values and seeds, each an experiment.",
     ),
+    "report": (
+        "silodp.cli.report",
+        "report",
+        "Write one self-contained HTML report of a run's or a sweep's results (figures inside).",
+    ),
     "bench": (
         "silodp.bench.cli",
         "bench_app",
@@ -72,7 +77,17 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 #: the order ``silodp --help`` lists the commands in (any other command follows)
-ORDER = ("run", "sweep", "describe", "account", "audit", "ledger", "federation", "bench")
+ORDER = (
+    "run",
+    "sweep",
+    "report",
+    "describe",
+    "account",
+    "audit",
+    "ledger",
+    "federation",
+    "bench",
+)
 
 #: the longest --timeout (seconds) ``silodp run`` accepts: one week
 MAX_TIMEOUT = 7 * 24 * 3600.0
