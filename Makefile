@@ -10,7 +10,7 @@ FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 WHEELS := $(wildcard /opt/wheels)
 PIP_FLAGS := --quiet $(if $(WHEELS),--find-links $(WHEELS))
 
-.PHONY: run test test-fast install system-deps lint clean
+.PHONY: run test test-fast install system-deps browser-deps lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +24,20 @@ system-deps:
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq dataset-fashion-mnist; \
 	fi
 
+# Debian's chromium and its driver: the HTML report's browser test (tests only)
+browser-deps:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  echo "Installing Debian packages chromium and chromium-driver"; \
+	  SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver; \
+	fi
+
 install: system-deps $(STAMP)
 
 run: install
 	$(BIN)/silodp run --out $(OUT) --overwrite
 
-test: install
+test: install browser-deps
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 test-fast: install
