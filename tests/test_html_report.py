@@ -95,6 +95,17 @@ def test_experiment_report_embeds_every_figure_and_copies_numbers(
         assert (files / name).read_bytes().startswith(PNG), name
 
 
+def test_a_public_report_leaves_out_the_silo_private_section(
+    experiment: Path, tmp_path: Path
+) -> None:
+    args = ["report", str(experiment), "--out", str(tmp_path / "p.html"), "--public"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    page = _read(tmp_path / "p.html")
+    assert "silo-private" not in " ".join(page.text) and len(page.images) == 3 + 3 + 1
+    assert not (tmp_path / "p_files" / "data_distribution.png").exists()
+
+
 def test_sweep_report_has_its_table_and_utility_against_epsilon(tmp_path: Path) -> None:
     import tomli_w
 

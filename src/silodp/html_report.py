@@ -40,8 +40,9 @@ padding: 0.8em; overflow-x: auto; } figure { margin: 1em 0; }
 """
 
 
-def write_report(results_dir: str | Path, out: str | Path) -> Path:
-    """Writes the report of the experiment or sweep in ``results_dir`` to ``out``.
+def write_report(results_dir: str | Path, out: str | Path, *, public: bool = False) -> Path:
+    """Writes the report of the experiment or sweep in ``results_dir`` to ``out``;
+    ``public`` leaves out the silo-private section (the data's exact counts).
 
     Raises:
       InvalidValueError: ``results_dir`` holds neither an experiment nor a sweep.
@@ -51,7 +52,7 @@ def write_report(results_dir: str | Path, out: str | Path) -> Path:
     if (src / "grid.json").is_file():
         body = _sweep(src, files)
     elif (src / "summary.json").is_file() and "runs" in _json(src / "summary.json"):
-        body = _experiment(src, files)
+        body = _experiment(src, files, public=public)
     else:
         raise InvalidValueError(
             f"Expected {str(src)!r} to hold the results of silodp run (summary.json with its "
@@ -132,7 +133,7 @@ def _final_rows(summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[
     return rows, [*columns, "σ", "against"]
 
 
-def _experiment(src: Path, files: Path) -> tuple[str, str]:
+def _experiment(src: Path, files: Path, *, public: bool = False) -> tuple[str, str]:
     summary = _json(src / "summary.json")
     rows, columns = _final_rows(summary)
     _save_tables(files, "final", rows, columns)
@@ -179,7 +180,7 @@ def _experiment(src: Path, files: Path) -> tuple[str, str]:
         if ledger.is_file():
             parts.append(_ledger_totals(ledger))
     data = src / "silo_private" / "data.json"
-    if data.is_file():
+    if data.is_file() and not public:
         spread = files / "data_distribution.png"
         plotting.plot_data_distribution(_json(data), spread)
         parts += [
