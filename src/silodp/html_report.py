@@ -16,9 +16,7 @@ seeds, the non-private baseline first) and final utility against ε per algorith
 from __future__ import annotations
 
 import base64
-import csv
 import html
-import io
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Any
 from silodp import plotting
 from silodp.errors import InvalidValueError
 from silodp.io import atomic_write, write_text
+from silodp.reports import columns_of, rows_csv
 
 __all__ = ["write_report"]
 
@@ -102,11 +101,7 @@ def _cell(value: Any) -> str:
 def _save_tables(
     files: Path, name: str, rows: Sequence[Mapping[str, Any]], columns: list[str]
 ) -> None:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    write_text(files / f"{name}.csv", buffer.getvalue())
+    write_text(files / f"{name}.csv", rows_csv(rows, columns))
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
     write_text(files / f"{name}.md", "\n".join(lines) + "\n")
@@ -214,9 +209,7 @@ def _ledger_totals(path: Path) -> str:
 def _sweep(src: Path, files: Path) -> tuple[str, str]:
     summary = _json(src / "summary.json") if (src / "summary.json").is_file() else {}
     rows = summary.get("rows") or []
-    columns = []
-    for row in rows:
-        columns += [k for k in row if k not in columns]
+    columns = columns_of(rows)
     _save_tables(files, "results", rows, columns)
     parts = ["<h2>Results (mean and standard deviation over seeds)</h2>", _table(rows, columns)]
     figure = files / "utility_vs_epsilon.png"

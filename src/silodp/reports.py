@@ -15,7 +15,16 @@ from typing import Any
 
 from silodp.io import write_text
 
-__all__ = ["COLUMNS", "rounds_to_target", "sweep_row", "to_csv", "to_markdown", "write_table"]
+__all__ = [
+    "COLUMNS",
+    "columns_of",
+    "rounds_to_target",
+    "rows_csv",
+    "sweep_row",
+    "to_csv",
+    "to_markdown",
+    "write_table",
+]
 
 #: (key, markdown header); CSV uses the keys and adds every other key of a row.
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -114,17 +123,24 @@ def to_markdown(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    """CSV with every key of the rows (table columns first)."""
-    keys = [k for k, _ in COLUMNS]
-    keys += [k for row in rows for k in row if k not in keys]
-    keys = list(dict.fromkeys(keys))
+def columns_of(rows: Sequence[Mapping[str, Any]], first: Sequence[str] = ()) -> list[str]:
+    """Every key of the rows, in order of appearance, after ``first``."""
+    return list(dict.fromkeys([*first, *(k for row in rows for k in row)]))
+
+
+def rows_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """CSV of ``rows`` with these columns (a missing or ``None`` value is empty)."""
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=keys, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in keys})
+        writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
     return buffer.getvalue()
+
+
+def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    """CSV with every key of the rows (table columns first)."""
+    return rows_csv(rows, columns_of(rows, [k for k, _ in COLUMNS]))
 
 
 def write_table(

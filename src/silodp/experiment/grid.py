@@ -41,6 +41,7 @@ from silodp.experiment.run import (
     run_experiment,
 )
 from silodp.io import write_json, write_text
+from silodp.reports import columns_of, rows_csv
 
 __all__ = ["Cell", "GridSpec", "expand", "grid_rows", "load_grid", "run_grid"]
 
@@ -248,7 +249,7 @@ def run_grid(
                 cell_config(spec, cell), cell_dir, overwrite=True, progress=progress, log=log
             )
     rows = grid_rows(out)
-    write_text(out / "results.csv", _csv(rows))
+    write_text(out / "results.csv", rows_csv(rows, columns_of(rows)))
     write_text(out / "results.md", _markdown(rows, spec))
     summary = {"name": spec.name, "cells": len(cells), "rows": rows}
     write_json(out / "summary.json", summary)
@@ -319,24 +320,6 @@ def _mean_std(values: Sequence[float | None]) -> tuple[float | None, float | Non
     if len(finite) == 1:
         return mean, 0.0
     return mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
-
-
-def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    columns: list[str] = []
-    for row in rows:
-        columns += [k for k in row if k not in columns]
-    return columns
-
-
-def _csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    import csv
-    import io
-
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=_columns(rows), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
 
 
 def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
