@@ -23,6 +23,7 @@ and standard deviation over seeds of the final test accuracy and of ε per unit.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import math
@@ -184,7 +185,7 @@ def _cell_id(index: int, values: Mapping[str, Any], seed: int, baseline: bool) -
 
 def cell_config(spec: GridSpec, cell: Cell) -> Any:
     """The cell's experiment config: the base with the cell's grid values and seed set."""
-    raw = json.loads(json.dumps(spec.base))  # a deep copy of plain TOML data
+    raw = copy.deepcopy(dict(spec.base))
     for key, value in cell.values.items():
         if key == ALGORITHMS:
             raw[ALGORITHMS] = value if isinstance(value, list) else [value]
