@@ -4,7 +4,8 @@ A config file has a top-level ``name`` and ``algorithms`` list and the tables ``
 (:class:`~silodp.data.build.DataConfig`), ``[model]``, ``[training]`` and ``[privacy]``;
 ``[algorithm.NAME]`` tables override training/privacy keys for one algorithm. A ``[sweep]``
 table (:class:`SweepConfig`, PriFedSync only) runs a grid of settings and tabulates the rounds
-each needs to reach a target accuracy. Unknown keys are errors (a typo must not silently fall
+each needs to reach a target accuracy. A ``[tracking]`` table (:class:`TrackingConfig`) also
+logs every run to MLflow and/or TensorBoard. Unknown keys are errors (a typo must not silently fall
 back to a default).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -40,6 +42,7 @@ __all__ = [
     "PrivacyConfig",
     "SweepCell",
     "SweepConfig",
+    "TrackingConfig",
     "TrainingConfig",
     "default_config_path",
     "load_config",
@@ -247,6 +250,59 @@ class SweepConfig:
         ]
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrackingConfig:
+    """Where each run is also logged (see :mod:`silodp.tracking`); a key left out is off.
+
+    Relative paths are read from the working directory (as ``data.path`` and
+    ``privacy.ledger`` are).
+
+    Attributes:
+      mlflow: an MLflow store on this machine: a directory (it gets ``mlflow.db`` and the
+        runs' files in ``mlartifacts/``), or ``sqlite:///PATH`` naming the database file (the
+        runs' files go in ``mlartifacts/`` beside it).
+      tensorboard: a TensorBoard log directory; each run writes its own subdirectory
+        ``<experiment name>/<run name>``.
+    """
+
+    mlflow: str | None = None
+    tensorboard: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("mlflow", "tensorboard"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ConfigError(f"Expected tracking.{key}={value!r} to be a path.")
+        if self.mlflow is None:
+            return
+        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):", self.mlflow)
+        if scheme is None:
+            return
+        if scheme[1].lower() == "sqlite":
+            if not self.mlflow.lower().startswith("sqlite:///") or not self.mlflow[10:].strip():
+                raise ConfigError(
+                    f"Expected tracking.mlflow={self.mlflow!r} to name a database file, "
+                    "e.g. 'sqlite:///runs/mlflow.db' (relative) or 'sqlite:////abs/mlflow.db'."
+                )
+            return
+        if scheme[1].lower() == "file":
+            raise ConfigError(
+                f"Expected tracking.mlflow={self.mlflow!r} to be a directory or a "
+                "'sqlite:///PATH' database: MLflow 3 refuses file stores ('file:...'); a "
+                "directory path gets an SQLite store (mlflow.db) inside it."
+            )
+        raise ConfigError(
+            f"Expected tracking.mlflow={self.mlflow!r} to be a store on this machine: a "
+            f"directory or 'sqlite:///PATH', not a {scheme[1]!r} URI (silodp logs to local "
+            "stores only)."
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any run is logged anywhere."""
+        return self.mlflow is not None or self.tensorboard is not None
+
+
 #: keys of the [training] and [privacy] tables that the experiment (not an algorithm) reads
 RUN_KEYS = {"training": {f.name for f in fields(TrainingConfig)}} | {
     "privacy": {f.name for f in fields(PrivacyConfig)}
@@ -260,6 +316,7 @@ class ExperimentConfig:
     ``hyperparameters`` holds the algorithm keys of the ``[training]`` and ``[privacy]``
     tables (each algorithm takes those its ``Config`` declares); ``overrides`` the
     ``[algorithm.NAME]`` tables, which may set run keys and the algorithm's own keys.
+    ``tracking``: where runs are also logged (``None``: nowhere).
     """
 
     name: str = "experiment"
@@ -271,6 +328,7 @@ class ExperimentConfig:
     hyperparameters: Mapping[str, Any] = field(default_factory=dict)
     overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     sweep: SweepConfig | None = None
+    tracking: TrackingConfig | None = None
 
     def __post_init__(self) -> None:
         if self.sweep is not None and self.algorithms != ("prifedsync",):
@@ -433,7 +491,17 @@ def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
       ConfigError: an unknown key, a value of the wrong type or out of range (the message
         names the key as written in the file and the value).
     """
-    top = {"name", "algorithms", "data", "model", "training", "privacy", "algorithm", "sweep"}
+    top = {
+        "name",
+        "algorithms",
+        "data",
+        "model",
+        "training",
+        "privacy",
+        "algorithm",
+        "sweep",
+        "tracking",
+    }
     if not isinstance(raw, Mapping):
         raise ConfigError(f"Expected a config table, got {type(raw).__name__}.")
     unknown = set(raw) - top
@@ -459,6 +527,7 @@ def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
     try:
         training, training_hyper = _split_table(raw.get("training", {}), "training")
         privacy, privacy_hyper = _split_table(raw.get("privacy", {}), "privacy")
+        tracking = _build(TrackingConfig, raw.get("tracking", {}), "tracking")
         return ExperimentConfig(
             name=name,
             algorithms=tuple(algorithms),
@@ -469,6 +538,7 @@ def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
             hyperparameters={**training_hyper, **privacy_hyper},
             overrides={k: dict(v) for k, v in overrides.items()},
             sweep=_build(SweepConfig, raw["sweep"], "sweep") if "sweep" in raw else None,
+            tracking=tracking if tracking.enabled else None,
         )
     except ConfigError:
         raise
