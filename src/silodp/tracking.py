@@ -1,0 +1,485 @@
+"""Experiment tracking: each run also logged to MLflow and/or TensorBoard.
+
+Off unless the config's ``[tracking]`` table names a store (:class:`~silodp.config.TrackingConfig`).
+A run opens one :class:`Tracker` (:func:`open_run`), which logs the run's parameters, then
+each round's released row as it is written (:meth:`Tracker.log_round`, the round number as
+step), and at the end (:meth:`Tracker.close`) the run directory's public files and its status.
+
+What goes out is only what the run releases anyway: the resolved config, the rows of
+``metrics.jsonl`` and the public files beside them (``summary.json``, ``config.toml``,
+``metrics.jsonl``, the PNG figures). Nothing under the run's silo-private directory, its
+ledger or its checkpoint is ever logged: only the named top-level files of the run directory
+are read.
+
+MLflow: one MLflow experiment per experiment name (its part before the first ``/``, so that
+the cells of a ``silodp sweep`` share one), one MLflow run per algorithm run, tagged with the
+full experiment name, the run's name and directory. A resumed run continues its MLflow run.
+MLflow's usage telemetry is turned off (``MLFLOW_DISABLE_TELEMETRY``) unless the environment
+already says otherwise; local stores need no network.
+
+TensorBoard: one subdirectory ``<experiment name>/<run name>`` of the log directory per run.
+A run started afresh sets the logs of an earlier run of the same name aside (renamed
+``<run name>.replaced-<UTC time>``); a resumed run appends to its own.
+
+The packages are imported only when a store is configured; :func:`check_installed` says
+before anything trains which are missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+from silodp.config import TrackingConfig
+from silodp.errors import ConfigError, InvalidValueError, SilodpError
+
+__all__ = [
+    "INSTALL",
+    "PUBLIC_FILES",
+    "TrackedRun",
+    "Tracker",
+    "Writer",
+    "check_installed",
+    "flatten",
+    "mlflow_store",
+    "open_run",
+    "public_files",
+    "round_metrics",
+    "tensorboard_dir",
+]
+
+logger = logging.getLogger(__name__)
+
+#: what installs every tracking package
+INSTALL = "pip install 'silodp[tracking]'"
+#: the modules each ``[tracking]`` key imports (an SQLite store needs SQLAlchemy and Alembic)
+REQUIRES: dict[str, tuple[str, ...]] = {
+    "mlflow": ("mlflow", "sqlalchemy", "alembic"),
+    "tensorboard": ("tensorboard",),
+}
+#: the run directory's released files that are logged (with every ``*.png`` beside them)
+PUBLIC_FILES = ("summary.json", "config.toml", "metrics.jsonl")
+#: the database and the artifact directory of an MLflow store given as a directory
+MLFLOW_DB = "mlflow.db"
+MLFLOW_ARTIFACTS = "mlartifacts"
+#: the longest parameter value MLflow stores
+MAX_PARAM_LENGTH = 6000
+#: MLflow's status of a run ending with each silodp status
+MLFLOW_STATUS = {
+    "complete": "FINISHED",
+    "budget_exhausted": "FINISHED",
+    "interrupted": "KILLED",
+    "failed": "FAILED",
+}
+
+Row = Mapping[str, Any]
+
+
+def _missing(key: str) -> list[str]:
+    return [name for name in REQUIRES[key] if importlib.util.find_spec(name) is None]
+
+
+def _missing_error(key: str, missing: Sequence[str], cause: str = "") -> ConfigError:
+    return ConfigError(
+        f"tracking.{key} needs the Python package(s) {', '.join(missing)}, which could not be "
+        f"imported{cause}; install them with: {INSTALL}"
+    )
+
+
+def check_installed(settings: TrackingConfig | None) -> None:
+    """Raises:
+    ConfigError: a store is configured whose packages are not installed (the message names
+      them and the command that installs them)."""
+    if settings is None:
+        return
+    for key in REQUIRES:
+        if getattr(settings, key) is not None:
+            missing = _missing(key)
+            if missing:
+                raise _missing_error(key, missing)
+
+
+def _require(key: str) -> None:
+    """Imports the modules of ``key``, raising the same error as :func:`check_installed`."""
+    if key == "mlflow":
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    for name in REQUIRES[key]:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise _missing_error(key, [name], f" ({err})") from err
+
+
+@dataclass(frozen=True)
+class TrackedRun:
+    """What the trackers know of one run: ``experiment`` is the config's name, ``name`` the
+    run's (an algorithm, or algorithm/cell in a sweep), ``config`` its resolved config (a TOML
+    mapping) and ``params`` the values worth a column of their own (``None``: not logged)."""
+
+    experiment: str
+    name: str
+    run_dir: Path
+    config: Mapping[str, Any]
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def all_params(self) -> dict[str, str]:
+        """``params`` and the config flattened to dotted keys, as text."""
+        values = {**flatten(self.config), **self.params}
+        return {k: _text(v) for k, v in values.items() if v is not None}
+
+
+def _text(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= MAX_PARAM_LENGTH else text[: MAX_PARAM_LENGTH - 3] + "..."
+
+
+def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}`` (lists are kept as values)."""
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def round_metrics(row: Row) -> dict[str, float]:
+    """A released round row's numbers: every top-level number (``test_accuracy``,
+    ``test_loss``, ...) and ``epsilon/<unit>`` for each unit; ``None`` and ∞ left out."""
+    out: dict[str, float] = {}
+
+    def add(key: str, value: Any) -> None:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if math.isfinite(value):
+                out[key] = float(value)
+
+    for key, value in row.items():
+        if key == "round":
+            continue
+        if key == "epsilon" and isinstance(value, Mapping):
+            for unit, epsilon in value.items():
+                add(f"epsilon/{unit}", epsilon)
+        else:
+            add(key, value)
+    return out
+
+
+def public_files(run_dir: Path) -> list[Path]:
+    """The run directory's released files: :data:`PUBLIC_FILES` and the PNG figures at its
+    top level (never a subdirectory, so never the silo-private one)."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(
+        p
+        for p in run_dir.iterdir()
+        if p.is_file() and (p.name in PUBLIC_FILES or p.suffix.lower() == ".png")
+    )
+
+
+def _status_of(err: BaseException) -> str:
+    """``interrupted`` (Ctrl-C, SIGTERM, exit) or ``failed`` (an error)."""
+    return "failed" if isinstance(err, Exception) else "interrupted"
+
+
+class Writer(Protocol):
+    """One tracking backend, open for one run."""
+
+    #: the ``[tracking]`` key that configures it
+    name: str
+
+    def log_round(self, row: Row) -> None:
+        """Logs a round's released row (skipping a round it logged before a resume)."""
+
+    def close(self, status: str, run_dir: Path | None = None) -> None:
+        """Ends the run with a silodp ``status``; with ``run_dir``, logs its public files."""
+
+
+class Tracker:
+    """The writers of one run. As a context manager, it ends the run as ``interrupted`` or
+    ``failed`` if the block raises; :meth:`close` ends it otherwise.
+
+    A writer that fails after opening is logged and dropped: tracking never stops a run
+    (whose rounds spend privacy budget)."""
+
+    def __init__(self, writers: Sequence[Writer] = ()) -> None:
+        self._writers = list(writers)
+
+    def add(self, writer: Writer) -> None:
+        self._writers.append(writer)
+
+    def log_round(self, row: Row) -> None:
+        self._each(lambda w: w.log_round(row), "log a round")
+
+    def chain(
+        self, then: Callable[[dict[str, Any]], None] | None
+    ) -> Callable[[dict[str, Any]], None] | None:
+        """A round callback that logs the row, then calls ``then``."""
+        if not self._writers:
+            return then
+
+        def callback(row: dict[str, Any]) -> None:
+            self.log_round(row)
+            if then is not None:
+                then(row)
+
+        return callback
+
+    def close(self, status: str, run_dir: Path | None = None) -> None:
+        self._each(lambda w: w.close(status, run_dir), "end the run")
+        self._writers = []
+
+    def _each(self, call: Callable[[Writer], None], what: str) -> None:
+        for writer in list(self._writers):
+            try:
+                call(writer)
+            except Exception as err:
+                logger.warning(
+                    "tracking: %s could not %s (%s); it logs nothing more for this run",
+                    writer.name,
+                    what,
+                    err,
+                )
+                self._writers.remove(writer)
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        err: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if err is not None:
+            self.close(_status_of(err))
+
+
+def open_run(
+    settings: TrackingConfig | None,
+    run: TrackedRun,
+    *,
+    resume: bool = False,
+    previous: Sequence[Row] = (),
+) -> Tracker:
+    """Opens ``run`` in every configured store and logs ``previous`` (the rows of the rounds
+    a resumed run kept) where not logged yet.
+
+    Raises:
+      ConfigError: a configured store's packages are missing.
+      InvalidValueError, OSError: a store cannot be opened (the message names it).
+    """
+    if settings is None:
+        return Tracker()
+    opened = Tracker()
+    makers: list[tuple[str, str | None, Callable[[str], Writer]]] = [
+        ("mlflow", settings.mlflow, lambda v: _MlflowWriter(v, run, resume=resume)),
+        ("tensorboard", settings.tensorboard, lambda v: _TensorBoardWriter(v, run, resume=resume)),
+    ]
+    try:
+        for key, value, make in makers:
+            if value is not None:
+                opened.add(_open(key, value, make))
+    except BaseException as err:
+        opened.close(_status_of(err))
+        raise
+    for row in previous:
+        opened.log_round(row)
+    return opened
+
+
+def _open(key: str, value: str, make: Callable[[str], Writer]) -> Writer:
+    try:
+        return make(value)
+    except (SilodpError, OSError):
+        raise
+    except Exception as err:
+        raise InvalidValueError(
+            f"Expected tracking.{key}={value!r} to be a store silodp can write; opening "
+            f"{key} failed: {err}"
+        ) from err
+
+
+# --- MLflow ---------------------------------------------------------------------------------
+
+
+def mlflow_store(value: str) -> tuple[str, Path]:
+    """The tracking URI (an absolute SQLite database) and the artifact directory of
+    ``tracking.mlflow``: a directory gets ``mlflow.db`` and ``mlartifacts/`` inside it;
+    ``sqlite:///PATH`` names the database, with ``mlartifacts/`` beside it."""
+    if value.lower().startswith("sqlite:///"):
+        database = Path(value[len("sqlite:///") :]).expanduser().resolve()
+        return f"sqlite:///{database}", database.parent / MLFLOW_ARTIFACTS
+    directory = Path(value).expanduser().resolve()
+    return f"sqlite:///{directory / MLFLOW_DB}", directory / MLFLOW_ARTIFACTS
+
+
+def _run_key(run_dir: Path) -> str:
+    """The tag that finds a run's MLflow run again on resume (any path, no quoting)."""
+    return hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:32]
+
+
+class _MlflowWriter:
+    name = "mlflow"
+
+    def __init__(self, store: str, run: TrackedRun, *, resume: bool) -> None:
+        _require("mlflow")
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        uri, artifacts = mlflow_store(store)
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        self._client = client = MlflowClient(uri)
+        experiment_name, *cell = run.experiment.split("/")
+        experiment = client.get_experiment_by_name(experiment_name)
+        if experiment is None:
+            experiment_id = client.create_experiment(
+                experiment_name, artifact_location=artifacts.as_uri()
+            )
+        else:
+            experiment_id = experiment.experiment_id
+            if experiment.lifecycle_stage == "deleted":
+                client.restore_experiment(experiment_id)
+        key = _run_key(run.run_dir)
+        found = (
+            client.search_runs(
+                [experiment_id],
+                filter_string=f"tags.`silodp.run_key` = '{key}'",
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
+            if resume
+            else []
+        )
+        self._logged = 0
+        if found:
+            self._run_id = found[0].info.run_id
+            client.update_run(self._run_id, status="RUNNING")
+            self._logged = self._last_step(found[0].data.metrics)
+            return
+        tags = {
+            "silodp.experiment": run.experiment,
+            "silodp.run": run.name,
+            "silodp.run_dir": str(run.run_dir.resolve()),
+            "silodp.run_key": key,
+            "silodp.status": "running",
+        }
+        created = client.create_run(experiment_id, run_name="/".join([*cell, run.name]), tags=tags)
+        self._run_id = created.info.run_id
+        params = [Param(k, v) for k, v in run.all_params().items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 per call
+            client.log_batch(self._run_id, params=params[i : i + 100])
+
+    def _last_step(self, keys: Iterable[str]) -> int:
+        steps = [m.step for key in keys for m in self._client.get_metric_history(self._run_id, key)]
+        return max(steps, default=0)
+
+    def log_round(self, row: Row) -> None:
+        from mlflow.entities import Metric
+
+        step = int(row["round"])
+        if step <= self._logged:
+            return
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, v, now, step) for k, v in round_metrics(row).items()]
+        if metrics:
+            self._client.log_batch(self._run_id, metrics=metrics)
+        self._logged = step
+
+    def close(self, status: str, run_dir: Path | None = None) -> None:
+        for path in public_files(run_dir) if run_dir is not None else ():
+            self._client.log_artifact(self._run_id, str(path))
+        self._client.set_tag(self._run_id, "silodp.status", status)
+        self._client.set_terminated(self._run_id, MLFLOW_STATUS.get(status, "FAILED"))
+
+
+# --- TensorBoard ----------------------------------------------------------------------------
+
+
+def _safe(part: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9._=+-]", "_", part)
+    return cleaned if cleaned.strip(".") else cleaned.replace(".", "_") or "_"
+
+
+def tensorboard_dir(logdir: str, run: TrackedRun) -> Path:
+    """``<logdir>/<experiment name>/<run name>``, each ``/``-separated part made safe as a
+    directory name."""
+    parts = [*run.experiment.split("/"), *run.name.split("/")]
+    return Path(logdir).expanduser().resolve().joinpath(*(_safe(p) for p in parts))
+
+
+def _event_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("events.out.tfevents.*")) if directory.is_dir() else []
+
+
+def _last_step(directory: Path) -> int:
+    """The last step with a summary in the event files of ``directory`` (0: none)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    last = 0
+    for path in _event_files(directory):
+        for event in EventFileLoader(str(path)).Load():
+            if event.HasField("summary"):
+                last = max(last, int(event.step))
+    return last
+
+
+def _set_aside(directory: Path) -> None:
+    """Renames an earlier run's logs in ``directory`` (a run started afresh replaces it)."""
+    if not _event_files(directory):
+        return
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = directory.with_name(f"{directory.name}.replaced-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = directory.with_name(f"{directory.name}.replaced-{stamp}-{n}")
+    directory.rename(target)
+    logger.info("tracking: the earlier TensorBoard logs of %s are kept as %s", directory, target)
+
+
+class _TensorBoardWriter:
+    name = "tensorboard"
+
+    def __init__(self, logdir: str, run: TrackedRun, *, resume: bool) -> None:
+        _require("tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
+        directory = tensorboard_dir(logdir, run)
+        if resume:
+            self._logged = _last_step(directory)
+        else:
+            _set_aside(directory)
+            self._logged = 0
+        first = not _event_files(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._writer = SummaryWriter(log_dir=str(directory))
+        if first:  # the run's parameters, once
+            table = "\n".join(f"| {k} | {v} |" for k, v in sorted(run.all_params().items()))
+            self._writer.add_text("params", "| key | value |\n|---|---|\n" + table, 0)
+            self._writer.flush()
+
+    def log_round(self, row: Row) -> None:
+        step = int(row["round"])
+        if step <= self._logged:
+            return
+        for key, value in round_metrics(row).items():
+            self._writer.add_scalar(key, value, step)
+        self._writer.flush()  # a round is long; what it logged survives a crash
+        self._logged = step
+
+    def close(self, status: str, run_dir: Path | None = None) -> None:
+        self._writer.close()
