@@ -14,7 +14,7 @@ from typing import Any
 import tomli_w
 import torch
 
-from silodp import plotting
+from silodp import plotting, tracking
 from silodp.accounting import SiloPrivacy
 from silodp.config import ExperimentConfig, SweepConfig, load_config, to_toml_dict
 from silodp.data import FederatedData
@@ -107,6 +107,26 @@ def engine_arguments(
     }
 
 
+def _tracked(run: PreparedRun, run_dir: Path) -> tracking.TrackedRun:
+    """What the trackers log of ``run``: its resolved config and the privacy settings."""
+    private = run.plan is not None
+    return tracking.TrackedRun(
+        experiment=run.config.name,
+        name=run.name,
+        run_dir=run_dir,
+        config=resolved_config(run),
+        params={
+            "algorithm": run.algorithm.name,
+            "privacy_unit": run.algorithm.calibration_unit if private else None,
+            "privacy_units": list(run.algorithm.units) if private else None,
+            "noise_multiplier": run.noise_multiplier,
+            "calibration": run.calibration["method"],
+            "target_epsilon": run.calibration.get("target_epsilon"),
+            "target_delta": run.privacy.delta if private else None,
+        },
+    )
+
+
 def train_run(
     run: PreparedRun,
     data: FederatedData,
@@ -122,6 +142,9 @@ def train_run(
 
     ``resume``: continue the run in ``run_dir`` from its last checkpoint (its ledger keeps
     everything it recorded, a round cut short included).
+
+    With ``[tracking]`` in the config, the run is also logged there (see
+    :mod:`silodp.tracking`); a resumed run continues its tracked run.
 
     Raises:
       InvalidValueError: resuming a run whose config or silodp version changed.
@@ -200,45 +223,54 @@ def train_run(
             sweep is not None and sweep.stop_at_target and target_round([result], sweep) is not None
         )
 
-    try:
-        results, rows, private_rows, status = record_rounds(
-            engine,
-            run.training.rounds,
-            run_dir,
-            summary_of,
-            bar=progress(run.name, run.training.rounds) if progress is not None else None,
-            extra=adversaries,
-            stop=reached,
-            checkpoint=lambda r, public, private: save_checkpoint(
-                run_dir, r, engine, config_hash, (public, private)
-            ),
-            start=start,
-            previous=previous,
-        )
-    except BaseException:
+    tracker = tracking.open_run(
+        config.tracking, _tracked(run, run_dir), resume=resume, previous=previous[0]
+    )
+    with tracker:
+        try:
+            results, rows, private_rows, status = record_rounds(
+                engine,
+                run.training.rounds,
+                run_dir,
+                summary_of,
+                bar=tracker.chain(
+                    progress(run.name, run.training.rounds) if progress is not None else None
+                ),
+                extra=adversaries,
+                stop=reached,
+                checkpoint=lambda r, public, private: save_checkpoint(
+                    run_dir, r, engine, config_hash, (public, private)
+                ),
+                start=start,
+                previous=previous,
+            )
+        except BaseException:
+            if ledger is not None:
+                ledger.finish("interrupted")
+            raise
         if ledger is not None:
-            ledger.finish("interrupted")
-        raise
-    if ledger is not None:
-        ledger.finish(status)
-    title = f"{config.name}: {run.name}"
-    plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
-    if any(r.get("epsilon") for r in rows):  # a run without noise has no ε to draw
-        plotting.plot_epsilon(rows, run_dir / "epsilon.png", title, run.privacy.delta)
-    if any(r.metrics.get("personalised_accuracy") is not None for r in results):
-        plotting.plot_personalised(
-            {run.name: rows},
-            run_dir / "personalised_vs_global.png",
-            title,
-            target=sweep.target_accuracy if sweep else None,
-        )
-    if any(r.get("largest_group_per_batch") or r.get("subjects_per_batch") for r in private_rows):
-        plotting.plot_batch_histograms(
-            private_rows, run_dir / PRIVATE_DIR / "batch_histograms.png", title
-        )
-    write_private(run_dir, run, time.perf_counter() - started)
-    final = summary_of(status, results)
-    write_json(run_dir / "summary.json", final)
+            ledger.finish(status)
+        title = f"{config.name}: {run.name}"
+        plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
+        if any(r.get("epsilon") for r in rows):  # a run without noise has no ε to draw
+            plotting.plot_epsilon(rows, run_dir / "epsilon.png", title, run.privacy.delta)
+        if any(r.metrics.get("personalised_accuracy") is not None for r in results):
+            plotting.plot_personalised(
+                {run.name: rows},
+                run_dir / "personalised_vs_global.png",
+                title,
+                target=sweep.target_accuracy if sweep else None,
+            )
+        if any(
+            r.get("largest_group_per_batch") or r.get("subjects_per_batch") for r in private_rows
+        ):
+            plotting.plot_batch_histograms(
+                private_rows, run_dir / PRIVATE_DIR / "batch_histograms.png", title
+            )
+        write_private(run_dir, run, time.perf_counter() - started)
+        final = summary_of(status, results)
+        write_json(run_dir / "summary.json", final)
+        tracker.close(status, run_dir)
     return rows, final
 
 
@@ -309,6 +341,7 @@ def run_experiment(
     """
     from silodp.experiment.sweep import run_sweep
 
+    tracking.check_installed(config.tracking)
     out = check_writable_dir(out_dir, name="out_dir")
     if resume and config.data.scaling == "dp":
         raise InvalidValueError(
