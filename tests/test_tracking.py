@@ -1,0 +1,318 @@
+"""[tracking]: each run also logged to MLflow and TensorBoard, read back with their own readers
+(MlflowClient, EventAccumulator) and compared with the rows silodp wrote."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from silodp import tracking
+from silodp.config import TrackingConfig, parse_config, to_toml_dict
+from silodp.errors import ConfigError, InvalidValueError
+from silodp.experiment import resume_experiment, run_experiment
+
+# MLflow's own store code, with SQLAlchemy 2.1
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")
+
+mlflow_tracking = pytest.importorskip("mlflow.tracking")
+event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+
+TINY: dict[str, Any] = {
+    "name": "tiny-tracking",
+    "algorithms": ["uldp_sgd"],
+    "data": {"source": "digits", "num_silos": 3, "num_subjects": 30, "max_records": 300},
+    "model": {"name": "mlp"},
+    "training": {"rounds": 2, "local_steps": 2, "batch_size": 32, "lr": 0.5},
+    "privacy": {"epsilon": 3.0, "group_size": 3},
+}
+
+
+def _config(tracking_table: dict[str, str] | None = None, **changes: Any) -> Any:
+    raw = {**TINY, **changes}
+    if tracking_table is not None:
+        raw["tracking"] = tracking_table
+    return parse_config(raw)
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _client(store: Path) -> Any:
+    uri, _ = tracking.mlflow_store(str(store))
+    return mlflow_tracking.MlflowClient(uri)
+
+
+def _runs(store: Path, experiment: str) -> list[Any]:
+    client = _client(store)
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, experiment
+    return list(client.search_runs([found.experiment_id]))
+
+
+def _history(store: Path, run_id: str, key: str) -> list[tuple[int, float]]:
+    return [(m.step, m.value) for m in _client(store).get_metric_history(run_id, key)]
+
+
+def _scalars(directory: Path, key: str) -> list[tuple[int, float]]:
+    events = event_accumulator.EventAccumulator(str(directory))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(key)]
+
+
+def _expected(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    if key.startswith("epsilon/"):
+        values = [(r["round"], r["epsilon"].get(key.split("/", 1)[1])) for r in rows]
+    else:
+        values = [(r["round"], r.get(key)) for r in rows]
+    return [(step, value) for step, value in values if value is not None]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One MLflow store for the module (creating its database takes seconds)."""
+    return tmp_path_factory.mktemp("tracking") / "mlflow"
+
+
+@pytest.fixture(scope="module")
+def tracked(store: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny experiment (σ calibrated to ε = 3) with both writers on: (out, TensorBoard dir)."""
+    root = tmp_path_factory.mktemp("tracked")
+    tb = root / "tb"
+    out = root / "out"
+    run_experiment(_config({"mlflow": str(store), "tensorboard": str(tb)}), out, log=lambda m: None)
+    return out, tb
+
+
+def test_mlflow_run_holds_the_rows_params_and_only_public_files(
+    store: Path, tracked: tuple[Path, Path]
+) -> None:
+    out, _ = tracked
+    (run,) = _runs(store, "tiny-tracking")
+    assert run.info.run_name == "uldp_sgd" and run.info.status == "FINISHED"
+    assert run.data.tags["silodp.status"] == "complete"
+    rows = _rows(out / "uldp_sgd")
+    assert [r["round"] for r in rows] == [1, 2]
+    for key in ("test_accuracy", "test_loss", "epsilon/subject"):
+        assert _history(store, run.info.run_id, key) == _expected(rows, key), key
+    params = run.data.params
+    assert params["algorithm"] == "uldp_sgd"
+    assert params["privacy_unit"] == "subject"
+    assert float(params["target_epsilon"]) == 3.0 and float(params["target_delta"]) == 1e-5
+    summary = json.loads((out / "uldp_sgd" / "summary.json").read_text())
+    assert float(params["noise_multiplier"]) == summary["noise_multiplier"]
+    assert params["training.rounds"] == "2" and params["data.source"] == "digits"
+    artifacts = {a.path for a in _client(store).list_artifacts(run.info.run_id)}
+    assert {"summary.json", "config.toml", "metrics.jsonl", "accuracy_loss.png"} <= artifacts
+    assert "epsilon.png" in artifacts
+    # the run directory holds private files; none of them left it
+    assert (out / "uldp_sgd" / "silo_private" / "diagnostics.jsonl").is_file()
+    assert (out / "uldp_sgd" / "ledger.sqlite").is_file()
+    assert artifacts == {p.name for p in tracking.public_files(out / "uldp_sgd")}
+    stored = {p.name for p in (store / "mlartifacts").rglob("*") if p.is_file()}
+    assert stored == artifacts
+    assert not any(a.startswith("silo_private") for a in artifacts)
+
+
+def test_tensorboard_holds_the_rows(tracked: tuple[Path, Path]) -> None:
+    out, tb = tracked
+    directory = tb / "tiny-tracking" / "uldp_sgd"
+    rows = _rows(out / "uldp_sgd")
+    for key in ("test_accuracy", "test_loss", "epsilon/subject"):
+        got = _scalars(directory, key)
+        assert [step for step, _ in got] == [step for step, _ in _expected(rows, key)]
+        assert [v for _, v in got] == pytest.approx([v for _, v in _expected(rows, key)], 1e-6)
+
+
+def test_an_interrupted_run_is_killed_and_resuming_continues_it(
+    store: Path, tmp_path: Path
+) -> None:
+    tb = tmp_path / "tb"
+    config = _config(
+        {"mlflow": str(store), "tensorboard": str(tb)},
+        name="tiny-resume",
+        training={**TINY["training"], "rounds": 3},
+        privacy={"noise_multiplier": 1.5, "group_size": 3},
+    )
+
+    def stop_in_round_two(name: str, rounds: int) -> Any:
+        def update(row: dict[str, Any]) -> None:
+            if row["round"] == 2:
+                raise KeyboardInterrupt
+
+        return update
+
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, out, progress=stop_in_round_two, log=lambda m: None)
+    (run,) = _runs(store, "tiny-resume")
+    assert run.info.status == "KILLED" and run.data.tags["silodp.status"] == "interrupted"
+    assert [s for s, _ in _history(store, run.info.run_id, "test_accuracy")] == [1, 2]
+
+    resume_experiment(out, log=lambda m: None)
+    (resumed,) = _runs(store, "tiny-resume")  # the same MLflow run, continued
+    assert resumed.info.run_id == run.info.run_id and resumed.info.status == "FINISHED"
+    rows = _rows(out / "uldp_sgd")
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    directory = tb / "tiny-resume" / "uldp_sgd"
+    for key in ("test_accuracy", "epsilon/subject"):
+        assert _history(store, run.info.run_id, key) == _expected(rows, key)
+        assert [s for s, _ in _scalars(directory, key)] == [1, 2, 3]
+    assert "summary.json" in {a.path for a in _client(store).list_artifacts(run.info.run_id)}
+
+
+def test_resuming_logs_the_kept_rounds_not_logged_yet(store: Path, tmp_path: Path) -> None:
+    settings = TrackingConfig(mlflow=str(store), tensorboard=str(tmp_path / "tb"))
+    run = tracking.TrackedRun(
+        experiment="grid-x/003-cell",
+        name="dpsgd",
+        run_dir=tmp_path / "run",
+        config={"training": {"rounds": 3}},
+        params={"algorithm": "dpsgd", "target_epsilon": None},
+    )
+    rows = [
+        {"round": i, "test_accuracy": 0.25 * i, "test_loss": None, "epsilon": {"subject": e}}
+        for i, e in ((1, 1.0), (2, float("inf")), (3, 3.0))
+    ]
+    with tracking.open_run(settings, run) as tracker:
+        tracker.log_round(rows[0])
+        tracker.close("interrupted")
+    # the checkpoint kept rounds 1 and 2 (round 2 never reached the trackers)
+    with tracking.open_run(settings, run, resume=True, previous=rows[:2]) as tracker:
+        tracker.log_round(rows[2])
+        tracker.close("complete", tmp_path / "run")
+    (found,) = _runs(store, "grid-x")  # a sweep's cells share their sweep's experiment
+    assert found.info.run_name == "003-cell/dpsgd"
+    assert found.data.params["algorithm"] == "dpsgd" and "target_epsilon" not in found.data.params
+    assert _history(store, found.info.run_id, "test_accuracy") == [(1, 0.25), (2, 0.5), (3, 0.75)]
+    assert _history(store, found.info.run_id, "epsilon/subject") == [(1, 1.0), (3, 3.0)]
+    assert _history(store, found.info.run_id, "test_loss") == []
+    directory = tmp_path / "tb" / "grid-x" / "003-cell" / "dpsgd"
+    assert [s for s, _ in _scalars(directory, "test_accuracy")] == [1, 2, 3]
+
+
+def test_a_failing_block_ends_the_run_as_failed(store: Path, tmp_path: Path) -> None:
+    run = tracking.TrackedRun(
+        experiment="tiny-failed", name="fedavg", run_dir=tmp_path, config={}, params={}
+    )
+    with pytest.raises(RuntimeError), tracking.open_run(TrackingConfig(mlflow=str(store)), run):
+        raise RuntimeError("boom")
+    (found,) = _runs(store, "tiny-failed")
+    assert found.info.status == "FAILED" and found.data.tags["silodp.status"] == "failed"
+
+
+def test_a_store_that_cannot_be_opened_is_named(store: Path, tmp_path: Path) -> None:
+    (tmp_path / "bad.db").write_bytes(b"not a database" * 100)
+    run = tracking.TrackedRun(experiment="x", name="y", run_dir=tmp_path, config={})
+    bad = TrackingConfig(mlflow=f"sqlite:///{tmp_path / 'bad.db'}")
+    with pytest.raises(InvalidValueError, match=r"Expected tracking\.mlflow='sqlite:///.*bad\.db'"):
+        tracking.open_run(bad, run)
+
+
+def test_a_writer_failing_mid_run_is_dropped_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken:
+        name = "mlflow"
+
+        def log_round(self, row: Any) -> None:
+            raise RuntimeError("disk full")
+
+        def close(self, status: str, run_dir: Path | None = None) -> None:
+            raise AssertionError("a dropped writer is not closed")
+
+    tracker = tracking.Tracker([Broken()])
+    tracker.log_round({"round": 1})
+    tracker.close("complete")
+    assert "tracking: mlflow could not log a round (disk full)" in caplog.text
+
+
+def test_off_by_default_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = _config(
+        algorithms=["fedavg"],
+        training={**TINY["training"], "rounds": 1},
+        data={**TINY["data"], "max_records": 100},
+    )
+    assert config.tracking is None
+    assert parse_config({**TINY, "tracking": {}}).tracking is None
+    run_experiment(config, tmp_path / "out", log=lambda m: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert not [p for p in (tmp_path / "out").rglob("*") if "tfevents" in p.name]
+    assert "[tracking]" not in (tmp_path / "out" / "fedavg" / "config.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("key", "package"),
+    [("mlflow", "mlflow"), ("mlflow", "alembic"), ("tensorboard", "tensorboard")],
+)
+def test_a_missing_package_is_named_before_anything_trains(
+    key: str, package: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, package, None)  # import fails, as if not installed
+    config = _config({key: str(tmp_path / "store")})
+    message = rf"tracking\.{key} needs .*{package}.*pip install 'silodp\[tracking\]'"
+    with pytest.raises(ConfigError, match=message):
+        run_experiment(config, tmp_path / "out", log=lambda m: None)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "store").exists()
+    run = tracking.TrackedRun(experiment="x", name="y", run_dir=tmp_path, config={})
+    with pytest.raises(ConfigError, match=message):  # the lazy import says the same
+        tracking.open_run(config.tracking, run)
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"mlflow": "file:./mlruns"}, r"tracking\.mlflow='file:./mlruns'.*sqlite:///PATH"),
+        ({"mlflow": "http://localhost:5000"}, r"on this machine.*'http' URI"),
+        ({"mlflow": "sqlite://"}, r"to name a database file"),
+        ({"mlflow": ""}, r"tracking\.mlflow='' to be a path"),
+        ({"tensorboard": 3}, r"tracking\.tensorboard=3 to be a path"),
+        ({"wandb": "x"}, r"Unknown key\(s\) \['wandb'\] in \[tracking\]"),
+    ],
+)
+def test_bad_tracking_values_are_refused_naming_them(table: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({**TINY, "tracking": table})
+
+
+def test_stores_and_paths_resolve_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert tracking.mlflow_store("runs/ml") == (
+        f"sqlite:///{tmp_path / 'runs/ml/mlflow.db'}",
+        tmp_path / "runs/ml/mlartifacts",
+    )
+    assert tracking.mlflow_store("sqlite:///db/x.db") == (
+        f"sqlite:///{tmp_path / 'db/x.db'}",
+        tmp_path / "db/mlartifacts",
+    )
+    run = tracking.TrackedRun(experiment="a b/..", name="alg/p0.5", run_dir=tmp_path, config={})
+    assert tracking.tensorboard_dir("tb", run) == tmp_path / "tb/a_b/__/alg/p0.5"
+    config = parse_config({**TINY, "tracking": {"mlflow": "sqlite:///db/x.db"}})
+    assert to_toml_dict(config)["tracking"] == {"mlflow": "sqlite:///db/x.db"}
+    assert parse_config(to_toml_dict(config)) == config
+
+
+def test_round_metrics_keep_the_finite_numbers() -> None:
+    row = {
+        "round": 4,
+        "test_accuracy": 0.5,
+        "test_loss": None,
+        "epsilon": {"record": 1.5, "subject": float("inf"), "silo": None},
+        "epsilon_route": {"record": "pld"},
+        "silos": [0, 1],
+        "adversary": "strongest",
+        "personalised_accuracy": 0.75,
+    }
+    assert tracking.round_metrics(row) == {
+        "test_accuracy": 0.5,
+        "epsilon/record": 1.5,
+        "personalised_accuracy": 0.75,
+    }
