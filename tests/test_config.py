@@ -16,14 +16,15 @@ from silodp.config import (
 )
 
 
-def test_default_demo_config_parses_and_lists_the_five_algorithms() -> None:
+def test_default_demo_config_parses_and_lists_record_and_subject_level_methods() -> None:
     cfg = load_config(default_config_path())
     assert cfg.algorithms == (
         "fedavg",
         "local_item_dp",
         "local_group_dp",
         "higradavg_dp",
-        "user_ldp",
+        "uldp_sgd",
+        "uldp_avg",
     )
     assert cfg.data.source == "digits"
     assert cfg.privacy.epsilon == 4.0 and cfg.privacy.delta == 1e-5

@@ -29,15 +29,13 @@ from silodp.cli.common import (
     BUDGET_EXIT_CODE,
     INTERRUPTED_EXIT_CODE,
     TERMINATED_EXIT_CODE,
-    WHO,
     Terminated,
     check_config_file,
     cli_messages,
-    differing,
     fail,
-    fmt,
     progress,
     sigterm_interrupts,
+    summary_table,
 )
 from silodp.errors import SilodpError
 from silodp.io import check_writable_dir
@@ -279,6 +277,15 @@ def run(
     federation: Annotated[
         Path, typer.Option(help="The directory of `silodp federation up` (flower-deploy).")
     ] = Path(".silodp-federation"),
+    report: Annotated[
+        bool | None,
+        typer.Option(
+            "--report/--no-report",
+            help="Write OUT/report.html (as `silodp report` does) when the run ends; default: "
+            "on for the built-in demo, off for a CONFIG.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run an experiment: train every listed algorithm, write metrics, summaries and plots.
 
@@ -303,7 +310,22 @@ def run(
                 summary = _run_in_process(config, out, overwrite, quiet, resume, ledger)
     except KeyboardInterrupt as stop:
         _interrupted(target, follow, restart, terminated=isinstance(stop, Terminated))
-    _print_summary(summary, target)
+    written = None
+    if report if report is not None else (config is None and resume is None):
+        written = _write_report(target)
+    _print_summary(summary, target, written)
+
+
+def _write_report(results: Path) -> Path | None:
+    """``results/report.html``; a failure is a warning (the run's results are already kept)."""
+    from silodp.html_report import write_report
+
+    typer.echo("writing the HTML report...", err=True)
+    try:
+        return write_report(results, results / "report.html")
+    except (SilodpError, OSError, ValueError, KeyError) as err:
+        typer.secho(f"warning: no report written: {err}", fg=typer.colors.YELLOW, err=True)
+        return None
 
 
 def _fail_on(err: BaseException) -> NoReturn:
@@ -456,36 +478,12 @@ def _run_on_flower(
         _fail_on(err)
 
 
-def _print_summary(summary: dict[str, Any], out: Path) -> None:
+def _print_summary(summary: dict[str, Any], out: Path, report: Path | None = None) -> None:
     typer.echo(f"\nresults in {out}/")
-    for item in summary["runs"]:
-        eps = (
-            ", ".join(
-                f"{u}={'inf' if v is None else format(v, '.3g')}"
-                for u, v in item["epsilon"].items()
-            )
-            or "not private"
-        )
-        acc = f"accuracy {item['test_accuracy']:.3f}"
-        if item.get("personalised_accuracy") is not None:
-            acc = (
-                f"personalised accuracy {item['personalised_accuracy']:.3f}, "
-                f"global {item['test_accuracy']:.3f}"
-            )
-        who = item.get("adversary")
-        against = (
-            ""
-            if not who
-            else (" against every party" if who == "strongest" else f" against {WHO[who]}")
-        )
-        typer.echo(
-            f"  {item['algorithm']:>15}: {acc}  ε({eps}){against}"
-            + (f" at δ={item['delta']:g}" if item["delta"] else "")
-        )
-        for who, unit, value in differing(item):
-            typer.echo(f"  {'':>15}  against {WHO[who]}: ε({unit}={fmt(value)})")
-        if item.get("noise", {}).get("mode") == "seeded":
-            typer.echo(f"  {'':>15}  seeded: not for production")
+    for line in summary_table(summary):
+        typer.echo(line)
+    if report is not None:
+        typer.echo(f"report: {report}")
     if any(item.get("status") == "budget_exhausted" for item in summary["runs"]):
         stopped = [
             item["algorithm"] for item in summary["runs"] if item["status"] == "budget_exhausted"

@@ -33,6 +33,7 @@ __all__ = [
     "fmt",
     "progress",
     "sigterm_interrupts",
+    "summary_table",
 ]
 
 #: the exit code of a run a privacy budget stopped
@@ -101,6 +102,82 @@ def differing(record: dict[str, Any]) -> list[tuple[str, str, float | None]]:
         for unit, value in values.items():
             if value != headline.get(unit):
                 out.append((who, unit, value))
+    return out
+
+
+#: the order of the ε columns in printed tables
+UNITS = ("record", "silo", "subject")
+
+
+def protects(record: dict[str, Any]) -> str:
+    """What a run's guarantee protects: the unit its ε target was set for (else its first
+    unit), or nothing for a run without noise."""
+    units = record.get("units") or []
+    if not units:
+        return "nothing (no noise)"
+    unit = (record.get("calibration") or {}).get("unit") or units[0]
+    return f"each {unit}"
+
+
+def summary_table(summary: dict[str, Any]) -> list[str]:
+    """The final lines of ``silodp run``: a table of each run's accuracy, what its guarantee
+    protects and its ε per unit (against every party), then the ε that differ per adversary.
+
+    An ε above the largest target among the runs is marked ``!``: the unit is not protected at
+    the level asked for (e.g. a subject's ε under record-level DP)."""
+    runs = summary["runs"]
+    units = [u for u in UNITS if any(u in r.get("epsilon", {}) for r in runs)]
+    personal = any(r.get("personalised_accuracy") is not None for r in runs)
+    targets = [
+        r["calibration"]["target_epsilon"]
+        for r in runs
+        if isinstance((r.get("calibration") or {}).get("target_epsilon"), int | float)
+    ]
+    target = max(targets) if targets else None
+    header = ["method", "protects", "accuracy", *(["personalised"] if personal else [])]
+    header += [f"ε {u}" for u in units]
+    rows = []
+    for r in runs:
+        acc = format(r["test_accuracy"], ".3f") if r.get("test_accuracy") is not None else "–"
+        row = [r["algorithm"], protects(r), acc]
+        if personal:
+            value = r.get("personalised_accuracy")
+            row.append("–" if value is None else format(value, ".3f"))
+        for u in units:
+            if u not in r.get("epsilon", {}):
+                row.append("–")
+                continue
+            value = r["epsilon"][u]
+            above = target is not None and (value is None or value > target * 1.001)
+            row.append(fmt(value) + (" !" if above else ""))
+        rows.append(row)
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        first = [f"{c:<{w}}" for c, w in zip(cells[:2], widths[:2], strict=True)]
+        rest = [f"{c:>{w}}" for c, w in zip(cells[2:], widths[2:], strict=True)]
+        return "  " + "  ".join(first + rest).rstrip()
+
+    out = [line(header)] + [line(row) for row in rows]
+    deltas = {r["delta"] for r in runs if r.get("delta")}
+    whom = {r.get("adversary") for r in runs if r.get("adversary")}
+    if deltas:
+        against = (
+            "every party"
+            if whom == {"strongest"}
+            else ", ".join(sorted(WHO.get(w, w) for w in whom if w))
+        )
+        out.append(f"  ε at δ={', '.join(f'{d:g}' for d in sorted(deltas))} against {against}")
+    if target is not None and any("!" in cell for row in rows for cell in row[3:]):
+        out.append(f"  ! above the target ε={target:g}: that unit is not protected at this level")
+    for r in runs:
+        grouped: dict[tuple[str, float | None], list[str]] = {}
+        for who, unit, value in differing(r):
+            grouped.setdefault((unit, value), []).append(WHO[who])
+        for (unit, value), names in grouped.items():
+            out.append(f"  {r['algorithm']}: ε({unit}={fmt(value)}) against {' and '.join(names)}")
+        if r.get("noise", {}).get("mode") == "seeded":
+            out.append(f"  {r['algorithm']}: seeded noise, not for production")
     return out
 
 
