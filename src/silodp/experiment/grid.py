@@ -201,6 +201,10 @@ def cell_config(spec: GridSpec, cell: Cell) -> Any:
     raw["name"] = f"{spec.name}/{cell.id}"
     if cell.baseline:
         raw[ALGORITHMS] = ["fedavg"]
+    sections = raw.get("algorithm")
+    if isinstance(sections, dict):  # the base's sections of algorithms this cell does not run
+        listed = set(raw.get(ALGORITHMS) or ())
+        raw["algorithm"] = {k: v for k, v in sections.items() if k in listed}
     try:
         return parse_config(raw)
     except ConfigError as err:
