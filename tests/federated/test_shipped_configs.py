@@ -29,7 +29,7 @@ def _shipped() -> list[str]:
 
 
 def _sweeps() -> list[str]:
-    return sorted(p.name for p in CONFIGS.glob("prifedsync_*.toml"))
+    return sorted(p.name for p in (CONFIGS / "papers").glob("prifedsync_*.toml"))
 
 
 @pytest.mark.slow
@@ -47,7 +47,7 @@ def test_large_config_prepares_every_algorithm(name: str) -> None:
 
 
 def test_every_shipped_config_parses() -> None:
-    for path in CONFIGS.glob("*.toml"):
+    for path in [*CONFIGS.glob("*.toml"), *(CONFIGS / "papers").glob("prifedsync_*.toml")]:
         parse_config(tomllib.loads(path.read_text()))
 
 
@@ -93,7 +93,7 @@ def test_shipped_config_runs_one_round(name: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", _sweeps())
 def test_prifedsync_sweep_config_runs(name: str, tmp_path: Path) -> None:
     """Each PriFedSync sweep config, cut to its first grid cell and 2 rounds, writes its table."""
-    raw = tomllib.loads((CONFIGS / name).read_text())
+    raw = tomllib.loads((CONFIGS / "papers" / name).read_text())
     raw["training"]["rounds"] = 2
     for axis in ("client_rate", "noise_multiplier", "batch_size", "local_steps"):
         if raw["sweep"].get(axis):
