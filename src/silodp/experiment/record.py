@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from silodp import faults
@@ -27,18 +28,25 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "OUTPUTS",
     "PRIVATE_DIR",
+    "WEIGHTS_FILE",
     "check_output",
     "noise_notes",
     "noise_record",
     "record_rounds",
     "resolved_config",
     "split_row",
+    "subject_sampling",
+    "subject_weights",
     "summary",
     "write_private",
 ]
 
 #: silo-local outputs: data-dependent, not covered by any ε; must not leave the silos
 PRIVATE_DIR = "silo_private"
+
+#: the subject weights w_{s,a} of a weighted ULDP run, under ``PRIVATE_DIR`` (they follow
+#: the silos' histograms): arrays ``weights`` and ``holds`` (n_{s,a} > 0), silos x subjects
+WEIGHTS_FILE = "subject_weights.npz"
 
 #: per-round diagnostics that depend on the data and are not noised (a round's wall time
 #: grows with the sampled records and subjects, so it is one of them)
@@ -61,7 +69,8 @@ OUTPUTS: dict[str, Any] = {
     ),
     "silo_private": [
         f"{PRIVATE_DIR}/: un-noised, data-dependent diagnostics (records dropped by the "
-        "bounds, subjects and largest group per batch, wall times, the data description); "
+        "bounds, subjects and largest group per batch, wall times, the data description, "
+        "the subject weights w_{s,a} of the weighted ULDP methods); "
         "no ε covers them and they must not leave the silos",
         "ledger.sqlite: the DP events of every round (functions of the plan) with the time each "
         "was recorded; those times follow how long each silo's round took, which is "
@@ -184,7 +193,91 @@ def summary(
     return out
 
 
+def subject_weights(run: PreparedRun) -> tuple[np.ndarray, str] | None:
+    """The weights ``w_{s,a}`` (silos x subjects) that the run's algorithm applies and how they
+    were obtained, or ``None`` for an algorithm that weights no subject.
+
+    Weights held by the algorithm are returned as they are; weights that the private
+    weighting protocol computes under encryption (``uldp_avg_w``) are recomputed here from
+    the silos' histograms with the algorithm's own ``make_weights`` (``n_{s,a}/n_a``, which
+    the protocol computes to its fixed-point precision)."""
+    held = getattr(run.algorithm, "weights", None)
+    if held is not None:
+        return np.asarray(held, dtype=np.float64), "the weights the algorithm applied"
+    make = getattr(run.algorithm, "make_weights", None)
+    if make is None:
+        return None
+    return (
+        np.asarray(make(run.train), dtype=np.float64),
+        "recomputed from the silos' histograms as the private weighting protocol computes "
+        "them under encryption",
+    )
+
+
+def subject_sampling(run: PreparedRun, num_subjects: int) -> dict[str, Any] | None:
+    """The run's subject sub-sampling (rate q, who draws it, who learns it) and what the
+    per-round ``subjects_per_batch`` counts of the silo-private diagnostics are; ``None`` for
+    an algorithm that samples no subjects."""
+    config = run.algorithm.config
+    rate = getattr(config, "subject_rate", None)
+    known_to = getattr(run.algorithm, "sample_known_to", None)
+    if rate is None or known_to is None:
+        return None
+    drawn_by = getattr(config, "subject_sampler", "server")
+    knows = list(known_to())
+    if rate >= 1.0:
+        counts = "every subject: no sub-sampling, each silo trains all its subjects"
+    elif "silos" not in knows:
+        counts = (
+            "not the sample: it is hidden from the silos, and each silo trains all its subjects"
+        )
+    elif drawn_by == "silos":
+        counts = "hidden: the silos draw the sample and do not report how many they trained"
+    else:
+        counts = "sampled: subjects each silo trained in the server's sample"
+    return {
+        "rate": rate,
+        "drawn_by": drawn_by,
+        "known_to": knows,
+        "subjects": num_subjects,
+        "expected_per_round": rate * num_subjects,
+        "counts": counts,
+    }
+
+
+def _write_weights(run_dir: Path, run: PreparedRun) -> dict[str, Any] | None:
+    found = subject_weights(run)
+    if found is None:
+        return None
+    weights, how = found
+    holds = run.train.histogram() > 0
+    if weights.shape != holds.shape:
+        raise ValueError(
+            f"Expected subject weights of shape {holds.shape} (silos, subjects), got "
+            f"{weights.shape}."
+        )
+
+    def save(tmp: Path) -> None:
+        with tmp.open("wb") as handle:
+            np.savez_compressed(handle, weights=weights, holds=holds)
+
+    atomic_write(run_dir / PRIVATE_DIR / WEIGHTS_FILE, save)
+    used = np.where(holds, weights, 0.0)
+    per_subject = used.sum(axis=0)[holds.any(axis=0)]
+    return {
+        "file": WEIGHTS_FILE,
+        "how": how,
+        "pairs_weighted": int(((used > 0) & holds).sum()),
+        "sum_per_subject": (
+            {"min": float(per_subject.min()), "max": float(per_subject.max())}
+            if per_subject.size
+            else None
+        ),
+    }
+
+
 def write_private(run_dir: Path, run: PreparedRun, wall_time_s: float) -> None:
+    """The run's silo-private summary and, for a weighted ULDP run, its subject weights."""
     write_json(
         run_dir / PRIVATE_DIR / "summary.json",
         {
@@ -193,6 +286,8 @@ def write_private(run_dir: Path, run: PreparedRun, wall_time_s: float) -> None:
             "group_size": run.group_size,
             "group_size_source": run.group_size_source,
             "wall_time_s": round(wall_time_s, 3),
+            "subject_weights": _write_weights(run_dir, run),
+            "subject_sampling": subject_sampling(run, run.train.num_subjects),
         },
     )
 
