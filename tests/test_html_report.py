@@ -8,6 +8,7 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -32,6 +33,7 @@ class _Page(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.images: list[str] = []
+        self.alts: list[str] = []
         self.external: list[str] = []
         self.text: list[str] = []
 
@@ -39,6 +41,7 @@ class _Page(HTMLParser):
         values = dict(attrs)
         if tag == "img":
             self.images.append(values.get("src") or "")
+            self.alts.append(values.get("alt") or "")
         for key in ("src", "href"):
             value = values.get(key) or ""
             if value and not value.startswith("data:"):
@@ -130,3 +133,215 @@ def test_report_of_a_directory_without_results_is_refused(tmp_path: Path) -> Non
     result = CliRunner().invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "r.html")])
     assert result.exit_code == 2
     assert "Expected" in result.output and not (tmp_path / "r.html").exists()
+
+
+# --- ULDP: the subject weights and the subject sampling (silo-private) -------------------------
+
+ULDP = {
+    "name": "tiny-uldp-report",
+    "algorithms": ["uldp_avg", "uldp_avg_w", "uldp_naive"],
+    "data": {"source": "digits", "num_silos": 3, "num_subjects": 30, "max_records": 300},
+    "model": {"name": "mlp"},
+    "training": {"rounds": 2, "local_steps": 2, "batch_size": 32, "lr": 0.5},
+    "privacy": {"noise_multiplier": 1.5},
+    "algorithm": {
+        # the server draws the sample: each silo's count of sampled subjects is recorded
+        "uldp_avg": {"subject_rate": 0.5, "subject_sampler": "server"},
+        # the silos draw it: the counts are their secret and not recorded
+        "uldp_avg_w": {"weighting": "clear", "subject_rate": 0.5, "subject_sampler": "silos"},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def uldp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("uldp")
+    run_experiment(parse_config(ULDP), out)
+    return out
+
+
+def _histogram() -> np.ndarray:
+    """n_{s,a} of the ULDP config's training data, built again from the config."""
+    from silodp.data.build import build_federated_data
+
+    return build_federated_data(parse_config(ULDP).data).train.histogram()
+
+
+def test_uldp_runs_write_their_subject_weights_under_silo_private_only(uldp: Path) -> None:
+    import json
+
+    hist = _histogram()
+    expected = {
+        "uldp_avg": np.full(hist.shape, 1.0 / hist.shape[0]),
+        "uldp_avg_w": hist / hist.sum(axis=0, keepdims=True),  # n_{s,a} / n_a
+    }
+    for name, weights in expected.items():
+        with np.load(uldp / name / "silo_private" / "subject_weights.npz") as saved:
+            np.testing.assert_allclose(saved["weights"], weights, rtol=0, atol=1e-12)
+            np.testing.assert_array_equal(saved["holds"], hist > 0)
+        private = json.loads((uldp / name / "silo_private" / "summary.json").read_text())
+        assert private["subject_weights"]["pairs_weighted"] == int((hist > 0).sum())
+        assert private["subject_sampling"]["rate"] == 0.5
+    # nothing of the weights outside silo_private/; an algorithm without weights writes none
+    assert sorted(p.relative_to(uldp).parts[1] for p in uldp.rglob("subject_weights*")) == [
+        "silo_private",
+        "silo_private",
+    ]
+    naive = json.loads((uldp / "uldp_naive" / "silo_private" / "summary.json").read_text())
+    assert naive["subject_weights"] is None and naive["subject_sampling"] is None
+
+
+def test_report_shows_the_weights_histograms_and_the_subjects_sampled(
+    uldp: Path, tmp_path: Path
+) -> None:
+    import csv
+    import json
+
+    result = CliRunner().invoke(app, ["report", str(uldp), "--out", str(tmp_path / "u.html")])
+    assert result.exit_code == 0, result.output
+    page = _read(tmp_path / "u.html")
+    text = " ".join(page.text)
+    files = tmp_path / "u_files"
+    hist = _histogram()
+    weights = hist / hist.sum(axis=0, keepdims=True)
+    # the table of uldp_avg_w's histograms is the histogram of the weights computed from the data
+    rows = list(csv.DictReader((files / "uldp_avg_w_subject_weights.csv").open()))
+    edges = np.linspace(0.0, 1.0, 21)
+    assert [float(r["from"]) for r in rows] == pytest.approx(edges[:-1].tolist())
+    for silo in range(hist.shape[0]):
+        counts = np.histogram(weights[silo][hist[silo] > 0], bins=edges)[0]
+        assert [int(r[f"silo {silo}"]) for r in rows] == counts.tolist()
+    sums = np.histogram(np.clip(weights.sum(axis=0), 0, 1), bins=edges)[0]
+    assert [int(r["subjects (Σ_s w)"]) for r in rows] == sums.tolist()
+    assert sum(sums) == hist.shape[1] and sums[-1] == hist.shape[1]  # every Σ_s w = 1
+    # uniform weights 1/S: every pair in the bin of 1/3
+    avg = list(csv.DictReader((files / "uldp_avg_subject_weights.csv").open()))
+    third = next(i for i, r in enumerate(avg) if float(r["from"]) <= 1 / 3 < float(r["to"]))
+    assert sum(int(avg[third][f"silo {s}"]) for s in range(3)) == int((hist > 0).sum())
+    for name in ("uldp_avg_subject_weights.png", "uldp_avg_w_subject_weights.png"):
+        assert (files / name).read_bytes().startswith(PNG), name
+    alts = " ".join(page.alts)
+    assert "uldp_avg: nonzero w_s,a per silo" in alts and "uldp_avg_w: nonzero" in alts
+    # the server's sample: counts recorded and drawn; the silos' sample: hidden, said so
+    assert (files / "uldp_avg_subject_sampling.png").read_bytes().startswith(PNG)
+    assert "uldp_avg: (silo, subject) pairs trained per round" in alts
+    assert not (files / "uldp_avg_w_subject_sampling.png").exists()
+    assert "No per-round count is drawn" in text and "hidden: the silos draw" in text
+    diagnostics = [
+        json.loads(line)
+        for line in (uldp / "uldp_avg" / "silo_private" / "diagnostics.jsonl")
+        .read_text()
+        .splitlines()
+    ]
+    assert all(len(r["subjects_per_batch"]) == 3 for r in diagnostics)
+    assert "q = 0.5" in text and "drawn by the server" in text and "drawn by the silos" in text
+    # uldp_naive weights no subject: no section of its own
+    assert "uldp_naive: subject weights" not in text
+
+
+def test_a_public_report_leaves_out_the_weights_and_the_counts(uldp: Path, tmp_path: Path) -> None:
+    args = ["report", str(uldp), "--out", str(tmp_path / "p.html"), "--public"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    page = _read(tmp_path / "p.html")
+    text = " ".join(page.text)
+    assert "silo-private" not in text and "subject weights" not in text
+    assert not any("w_s,a" in alt or "pairs trained" in alt for alt in page.alts)
+    assert not list((tmp_path / "p_files").glob("*subject_*"))
+    # the rate q is part of the public plan
+    assert "q = 0.5" in text
+
+
+# --- PriFedSync: personalised against global accuracy ------------------------------------------
+
+PRIFEDSYNC = {
+    "name": "tiny-prifedsync-report",
+    "algorithms": ["prifedsync"],
+    "data": {
+        "source": "digits",
+        "num_silos": 4,
+        "allocation": "shards",
+        "shards_per_client": 2,
+        "test_per_client": 20,
+    },
+    "model": {"name": "mlp"},
+    "training": {
+        "rounds": 3,
+        "local_steps": 3,
+        "batch_size": 8,
+        "lr": 0.01,
+        "optimizer": "adam",
+        "helper": "interpolate",
+        "alpha": 0.1,
+    },
+    "privacy": {"noise_multiplier": 1.0},
+}
+
+
+def test_prifedsync_report_has_personalised_and_global_accuracy(tmp_path: Path) -> None:
+    import csv
+    import json
+
+    run_experiment(parse_config(PRIFEDSYNC), tmp_path / "run")
+    result = CliRunner().invoke(
+        app, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "r.html")]
+    )
+    assert result.exit_code == 0, result.output
+    page = _read(tmp_path / "r.html")
+    files = tmp_path / "r_files"
+    assert (files / "personalised_vs_global.png").read_bytes().startswith(PNG)
+    assert any("personalised model (solid) and the global model" in a for a in page.alts)
+    (row,) = list(csv.DictReader((files / "final.csv").open()))
+    summary = json.loads((tmp_path / "run" / "prifedsync" / "summary.json").read_text())
+    assert float(row["personalised accuracy"]) == pytest.approx(summary["personalised_accuracy"])
+    assert float(row["global accuracy"]) == pytest.approx(summary["global_accuracy"])
+    assert "personalised accuracy" in (files / "final.md").read_text()
+
+
+def test_sweep_report_has_personalised_and_global_over_seeds(tmp_path: Path) -> None:
+    import json
+    import statistics
+
+    import tomli_w
+
+    (tmp_path / "base.toml").write_text(tomli_w.dumps(PRIFEDSYNC))
+    (tmp_path / "s.toml").write_text(
+        'base = "base.toml"\nseeds = [0, 1]\nbaseline = false\n'
+        '[grid]\n"privacy.noise_multiplier" = [1.0]\n'
+    )
+    summary = run_grid(load_grid(tmp_path / "s.toml"), tmp_path / "sweep", log=lambda m: None)
+    (row,) = summary["rows"]
+    cells = sorted((tmp_path / "sweep" / "cells").iterdir())
+    finals = [
+        json.loads((c / "summary.json").read_text())["runs"][0]["personalised_accuracy"]
+        for c in cells
+    ]
+    assert row["personalised_accuracy_mean"] == pytest.approx(statistics.mean(finals))
+    assert row["personalised_accuracy_std"] == pytest.approx(statistics.stdev(finals))
+    assert "personalised accuracy" in (tmp_path / "sweep" / "results.md").read_text()
+    result = CliRunner().invoke(
+        app, ["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "s.html")]
+    )
+    assert result.exit_code == 0, result.output
+    page = _read(tmp_path / "s.html")
+    assert (tmp_path / "s_files" / "personalised_vs_global.png").read_bytes().startswith(PNG)
+    assert any("mean over seeds" in a for a in page.alts)
+    assert "personalised_accuracy_std" in " ".join(page.text)
+
+    from silodp.html_report import _personalised_over_seeds
+
+    series = _personalised_over_seeds(
+        tmp_path / "sweep", json.loads((tmp_path / "sweep" / "grid.json").read_text())["cells"]
+    )
+    ((label, curves),) = series.items()
+    rounds, means, stds = curves["personalised"]
+    per_seed = [
+        [
+            json.loads(x)["personalised_accuracy"]
+            for x in (c / "prifedsync" / "metrics.jsonl").open()
+        ]
+        for c in cells
+    ]
+    assert list(rounds) == [1, 2, 3]
+    assert means == pytest.approx([statistics.mean(v) for v in zip(*per_seed, strict=True)])
+    assert stds == pytest.approx([statistics.stdev(v) for v in zip(*per_seed, strict=True)])

@@ -7,10 +7,14 @@ It computes no privacy number: every ε shown is copied from the runs' summaries
 ledgers back.
 
 An experiment's report: the table of final numbers; per unit ε side by side (record against
-subject: what item-level DP leaves of a subject); the comparison and each run's figures; the
-data's distribution (from ``silo_private/``: un-noised, for the consortium only, and marked
-so); the resolved configs; the ledgers' totals. A sweep's report: its table (mean ± std over
-seeds, the non-private baseline first) and final utility against ε per algorithm.
+subject: what item-level DP leaves of a subject); the comparison and each run's figures
+(the subject sub-sampling rate of a ULDP run); PriFedSync's personalised against global
+accuracy per round; the data's distribution and the ULDP runs' subject weights ``w_{s,a}``
+and subjects trained per round (from ``silo_private/``: un-noised, for the consortium only,
+and marked so); the resolved configs; the ledgers' totals. A sweep's report: its table
+(mean ± std over seeds, the non-private baseline first), final utility against ε per
+algorithm and, for PriFedSync, personalised against global accuracy per round (mean ± std
+over seeds).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
+import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +34,10 @@ from silodp.io import atomic_write, write_text
 from silodp.reports import columns_of, rows_csv
 
 __all__ = ["write_report"]
+
+#: the runs' silo-private directory (``silodp.experiment.record.PRIVATE_DIR``, named here so
+#: that a report needs no torch)
+PRIVATE_DIR = "silo_private"
 
 STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
@@ -109,9 +119,17 @@ def _save_tables(
 
 # --- an experiment ----------------------------------------------------------------------------
 
+#: the final-table columns of PriFedSync's two accuracies, and the summary keys they copy
+PERSONAL = {
+    "personalised accuracy": "personalised_accuracy",
+    "global accuracy": "global_accuracy",
+}
+
 
 def _final_rows(summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     units = sorted({u for r in summary["runs"] for u in (r.get("epsilon") or {})})
+    # PriFedSync: the personalised models' and the global model's mean accuracy over clients
+    personal = [c for c in PERSONAL if any(r.get(PERSONAL[c]) is not None for r in summary["runs"])]
     rows = []
     for run in summary["runs"]:
         row = {
@@ -119,13 +137,14 @@ def _final_rows(summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[
             "status": run.get("status"),
             "rounds": run.get("rounds_completed"),
             "test accuracy": run.get("test_accuracy"),
+            **{c: run.get(PERSONAL[c]) for c in personal},
             **{f"ε ({u})": (run.get("epsilon") or {}).get(u) for u in units},
             "σ": run.get("noise_multiplier"),
             "against": run.get("adversary") if run.get("epsilon") else None,
         }
         rows.append(row)
-    columns = ["algorithm", "status", "rounds", "test accuracy", *(f"ε ({u})" for u in units)]
-    return rows, [*columns, "σ", "against"]
+    columns = ["algorithm", "status", "rounds", "test accuracy", *personal]
+    return rows, [*columns, *(f"ε ({u})" for u in units), "σ", "against"]
 
 
 def _experiment(src: Path, files: Path, *, public: bool = False) -> tuple[str, str]:
@@ -154,10 +173,14 @@ def _experiment(src: Path, files: Path, *, public: bool = False) -> tuple[str, s
             "<h2>Utility and ε against round</h2>",
             _figure(src / "comparison.png", "all algorithms", files, "comparison.png"),
         ]
+    parts += _personalised(src, summary["runs"], files)
     for run in summary["runs"]:
         name = run["algorithm"]
         run_dir = src / name
         parts.append(f"<h3>{html.escape(name)}</h3>")
+        sampling = _subject_rate(run_dir)
+        if sampling:
+            parts.append(f"<p>{html.escape(sampling)}</p>")
         for figure, caption in (
             ("accuracy_loss.png", "accuracy and loss"),
             ("epsilon.png", "ε per unit against round"),
@@ -174,17 +197,167 @@ def _experiment(src: Path, files: Path, *, public: bool = False) -> tuple[str, s
         ledger = run_dir / "ledger.sqlite"
         if ledger.is_file():
             parts.append(_ledger_totals(ledger))
-    data = src / "silo_private" / "data.json"
-    if data.is_file() and not public:
+    if not public:
+        parts += _private(src, summary["runs"], files)
+    return str(summary.get("name", src.name)), "\n".join(parts)
+
+
+def _private(src: Path, runs: Sequence[Mapping[str, Any]], files: Path) -> list[str]:
+    """The silo-private section: the data's distribution, and each weighted ULDP run's subject
+    weights and subjects trained per round (from the runs' ``silo_private/``)."""
+    parts = []
+    data = src / PRIVATE_DIR / "data.json"
+    if data.is_file():
         spread = files / "data_distribution.png"
         plotting.plot_data_distribution(_json(data), spread)
+        parts.append(_figure(spread, "records per silo, records per subject, silos per subject"))
+    for run in runs:
+        parts += _subject_weights(src / run["algorithm"], run["algorithm"], files)
+    if not parts:
+        return []
+    return [
+        "<div class='private'><h2>The data (silo-private)</h2><p>Exact, un-noised "
+        "counts: no ε covers them; keep this section inside the consortium.</p>",
+        *parts,
+        "</div>",
+    ]
+
+
+def _subject_rate(run_dir: Path) -> str | None:
+    """The public sentence on a run's subject sub-sampling (its resolved config's
+    ``subject_rate`` and ``subject_sampler``), if it samples subjects."""
+    path = run_dir / "config.toml"
+    if not path.is_file():
+        return None
+    privacy = tomllib.loads(path.read_text()).get("privacy", {})
+    rate = privacy.get("subject_rate")
+    if rate is None:
+        return None
+    if rate >= 1:
+        return "Subject sub-sampling: none (q = 1): every subject takes part in every round."
+    who = privacy.get("subject_sampler", "server")
+    return (
+        f"Subject sub-sampling: each subject is in a round's sample with probability "
+        f"q = {rate:g} (Poisson), drawn by the {who}."
+    )
+
+
+def _subject_weights(run_dir: Path, name: str, files: Path) -> list[str]:
+    """A weighted ULDP run's subject weights (figure and table of its histograms) and its
+    subjects trained per round, from ``run_dir/silo_private/``; nothing for other runs."""
+    path = run_dir / PRIVATE_DIR / "summary.json"
+    private = _json(path) if path.is_file() else {}
+    weights_info, sampling = private.get("subject_weights"), private.get("subject_sampling")
+    if not weights_info and not sampling:
+        return []
+    parts = [f"<h3>{html.escape(name)}: subject weights and subject sampling</h3>"]
+    holds = None
+    if weights_info and (run_dir / PRIVATE_DIR / weights_info["file"]).is_file():
+        import numpy as np
+
+        with np.load(run_dir / PRIVATE_DIR / weights_info["file"]) as saved:
+            weights, holds = saved["weights"], saved["holds"]
+        figure = files / f"{name}_subject_weights.png"
+        plotting.plot_subject_weights(weights, holds, figure, f"{name}: subject weights w_{{s,a}}")
+        rows, columns = _weight_rows(weights, holds)
+        _save_tables(files, f"{name}_subject_weights", rows, columns)
         parts += [
-            "<div class='private'><h2>The data (silo-private)</h2><p>Exact, un-noised "
-            "counts: no ε covers them; keep this section inside the consortium.</p>",
-            _figure(spread, "records per silo, records per subject, silos per subject"),
-            "</div>",
+            f"<p>The weights w<sub>s,a</sub> of silo s for subject a "
+            f"({html.escape(weights_info['how'])}), over the (silo, subject) pairs where the "
+            "silo holds records of the subject: each subject's update in a silo is clipped "
+            "to C and multiplied by its weight, and Σ<sub>s</sub> w<sub>s,a</sub> ≤ 1 bounds "
+            "what one subject moves the sum.</p>",
+            _figure(
+                figure,
+                f"{name}: nonzero w_s,a per silo (left) and Σ_s w_s,a per subject (right)",
+            ),
+            "<details><summary>the histograms as a table</summary>"
+            + _table(rows, columns)
+            + "</details>",
         ]
-    return str(summary.get("name", src.name)), "\n".join(parts)
+    if sampling:
+        parts.append(_sampling_section(run_dir, name, sampling, holds, files))
+    return parts
+
+
+def _weight_rows(weights: Any, holds: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of :func:`plotting.weight_histograms`: one per bin, a count per silo and the
+    subjects whose weights sum into the bin."""
+    edges, per_silo, per_subject = plotting.weight_histograms(weights, holds)
+    silos = [f"silo {s}" for s in range(len(per_silo))]
+    rows = [
+        {
+            "from": round(float(edges[b]), 4),
+            "to": round(float(edges[b + 1]), 4),
+            **{silos[s]: int(per_silo[s][b]) for s in range(len(per_silo))},
+            "subjects (Σ_s w)": int(per_subject[b]),
+        }
+        for b in range(len(edges) - 1)
+    ]
+    return rows, ["from", "to", *silos, "subjects (Σ_s w)"]
+
+
+def _sampling_section(
+    run_dir: Path, name: str, sampling: Mapping[str, Any], holds: Any, files: Path
+) -> str:
+    """The subjects trained per round (silo-private counts), or why they are not shown."""
+    rate = sampling["rate"]
+    head = (
+        f"Subject sub-sampling: rate q = {rate:g}, drawn by the {sampling['drawn_by']}, known "
+        f"to {' and '.join(sampling['known_to']) or 'no party'}; expected "
+        f"q·|U| = {sampling['expected_per_round']:.4g} subjects per round "
+        f"(|U| = {sampling['subjects']}). Per-round counts recorded: {sampling['counts']}."
+    )
+    rows = [
+        r
+        for r in _jsonl(run_dir / PRIVATE_DIR / "diagnostics.jsonl")
+        if r.get("subjects_per_batch")
+    ]
+    if not rows:
+        return (
+            f"<p>{html.escape(head)} No per-round count is drawn: the run recorded none "
+            "(the silos keep the sample, and how many subjects each trained, to themselves)."
+            "</p>"
+        )
+    expected = None
+    if holds is not None and sampling["counts"].startswith(("sampled", "every")):
+        pairs = int(holds.sum())
+        silos = sum(len(r["subjects_per_batch"]) for r in rows) / len(rows) / len(holds)
+        expected = min(rate, 1.0) * pairs * silos
+    figure = files / f"{name}_subject_sampling.png"
+    plotting.plot_subject_sampling(rows, figure, f"{name}: subjects trained", expected=expected)
+    return f"<p>{html.escape(head)}</p>" + _figure(
+        figure,
+        f"{name}: (silo, subject) pairs trained per round, summed over the silos (a subject "
+        "held by k silos counts k times)" + ("; dashed: expected" if expected is not None else ""),
+    )
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _personalised(src: Path, runs: Sequence[Mapping[str, Any]], files: Path) -> list[str]:
+    """PriFedSync: personalised and global accuracy per round, every run that has them."""
+    found = {}
+    for run in runs:
+        rows = _jsonl(src / run["algorithm"] / "metrics.jsonl")
+        if any(r.get("personalised_accuracy") is not None for r in rows):
+            found[run["algorithm"]] = rows
+    if not found:
+        return []
+    figure = files / "personalised_vs_global.png"
+    plotting.plot_personalised(found, figure, "personalised (solid) vs global (dashed)")
+    return [
+        "<h2>Personalised and global accuracy</h2>",
+        _figure(
+            figure,
+            "mean accuracy over the clients' own test splits against round: each client's "
+            "personalised model (solid) and the global model (dashed)",
+        ),
+    ]
 
 
 def _ledger_totals(path: Path) -> str:
@@ -222,8 +395,63 @@ def _sweep(src: Path, files: Path) -> tuple[str, str]:
             )
         ]
     cells = _json(src / "grid.json")["cells"]
+    series = _personalised_over_seeds(src, cells)
+    if series:
+        figure = files / "personalised_vs_global.png"
+        plotting.plot_personalised_over_seeds(
+            series, figure, "personalised (solid) vs global (dashed), mean ± std over seeds"
+        )
+        parts += [
+            "<h2>Personalised and global accuracy</h2>",
+            _figure(
+                figure,
+                "mean accuracy over the clients' own test splits against round: the "
+                "personalised models (solid) and the global model (dashed), mean over seeds "
+                "with a band of ± one standard deviation",
+            ),
+        ]
     parts.append(
         f"<p>{len(cells)} cells in {html.escape(str(src / 'cells'))}; each is an "
         "experiment: run <code>silodp report</code> on one for its figures.</p>"
     )
     return str(summary.get("name", src.name)), "\n".join(parts)
+
+
+def _personalised_over_seeds(
+    src: Path, cells: Sequence[Mapping[str, Any]]
+) -> dict[str, dict[str, plotting.Band]]:
+    """Per algorithm and grid point, the personalised and global accuracy per round: mean and
+    standard deviation over the seeds that reached the round (0 for one seed)."""
+    pooled: dict[str, dict[str, dict[int, list[float]]]] = {}
+    for cell in cells:
+        path = src / "cells" / cell["id"] / "summary.json"
+        if not path.is_file():
+            continue
+        values = ", ".join(f"{k}={v}" for k, v in cell["values"].items() if k != "algorithms")
+        for run in _json(path).get("runs", []):
+            rows = _jsonl(src / "cells" / cell["id"] / run["algorithm"] / "metrics.jsonl")
+            if not any(r.get("personalised_accuracy") is not None for r in rows):
+                continue
+            label = run["algorithm"] + (f" ({values})" if values else "")
+            curves = pooled.setdefault(label, {"personalised": {}, "global": {}})
+            for row in rows:
+                for kind in curves:
+                    value = row.get(f"{kind}_accuracy")
+                    if value is not None:
+                        curves[kind].setdefault(row["round"], []).append(float(value))
+    return {
+        label: {kind: _band(by_round) for kind, by_round in curves.items() if by_round}
+        for label, curves in pooled.items()
+    }
+
+
+def _band(by_round: Mapping[int, Sequence[float]]) -> plotting.Band:
+    rounds = sorted(by_round)
+    means = [sum(by_round[r]) / len(by_round[r]) for r in rounds]
+    stds = [
+        math.sqrt(sum((v - m) ** 2 for v in by_round[r]) / (len(by_round[r]) - 1))
+        if len(by_round[r]) > 1
+        else 0.0
+        for r, m in zip(rounds, means, strict=True)
+    ]
+    return rounds, means, stds

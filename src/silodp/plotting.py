@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import matplotlib.ticker
 import numpy as np
 
 matplotlib.use("Agg")
@@ -20,10 +21,14 @@ __all__ = [
     "plot_data_distribution",
     "plot_epsilon",
     "plot_personalised",
+    "plot_personalised_over_seeds",
+    "plot_subject_sampling",
+    "plot_subject_weights",
     "plot_training",
     "plot_units",
     "plot_utility_vs_epsilon",
     "save_figure",
+    "weight_histograms",
 ]
 
 Metrics = Sequence[Mapping[str, Any]]
@@ -325,4 +330,104 @@ def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Pa
     ax.set_ylabel("final test accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
+    return save_figure(fig, path)
+
+
+#: the bins of the subject-weight histograms: 20 equal bins over [0, 1], where every ULDP
+#: weight and every subject's sum of weights over silos lies
+WEIGHT_BINS = np.linspace(0.0, 1.0, 21)
+
+
+def weight_histograms(
+    weights: np.ndarray, holds: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The histograms of a ULDP run's subject weights ``w_{s,a}`` (silos x subjects), over the
+    (silo, subject) pairs where the silo holds records of the subject (``holds``): the bin
+    edges, per silo the counts of its nonzero weights (silos x bins), and the counts of each
+    subject's ``Σ_s w_{s,a}`` over the subjects with records (bins)."""
+    used = np.where(holds, np.asarray(weights, dtype=np.float64), 0.0)
+    per_silo = np.stack(
+        [np.histogram(row[row > 0], bins=WEIGHT_BINS)[0] for row in used]
+        or [np.zeros(len(WEIGHT_BINS) - 1, dtype=np.int64)]
+    )
+    sums = np.clip(used.sum(axis=0)[np.asarray(holds).any(axis=0)], 0.0, 1.0)
+    return WEIGHT_BINS, per_silo, np.histogram(sums, bins=WEIGHT_BINS)[0]
+
+
+def plot_subject_weights(weights: np.ndarray, holds: np.ndarray, path: Path, title: str) -> Path:
+    """The subject weights of a ULDP run (:func:`weight_histograms`): left, each silo's nonzero
+    ``w_{s,a}`` (stacked, one colour per silo); right, each subject's ``Σ_s w_{s,a}``, the share
+    of the clip bound its updates may use (at most 1)."""
+    edges, per_silo, per_subject = weight_histograms(weights, holds)
+    centres, width = (edges[:-1] + edges[1:]) / 2, float(edges[1] - edges[0])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    bottom = np.zeros(len(centres))
+    for silo, counts in enumerate(per_silo):
+        left.bar(centres, counts, width=width * 0.9, bottom=bottom, label=f"silo {silo}")
+        bottom += counts
+    left.set_xlabel("w_{s,a} (nonzero, pairs where silo s holds records of subject a)")
+    left.set_ylabel("(silo, subject) pairs")
+    if 1 < len(per_silo) <= 10:
+        left.legend(fontsize="x-small")
+    right.bar(centres, per_subject, width=width * 0.9, color="tab:orange")
+    right.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    right.set_xlabel("Σ_s w_{s,a} per subject (at most 1)")
+    right.set_ylabel("subjects")
+    for ax in (left, right):
+        ax.set_xlim(0.0, 1.05)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    return save_figure(fig, path)
+
+
+def plot_subject_sampling(
+    rows: Metrics, path: Path, title: str, *, expected: float | None = None
+) -> Path:
+    """Per round, the (silo, subject) pairs trained: the sum over the silos of each silo's
+    ``subjects_per_batch`` (a subject held by k silos counts k times), with the expected
+    number as a dashed line."""
+    counts = [
+        (r["round"], sum(r["subjects_per_batch"])) for r in rows if r.get("subjects_per_batch")
+    ]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar([r for r, _ in counts], [c for _, c in counts], width=0.8)
+    if expected is not None:
+        ax.axhline(expected, color="grey", linestyle="--", linewidth=1, label="expected")
+        ax.legend(fontsize="small")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel("(silo, subject) pairs trained")
+    ax.grid(alpha=0.3, axis="y")
+    ax.set_title(title)
+    return save_figure(fig, path)
+
+
+#: one curve of :func:`plot_personalised_over_seeds`: rounds and, per round, mean and std
+Band = tuple[Sequence[int], Sequence[float], Sequence[float]]
+
+
+def plot_personalised_over_seeds(
+    series: Mapping[str, Mapping[str, Band]], path: Path, title: str
+) -> Path:
+    """Personalised (solid) and global (dashed) mean accuracy over clients against round, each
+    the mean over seeds with a band of ± one standard deviation; ``series`` maps a label to
+    ``{"personalised": band, "global": band}``."""
+    fig, ax = plt.subplots(figsize=(7.5 + (3.0 if len(series) > 1 else 0.0), 4.5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, curves) in enumerate(series.items()):
+        colour = colours[i % len(colours)]
+        for kind, style in (("personalised", "-"), ("global", "--")):
+            if kind not in curves:
+                continue
+            rounds, mean, std = (np.asarray(v, dtype=float) for v in curves[kind])
+            ax.plot(rounds, mean, color=colour, linestyle=style, label=f"{label} {kind}")
+            ax.fill_between(rounds, mean - std, mean + std, color=colour, alpha=0.15)
+    ax.set_xlabel("synchronisation round")
+    ax.set_ylabel("mean test accuracy over clients")
+    ax.grid(alpha=0.3)
+    if len(series) > 1:
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize="x-small")
+    ax.set_title(title)
     return save_figure(fig, path)

@@ -291,12 +291,14 @@ def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
                     "baseline": cell["baseline"],
                     "values": values,
                     "accuracy": [],
+                    "personalised": [],
                     "epsilon": {},
                     "seeds": [],
                 },
             )
             group["seeds"].append(cell["seed"])
             group["accuracy"].append(run.get("test_accuracy"))
+            group["personalised"].append(run.get("personalised_accuracy"))
             for unit, eps in (run.get("epsilon") or {}).items():
                 group["epsilon"].setdefault(unit, []).append(eps)
     rows = []
@@ -308,6 +310,9 @@ def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
             "seeds": len(group["seeds"]),
         }
         row["accuracy_mean"], row["accuracy_std"] = _mean_std(group["accuracy"])
+        if any(v is not None for v in group["personalised"]):  # PriFedSync's own models
+            mean, std = _mean_std(group["personalised"])
+            row["personalised_accuracy_mean"], row["personalised_accuracy_std"] = mean, std
         for unit, values in sorted(group["epsilon"].items()):
             row[f"epsilon_{unit}_mean"], row[f"epsilon_{unit}_std"] = _mean_std(values)
         rows.append(row)
@@ -337,7 +342,10 @@ def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
             if k.startswith("epsilon_") and k.endswith("_mean")
         }
     )
-    header = ["algorithm", *grid_keys, "seeds", "test accuracy", *(f"ε ({u})" for u in units)]
+    personal = any("personalised_accuracy_mean" in r for r in rows)
+    header = ["algorithm", *grid_keys, "seeds", "test accuracy"]
+    header += ["personalised accuracy"] if personal else []
+    header += [f"ε ({u})" for u in units]
     lines = [f"# {spec.name}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
 
     def pm(mean: float | None, std: float | None, digits: int) -> str:
@@ -358,6 +366,10 @@ def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
             str(row["seeds"]),
             pm(row["accuracy_mean"], std("accuracy_std"), 3),
         ]
+        if personal:
+            cells.append(
+                pm(row.get("personalised_accuracy_mean"), std("personalised_accuracy_std"), 3)
+            )
         cells += [pm(row.get(f"epsilon_{u}_mean"), std(f"epsilon_{u}_std"), 2) for u in units]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
