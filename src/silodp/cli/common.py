@@ -13,6 +13,7 @@ import math
 import signal
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ __all__ = [
     "TERMINATED_EXIT_CODE",
     "Terminated",
     "WHO",
+    "SweepProgress",
     "check_config_file",
     "cli_messages",
     "differing",
@@ -296,3 +298,132 @@ def progress(name: str, rounds: int) -> Callable[[dict[str, Any]], None]:
             bar.close()
 
     return update
+
+
+def _clock(seconds: float) -> str:
+    """``h:mm:ss`` or ``m:ss``."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class SweepProgress:
+    """One progress view over every cell of ``silodp sweep``: which cell runs (``cell i/N``
+    and its grid values), the rounds done out of every round the sweep plans, the time
+    elapsed and an estimate of the time left (from the rounds trained since this view
+    started; cells kept from an earlier invocation count as done, not as speed).
+
+    On a terminal, one bar redrawn in place; otherwise (a CI log, a pipe) one plain line
+    per cell event and per round (every few rounds for runs of more than
+    :data:`PLAIN_LINES` rounds; always the first and the last). Pass :meth:`cell` as
+    ``run_grid``'s ``on_cell``, :meth:`run` as its ``progress`` and :meth:`log` as its
+    ``log`` (lines printed above the bar); :meth:`close` at the end.
+    """
+
+    def __init__(
+        self, *, stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.terminal = _is_terminal(self.stream)
+        self.clock = clock
+        self.started = clock()
+        self.at: Any = None  # the last CellProgress
+        self.runs: dict[str, int] = {}  # the last round of each run of the current cell
+        self.trained = 0  # rounds trained since this view started
+        self.bar: Any = None
+
+    def done(self) -> int:
+        """Rounds done across the sweep: the cells before the current one (as planned), and
+        the current cell's runs' rounds (all of them once it finished or was kept)."""
+        at = self.at
+        if at is None:
+            return 0
+        if at.status in ("kept", "finished"):
+            return int(at.rounds_before + at.rounds)
+        return int(at.rounds_before + min(sum(self.runs.values()), at.rounds))
+
+    def status(self) -> str:
+        """``D/T rounds, elapsed E, ETA R``."""
+        at, done = self.at, self.done()
+        total = at.rounds_total if at is not None else 0
+        elapsed = self.clock() - self.started
+        text = f"{done}/{total} rounds, elapsed {_clock(elapsed)}"
+        if done >= total:
+            return text
+        if self.trained == 0:
+            return text + ", ETA ?"
+        return text + f", ETA {_clock(elapsed / self.trained * (total - done))}"
+
+    def _where(self) -> str:
+        at = self.at
+        return f"cell {at.index}/{at.cells} ({at.label})"
+
+    def cell(self, at: Any) -> None:
+        """A cell started, was kept or finished (``at``: a ``CellProgress`` of
+        :mod:`silodp.experiment.grid`)."""
+        self.at = at
+        if at.status == "started":
+            self.runs = {}
+        if not self.terminal:
+            what = {
+                "started": f"started, {at.rounds} rounds planned",
+                "kept": "finished before, kept",
+                "finished": "finished",
+            }.get(at.status, at.status)
+            self._line(f"sweep: {self._where()} {what}; {self.status()}")
+            return
+        self._draw()
+
+    def run(self, name: str, rounds: int) -> Callable[[dict[str, Any]], None]:
+        """One run's rounds, counted into the sweep's view (a ``ProgressFactory``)."""
+        every = max(1, math.ceil(rounds / PLAIN_LINES))
+
+        def update(row: dict[str, Any]) -> None:
+            r = int(row["round"])
+            self.runs[name] = r
+            self.trained += 1
+            fields = ", ".join(f"{k}={v}" for k, v in _postfix(row).items())
+            what = f"{name}: round {r}/{rounds}" + (f", {fields}" if fields else "")
+            if self.terminal:
+                self._draw(what)
+            elif r == 1 or r == rounds or r % every == 0:
+                self._line(f"  {what} | sweep: {self.status()}")
+
+        return update
+
+    def log(self, line: str) -> None:
+        """A line on stdout, above the bar on a terminal."""
+        if self.terminal and self.bar is not None:
+            from tqdm import tqdm
+
+            tqdm.write(line, file=sys.stdout)
+        else:
+            typer.echo(line)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self._draw()
+            self.bar.close()
+            self.bar = None
+
+    def _line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def _draw(self, run: str = "") -> None:
+        from tqdm import tqdm
+
+        if self.at is None:
+            return
+        if self.bar is None:
+            self.bar = tqdm(
+                total=self.at.rounds_total, file=self.stream, bar_format="{desc} |{bar}|"
+            )
+        label = self.at.label if len(self.at.label) <= 40 else self.at.label[:39] + "…"
+        text = self.status() + (f" | {run}" if run else "")
+        self.bar.n = self.done()
+        self.bar.set_description_str(
+            f"cell {self.at.index}/{self.at.cells} ({label})", refresh=False
+        )
+        # the status after the bar, as literal text (tqdm formats bar_format)
+        self.bar.bar_format = "{desc} |{bar}| " + text.replace("{", "{{").replace("}", "}}")
+        self.bar.refresh()

@@ -10,9 +10,9 @@ import typer
 from silodp.cli.common import (
     INTERRUPTED_EXIT_CODE,
     TERMINATED_EXIT_CODE,
+    SweepProgress,
     Terminated,
     fail,
-    progress,
     sigterm_interrupts,
 )
 
@@ -25,7 +25,7 @@ def sweep(
     overwrite: Annotated[
         bool, typer.Option(help="Run every cell again, replacing another sweep's results.")
     ] = False,
-    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress view.")] = False,
 ) -> None:
     """Run a sweep: every combination of a grid of config values and seeds, each an experiment.
 
@@ -33,7 +33,9 @@ def sweep(
     ``privacy.epsilon``, ``data.num_silos``, any config key) with their values; ``seeds``
     repeats every cell; ``baseline = true`` (the default) adds a non-private ``fedavg`` cell per
     grid point. Run the same command again to continue an interrupted sweep: finished cells
-    are kept. Writes OUT/cells/<cell>/ (each an experiment), OUT/results.csv and
+    are kept. Progress (unless --quiet): one view of the whole sweep on stderr, the cell
+    running, rounds done of every round planned, time elapsed and left; a bar on a terminal,
+    plain lines otherwise. Writes OUT/cells/<cell>/ (each an experiment), OUT/results.csv and
     OUT/results.md (mean ± std over seeds). Exit codes: 0 done, 2 bad input, 130/143
     interrupted."""
     from silodp.errors import SilodpError
@@ -46,11 +48,21 @@ def sweep(
     except (SilodpError, OSError) as err:
         fail(str(err))
     typer.echo(f"silodp: sweep {spec.name!r}: {len(expand(spec))} cells from {sweep_file}")
+    view = None if quiet else SweepProgress()
     try:
         with sigterm_interrupts():
-            summary = run_grid(
-                spec, out, overwrite=overwrite, progress=None if quiet else progress, log=typer.echo
-            )
+            try:
+                summary = run_grid(
+                    spec,
+                    out,
+                    overwrite=overwrite,
+                    progress=None if view is None else view.run,
+                    log=typer.echo if view is None else view.log,
+                    on_cell=None if view is None else view.cell,
+                )
+            finally:  # the bar ends before any message below
+                if view is not None:
+                    view.close()
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, Terminated)
         typer.echo(

@@ -44,7 +44,16 @@ from silodp.experiment.run import (
 from silodp.io import write_json, write_text
 from silodp.reports import columns_of, rows_csv
 
-__all__ = ["Cell", "GridSpec", "expand", "grid_rows", "load_grid", "run_grid"]
+__all__ = [
+    "Cell",
+    "CellProgress",
+    "GridSpec",
+    "expand",
+    "grid_rows",
+    "load_grid",
+    "planned_rounds",
+    "run_grid",
+]
 
 #: the manifest of a sweep's results directory: the cells it expanded into
 MANIFEST = "grid.json"
@@ -211,6 +220,28 @@ def cell_config(spec: GridSpec, cell: Cell) -> Any:
         raise ConfigError(f"Sweep cell {cell.id}: {err}") from err
 
 
+@dataclass(frozen=True)
+class CellProgress:
+    """Where a sweep is when a cell starts, is kept (it finished in an earlier invocation) or
+    finishes: cell ``index`` (from 1) of ``cells``, the ``rounds`` it plans (every run of its
+    experiment), the rounds planned by the cells before it and by the whole sweep."""
+
+    index: int
+    cells: int
+    label: str
+    status: str  # "started", "kept" or "finished"
+    rounds: int
+    rounds_before: int
+    rounds_total: int
+
+
+def planned_rounds(config: Any) -> int:
+    """The rounds a cell's experiment plans: every algorithm's, times the settings of a
+    PriFedSync ``[sweep]`` (a run may stop sooner: at its target or its budget)."""
+    runs = len(config.sweep.cells()) if config.sweep is not None else 1
+    return runs * sum(config.for_algorithm(name)[0].rounds for name in config.algorithms)
+
+
 def run_grid(
     spec: GridSpec,
     out_dir: str | Path,
@@ -218,11 +249,14 @@ def run_grid(
     overwrite: bool = False,
     progress: ProgressFactory | None = None,
     log: Callable[[str], None] = print,
+    on_cell: Callable[[CellProgress], None] | None = None,
 ) -> dict[str, Any]:
     """Runs every cell of ``spec`` not finished yet in ``out_dir`` and writes the tables.
 
     A results directory of the same sweep continues where it stopped: finished cells are
     kept, interrupted ones resume. One of another sweep is refused unless ``overwrite``.
+    ``progress`` follows each run's rounds; ``on_cell`` receives a :class:`CellProgress` as
+    each cell starts, is kept or finishes (one view of the whole sweep).
 
     Raises:
       OutputExistsError: ``out_dir`` holds another sweep's cells and ``overwrite`` is false.
@@ -238,21 +272,34 @@ def run_grid(
                 "its grid changed); choose another --out or pass --overwrite."
             )
     write_json(existing, manifest)
+    planned = [planned_rounds(cell_config(spec, cell)) for cell in cells]
     for i, cell in enumerate(cells, start=1):
         cell_dir = out / "cells" / cell.id
         what = ", ".join(f"{k}={v}" for k, v in cell.values.items())
         kind = "baseline " if cell.baseline else ""
-        label = f"[{i}/{len(cells)}] {kind}{what or 'base'}, seed {cell.seed}"
+        name = f"{kind}{what or 'base'}, seed {cell.seed}"
+        label = f"[{i}/{len(cells)}] {name}"
+
+        def report(status: str, i: int = i, name: str = name) -> None:
+            if on_cell is not None:
+                at = CellProgress(
+                    i, len(cells), name, status, planned[i - 1], sum(planned[: i - 1]), sum(planned)
+                )
+                on_cell(at)
+
         if _cell_done(cell_dir) and not overwrite:
             log(f"{label}: done, kept")
+            report("kept")
             continue
         log(label)
+        report("started")
         if (cell_dir / EXPERIMENT_FILE).is_file() and not overwrite:
             resume_experiment(cell_dir, progress=progress, log=log)
         else:
             run_experiment(
                 cell_config(spec, cell), cell_dir, overwrite=True, progress=progress, log=log
             )
+        report("finished")
     rows = grid_rows(out)
     write_text(out / "results.csv", rows_csv(rows, columns_of(rows)))
     write_text(out / "results.md", _markdown(rows, spec))
