@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from silodp import plotting
 from silodp.cli import app
 from silodp.config import parse_config
 from silodp.experiment import run_experiment
@@ -122,11 +123,52 @@ def test_sweep_report_has_its_table_and_utility_against_epsilon(tmp_path: Path) 
     )
     assert result.exit_code == 0, result.output
     page = _read(tmp_path / "s.html")
-    assert len(page.images) == 1
+    assert len(page.images) == 2  # accuracy per grid point, accuracy against ε
     text = " ".join(page.text)
     assert "fedavg" in text and "local_item_dp" in text and "accuracy_std" in text
     assert (tmp_path / "s_files" / "utility_vs_epsilon.png").read_bytes().startswith(PNG)
+    assert (tmp_path / "s_files" / "accuracy_by_grid_point.png").read_bytes().startswith(PNG)
     assert re.search(r"^algorithm,baseline,", (tmp_path / "s_files" / "results.csv").read_text())
+
+
+def test_cells_at_one_epsilon_get_no_accuracy_against_epsilon_figure(tmp_path: Path) -> None:
+    """Cells calibrated to one ε end at the same ε: the sweep report shows accuracy per grid
+    point, and no accuracy-against-ε figure (it would be a vertical line)."""
+    rows = [
+        {"algorithm": "fedavg", "baseline": True, "data.num_silos": 2, "accuracy_mean": 0.9},
+        {
+            "algorithm": "uldp_avg",
+            "baseline": False,
+            "data.num_silos": 2,
+            "accuracy_mean": 0.7,
+            "accuracy_std": 0.01,
+            "epsilon_subject_mean": 3.99,
+            "epsilon_subject_std": 0.0,
+        },
+        {
+            "algorithm": "uldp_avg",
+            "baseline": False,
+            "data.num_silos": 3,
+            "accuracy_mean": 0.6,
+            "accuracy_std": 0.02,
+            "epsilon_subject_mean": 3.98,
+            "epsilon_subject_std": 0.0,
+        },
+        # a record-level ε beside a subject-level one does not count as a spread
+        {
+            "algorithm": "uldp_group",
+            "baseline": False,
+            "data.num_silos": 3,
+            "accuracy_mean": 0.5,
+            "epsilon_subject_mean": 3.9,
+            "epsilon_record_mean": 0.28,
+        },
+    ]
+    assert plotting.epsilon_spread(rows) < 1.05
+    assert plotting.epsilon_spread([*rows[1:2], {**rows[2], "epsilon_subject_mean": 8.0}]) > 2
+    figure = plotting.plot_accuracy_by_grid(rows, tmp_path / "bars.png")
+    assert figure is not None and figure.read_bytes().startswith(PNG)
+    assert plotting.plot_accuracy_by_grid([{"algorithm": "x"}], tmp_path / "none.png") is None
 
 
 def test_report_of_a_directory_without_results_is_refused(tmp_path: Path) -> None:

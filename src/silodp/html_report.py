@@ -385,8 +385,18 @@ def _sweep(src: Path, files: Path) -> tuple[str, str]:
     columns = columns_of(rows)
     _save_tables(files, "results", rows, columns)
     parts = ["<h2>Results (mean and standard deviation over seeds)</h2>", _table(rows, columns)]
+    figure = files / "accuracy_by_grid_point.png"
+    if plotting.plot_accuracy_by_grid(rows, figure) is not None:
+        parts += [
+            _figure(
+                figure,
+                "final test accuracy per algorithm at each grid point (mean ± std over seeds); "
+                "grey, hatched: the non-private baseline",
+            )
+        ]
     figure = files / "utility_vs_epsilon.png"
-    if plotting.plot_utility_vs_epsilon(rows, figure) is not None:
+    # cells calibrated to one ε end at the same ε: accuracy against ε would be a vertical line
+    if plotting.epsilon_spread(rows) > 1.05 and plotting.plot_utility_vs_epsilon(rows, figure):
         parts += [
             _figure(
                 figure,

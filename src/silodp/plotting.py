@@ -333,6 +333,78 @@ def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Pa
     return save_figure(fig, path)
 
 
+def epsilon_spread(rows: Sequence[Mapping[str, Any]]) -> float:
+    """The ratio of the largest to the smallest final ε among a sweep's rows (1.0 when every
+    private cell ends at the same ε, as cells calibrated to one target do; then an accuracy
+    against ε figure is a vertical line)."""
+    values = []
+    for row in rows:  # at the unit plot_utility_vs_epsilon draws for the row
+        unit = next(
+            (u for u in ("subject", "record", "silo") if row.get(f"epsilon_{u}_mean")), None
+        )
+        if unit is not None:
+            values.append(row[f"epsilon_{unit}_mean"])
+    return max(values) / min(values) if values else 1.0
+
+
+def _grid_label(row: Mapping[str, Any], keys: Sequence[str]) -> str:
+    return ", ".join(f"{k.split('.')[-1]}={row[k]}" for k in keys if k in row) or "all"
+
+
+def plot_accuracy_by_grid(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
+    """Final accuracy (mean ± std over seeds) per algorithm at each grid point of a sweep, as
+    grouped bars; the non-private baseline is the first bar of each group (grey, hatched).
+    ``None`` when no row has an accuracy."""
+    rows = [r for r in rows if r.get("accuracy_mean") is not None]
+    if not rows:
+        return None
+    keys = list(dict.fromkeys(k for r in rows for k in r if "." in k))
+    private = [r for r in rows if not r.get("baseline")]
+    labels = list(dict.fromkeys(_grid_label(r, keys) for r in (private or rows)))
+    groups: dict[str, dict[str, tuple[float, float]]] = {}
+    for row in rows:
+        name = f"{row['algorithm']} (non-private)" if row.get("baseline") else row["algorithm"]
+        point = (row["accuracy_mean"], row.get("accuracy_std") or 0.0)
+        if row.get("baseline") and private:  # the baseline of every point sharing its values
+            shared = [k for k in keys if k in row]
+            for other in private:
+                if all(other.get(k) == row[k] for k in shared):
+                    groups.setdefault(name, {})[_grid_label(other, keys)] = point
+        else:
+            groups.setdefault(name, {})[_grid_label(row, keys)] = point
+    names = sorted(groups, key=lambda n: (not n.endswith("(non-private)"), 0))
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(labels) * max(1, len(names)) ** 0.5), 4.5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, name in enumerate(names):
+        xs = [j for j, label in enumerate(labels) if label in groups[name]]
+        ys = [groups[name][labels[j]] for j in xs]
+        baseline = name.endswith("(non-private)")
+        ax.bar(
+            [x - 0.4 + width * (i + 0.5) for x in xs],
+            [y[0] for y in ys],
+            width,
+            yerr=[y[1] for y in ys],
+            capsize=2,
+            label=name,
+            color="lightgrey" if baseline else colours[i % len(colours)],
+            hatch="//" if baseline else None,
+            edgecolor="grey" if baseline else None,
+        )
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(
+        labels,
+        rotation=20 if len(labels) > 3 else 0,
+        ha="right" if len(labels) > 3 else "center",
+        fontsize="small",
+    )
+    ax.set_ylabel("final test accuracy")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize="small", ncol=2)
+    return save_figure(fig, path)
+
+
 #: the bins of the subject-weight histograms: 20 equal bins over [0, 1], where every ULDP
 #: weight and every subject's sum of weights over silos lies
 WEIGHT_BINS = np.linspace(0.0, 1.0, 21)
