@@ -152,8 +152,11 @@ def test_describe_prints_the_data_view(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_run_smoke_config_end_to_end(tmp_path: Path) -> None:
     smoke = Path(__file__).resolve().parents[1] / "configs" / "smoke.toml"
-    result = runner.invoke(app, ["run", str(smoke), "--out", str(tmp_path), "--quiet"])
+    result = runner.invoke(app, ["run", str(smoke), "--out", str(tmp_path), "--quiet", "--report"])
     assert result.exit_code == 0, result.output
+    # asked for with a config: the report, and where it is as the last line
+    assert result.output.strip().splitlines()[-1] == f"report: {tmp_path / 'report.html'}"
+    assert (tmp_path / "report.html").is_file()
     names = ["fedavg", "local_item_dp", "local_group_dp", "higradavg_dp", "user_ldp"]
     for name in names:
         summary = json.loads((tmp_path / name / "summary.json").read_text())
