@@ -250,3 +250,42 @@ def test_single_full_batch_step_is_minus_lr_times_mean_gradient(model_name) -> N
         assert inner < 0
         norm_sq = sum(float(g.pow(2).sum()) for g in grads.values())
         assert inner == pytest.approx(-lr * norm_sq, rel=1e-9)
+
+
+def test_chunks_are_trained_in_place_without_touching_earlier_chunks_or_the_inputs() -> None:
+    """Parameter copies are updated in place across vmap calls and records are gathered into
+    buffers reused by every step and chunk: a yielded chunk's deltas must not change while
+    later chunks train, and ``params``, ``x``, ``y`` must not change at all."""
+    subjects = _subjects(COUNTS)
+    x, y = _features("mlp", len(subjects))
+    model = _model("mlp")
+    params = _params(model)
+    inputs = {k: v.clone() for k, v in params.items()}, x.clone(), y.clone()
+    plan = subject_batches(subjects, ORDER, epochs=2, batch_size=3, coins=Coins.seeded(5))
+    kept, copies = [], []
+    for rows, deltas in per_subject_deltas(model, params, x, y, plan, lr=0.3, chunk_size=1):
+        kept.append((rows, deltas))
+        copies.append({k: v.clone() for k, v in deltas.items()})
+    assert len(kept) == len(ORDER)
+    for (_, deltas), copy in zip(kept, copies, strict=True):
+        assert all(torch.equal(deltas[k], copy[k]) for k in deltas)
+    assert all(torch.equal(params[k], inputs[0][k]) for k in params)
+    assert torch.equal(x, inputs[1]) and torch.equal(y, inputs[2])
+    slow = per_subject_deltas_loop(model, params, x, y, plan, lr=0.3)
+    for got, want in zip(_gather(kept, len(ORDER)), slow, strict=True):
+        assert _max_abs_diff(got, want) <= TOL
+
+
+def test_default_chunk_keeps_every_stacked_tensor_under_the_limit() -> None:
+    """No stacked parameter or gathered batch of a chunk exceeds STACKED_TENSOR_BYTES (larger
+    blocks are fresh mappings from glibc, faulted in again on every step)."""
+    from silodp.privacy.per_subject import STACKED_TENSOR_BYTES
+
+    params = _params(MLP(784, 10, hidden=64))
+    record_bytes = 16 * (784 * 4 + 8)
+    chunk = default_chunk_size(params, record_bytes=record_bytes)
+    largest = max(v.numel() * v.element_size() for v in params.values())
+    assert 1 <= chunk and chunk * max(largest, record_bytes) <= STACKED_TENSOR_BYTES
+    assert (chunk + 1) * largest > STACKED_TENSOR_BYTES  # as many subjects as fit
+    huge = {"w": torch.zeros(STACKED_TENSOR_BYTES // 2)}  # 2x the limit per subject in float32
+    assert default_chunk_size(huge) == 1

@@ -38,6 +38,13 @@ __all__ = [
 
 #: Memory budget for one chunk's stacked parameters, gradients and updates.
 CHUNK_BUDGET_BYTES = 256 * 2**20
+#: Largest stacked tensor of a chunk (one parameter, or the gathered records, for all its
+#: subjects). glibc's malloc serves blocks above its mmap threshold (32 MiB at most) with a
+#: fresh mapping that is unmapped when freed, so every step of a chunk with larger tensors
+#: faults every page in again (on Fashion-MNIST's MLP that was over half of a round's time,
+#: in the kernel); below it, freed blocks are reused. 16 MiB leaves room under the threshold
+#: and measured as fast as any smaller size (``docs/performance.md``, "Allocation churn").
+STACKED_TENSOR_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -101,10 +108,15 @@ def subject_batches(
     return SubjectBatches(torch.stack(index), torch.stack(mask))
 
 
-def default_chunk_size(params: Params) -> int:
-    """Subjects per chunk so stacked params, grads and updates fit the memory budget."""
-    numel = sum(p.numel() for p in params.values())
-    return max(1, min(512, CHUNK_BUDGET_BYTES // (4 * 4 * max(numel, 1))))
+def default_chunk_size(params: Params, *, record_bytes: int = 0) -> int:
+    """Subjects per chunk: stacked params, grads and updates fit the memory budget, and no
+    stacked tensor — one parameter, or one step's gathered records (``record_bytes`` per
+    subject) — exceeds :data:`STACKED_TENSOR_BYTES`."""
+    total = sum(p.numel() * p.element_size() for p in params.values())
+    largest = max([p.numel() * p.element_size() for p in params.values()] + [record_bytes])
+    by_budget = CHUNK_BUDGET_BYTES // (4 * max(total, 1))
+    by_tensor = STACKED_TENSOR_BYTES // max(largest, 1)
+    return max(1, min(512, by_budget, by_tensor))
 
 
 def _chunks(order: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
@@ -142,7 +154,9 @@ def per_subject_deltas(
     """
     check_positive("lr", lr)
     check_choice("method", method, ("auto", "vmap", "loop"))
-    chunk = chunk_size or default_chunk_size(params)
+    epochs, steps, _, width_max = batches.index.shape
+    record_bytes = width_max * (x[:1].numel() * x.element_size() + y.element_size())
+    chunk = chunk_size or default_chunk_size(params, record_bytes=record_bytes)
 
     def masked_loss(
         p: Params, xb: torch.Tensor, yb: torch.Tensor, mb: torch.Tensor
@@ -153,7 +167,6 @@ def per_subject_deltas(
         return (losses * weights).sum() / weights.sum().clamp(min=1.0)
 
     subject_grad = vmap(grad(masked_loss))
-    epochs, steps = batches.index.shape[:2]
     # real records per (epoch, step, subject): a prefix of each padded batch
     real = batches.mask.sum(dim=3)
     by_size = torch.argsort(real[0].sum(dim=0), stable=True)
@@ -161,21 +174,31 @@ def per_subject_deltas(
         for row in by_size:
             yield row.reshape(1), _one_subject(model, params, x, y, batches, int(row), lr=lr)
         return
+    # one step's records, gathered into buffers reused by every step and chunk
+    x_buf = x.new_empty((min(chunk, by_size.numel()) * width_max, *x.shape[1:]))
+    y_buf = y.new_empty((x_buf.shape[0],))
     for rows in _chunks(by_size, chunk):
         width = rows.numel()
-        local = {
-            k: v.detach().unsqueeze(0).expand(width, *v.shape).clone() for k, v in params.items()
-        }
+        # the chunk's parameter copies, trained in place and yielded as its deltas
+        local = {k: v.detach().expand(width, *v.shape).clone() for k, v in params.items()}
         for e in range(epochs):
             for j in range(steps):
                 size = int(real[e, j, rows].max())
                 if size == 0:
                     continue
-                idx = batches.index[e, j, rows, :size]
+                idx = batches.index[e, j, rows, :size].reshape(-1)
+                xb = torch.index_select(x, 0, idx, out=x_buf[: idx.numel()])
+                yb = torch.index_select(y, 0, idx, out=y_buf[: idx.numel()])
                 mb = batches.mask[e, j, rows, :size]
-                grads = subject_grad(local, x[idx], y[idx], mb)
-                local = {k: v - lr * grads[k] for k, v in local.items()}
-        yield rows, {k: local[k] - params[k].unsqueeze(0) for k in params}
+                grads = subject_grad(
+                    local, xb.view(width, size, *x.shape[1:]), yb.view(width, size), mb
+                )
+                for k, v in local.items():
+                    v.sub_(grads[k], alpha=lr)
+                del grads
+        for k, v in local.items():
+            v.sub_(params[k])
+        yield rows, local
 
 
 def _one_subject(
@@ -201,7 +224,8 @@ def _one_subject(
             loss = F.cross_entropy(functional_call(model, leaves, (x[idx],)), y[idx])
             grads = torch.autograd.grad(loss, list(leaves.values()))
             local = {
-                k: (v - lr * g).detach() for (k, v), g in zip(leaves.items(), grads, strict=True)
+                k: v.detach().sub(g, alpha=lr)
+                for (k, v), g in zip(leaves.items(), grads, strict=True)
             }
     return {k: (local[k] - params[k]).unsqueeze(0) for k in params}
 
