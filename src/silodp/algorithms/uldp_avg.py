@@ -264,8 +264,10 @@ class UldpAvg(Algorithm):
             for rows, deltas in per_subject_deltas(
                 model, params, silo.x, silo.y, batches, lr=cfg.lr
             ):
-                flat = torch.cat([d.reshape(d.shape[0], -1) for d in deltas.values()], dim=1)
-                factors = torch.clamp(cfg.clip / (flat.norm(dim=1) + 1e-12), max=1.0)
+                # per-subject norms parameter by parameter (no concatenated copy of the chunk)
+                norms = [torch.linalg.vector_norm(d.flatten(1), dim=1) for d in deltas.values()]
+                total_norms = torch.linalg.vector_norm(torch.stack(norms), dim=0)
+                factors = clip_factors(total_norms, cfg.clip)
                 coeff = factors * row[order[rows]].to(factors.dtype)
                 for k, d in deltas.items():
                     total[k] += torch.tensordot(coeff, d, dims=1)
