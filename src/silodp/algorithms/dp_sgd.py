@@ -140,9 +140,12 @@ def clipped_noisy_step(
         summed, noise_multiplier=config.noise_multiplier, sensitivity=config.clip, coins=coins
     )
     step = -config.lr / scale
-    return {
-        name: value.add(noisy[name].to(value.dtype), alpha=step) for name, value in params.items()
-    }
+    out = {}
+    for name, value in params.items():
+        update = noisy[name].to(value.dtype, copy=True)
+        # value + step·update, written over its own copy (no second parameter-sized buffer)
+        out[name] = torch.add(value.detach(), update, alpha=step, out=update)
+    return out
 
 
 @register

@@ -82,6 +82,10 @@ Captured = dict[str, tuple[nn.Module, list[torch.Tensor], list[torch.Tensor]]]
 
 #: per-example gradients of one layer are materialised only below this many elements
 PER_EXAMPLE_LIMIT = 1 << 27
+#: ... and a convolution's are computed a batch slice of at most this many bytes at a time:
+#: glibc's malloc unmaps freed blocks above its mmap threshold (32 MiB at most), so one
+#: larger tensor per step costs a fresh mapping and a page fault per 4 KiB on every step
+PIECE_BYTES = 16 * 2**20
 
 
 @dataclass
@@ -94,16 +98,32 @@ class _Stats:
     weighted: Maker
 
 
-def _per_example_stats(shape: torch.Size, grads: torch.Tensor, bias: torch.Tensor | None) -> _Stats:
-    """Stats from materialised per-example weight gradients (B, p, d) and bias gradients."""
-    flat = grads.reshape(grads.shape[0], -1)
-    sq = flat.pow(2).sum(1)
+def _per_example_stats(
+    shape: torch.Size, pieces: list[torch.Tensor], bias: torch.Tensor | None
+) -> _Stats:
+    """Stats from materialised per-example weight gradients, given as consecutive batch
+    slices ``(b_i, p, d)`` (see :data:`PIECE_BYTES`), and bias gradients."""
+    flats = [piece.reshape(piece.shape[0], -1) for piece in pieces]
+    bounds = [0]
+    for flat in flats:
+        bounds.append(bounds[-1] + flat.shape[0])
+    slices = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
+    # norms without a squared copy of the gradients
+    sq = torch.cat([torch.linalg.vector_norm(flat, dim=1) for flat in flats]).square()
     if bias is not None:
         sq = sq + bias.pow(2).sum(1)
 
     def subject_sq(inverse: torch.Tensor, num: int) -> torch.Tensor:
-        summed = flat.new_zeros(num, flat.shape[1]).index_add_(0, inverse, flat)
-        out = summed.pow(2).sum(1)
+        # per-subject sums a block of columns at a time, each block under PIECE_BYTES
+        columns = flats[0].shape[1]
+        block = max(1, PIECE_BYTES // (max(num, 1) * flats[0].element_size()))
+        out = flats[0].new_zeros(num)
+        for lo in range(0, columns, block):
+            cols = slice(lo, min(lo + block, columns))
+            summed = flats[0].new_zeros(num, cols.stop - lo)
+            for flat, part in zip(flats, slices, strict=True):
+                summed.index_add_(0, inverse[part], flat[:, cols])
+            out += torch.linalg.vector_norm(summed, dim=1).square()
         if bias is not None:
             out = out + bias.new_zeros(num, bias.shape[1]).index_add_(0, inverse, bias).pow(2).sum(
                 1
@@ -111,7 +131,10 @@ def _per_example_stats(shape: torch.Size, grads: torch.Tensor, bias: torch.Tenso
         return out
 
     def weighted(w: torch.Tensor) -> dict[str, torch.Tensor]:
-        out = {"weight": (w @ flat).reshape(shape)}
+        total = w[slices[0]] @ flats[0]
+        for flat, part in zip(flats[1:], slices[1:], strict=True):
+            total.addmv_(flat.T, w[part])
+        out = {"weight": total.reshape(shape)}
         if bias is not None:
             out["bias"] = w @ bias
         return out
@@ -120,31 +143,37 @@ def _per_example_stats(shape: torch.Size, grads: torch.Tensor, bias: torch.Tenso
 
 
 def _conv_stats(module: nn.Conv2d, inputs: list[torch.Tensor], grads: list[torch.Tensor]) -> _Stats:
-    """Conv2d: per-example weight gradients from one grouped weight-gradient convolution
-    (the batch folded into groups), unless they would be too large (then Gram matrices)."""
+    """Conv2d: per-example weight gradients from grouped weight-gradient convolutions (the
+    batch folded into groups, a slice of at most :data:`PIECE_BYTES` at a time), unless they
+    would be too large (then Gram matrices)."""
     weight = cast(torch.Tensor, module.weight)
     batch, (p, cin, kh, kw) = inputs[0].shape[0], weight.shape
     if batch * p * cin * kh * kw > PER_EXAMPLE_LIMIT:
         pairs = [_positions(module, a, g) for a, g in zip(inputs, grads, strict=True)]
         return _linear_stats(module, _cat([a for a, _ in pairs]), _cat([g for _, g in pairs]))
     padding = cast(tuple[int, ...], module.padding)  # string padding is unsupported
-    per_example = None
-    for a, g in zip(inputs, grads, strict=True):
-        one = conv2d_weight(
-            a.reshape(1, batch * cin, *a.shape[2:]),
-            (batch * p, cin, kh, kw),
-            g.reshape(1, batch * p, *g.shape[2:]),
-            stride=module.stride,
-            padding=padding,
-            dilation=module.dilation,
-            groups=batch,
-        ).reshape(batch, p, -1)
-        per_example = one if per_example is None else per_example + one
-    assert per_example is not None
+    step = max(1, PIECE_BYTES // (p * cin * kh * kw * weight.element_size()))
+    pieces = []
+    for lo in range(0, batch, step):
+        width = min(step, batch - lo)
+        piece = None
+        for a, g in zip(inputs, grads, strict=True):
+            one = conv2d_weight(
+                a[lo : lo + width].reshape(1, width * cin, *a.shape[2:]),
+                (width * p, cin, kh, kw),
+                g[lo : lo + width].reshape(1, width * p, *g.shape[2:]),
+                stride=module.stride,
+                padding=padding,
+                dilation=module.dilation,
+                groups=width,
+            ).reshape(width, p, -1)
+            piece = one if piece is None else piece.add_(one)
+        assert piece is not None
+        pieces.append(piece)
     bias = None
     if module.bias is not None:
         bias = sum(g.sum(dim=(2, 3)) for g in grads)
-    return _per_example_stats(weight.shape, per_example, cast(torch.Tensor | None, bias))
+    return _per_example_stats(weight.shape, pieces, cast(torch.Tensor | None, bias))
 
 
 def _positions(
@@ -178,7 +207,7 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
     has_bias = getattr(module, "bias", None) is not None
     bias = g.sum(1) if has_bias else None
     if positions > 1 and p * d <= positions * (d + p) and batch * p * d <= PER_EXAMPLE_LIMIT:
-        return _per_example_stats(shape, torch.bmm(g.transpose(1, 2), a), bias)
+        return _per_example_stats(shape, [torch.bmm(g.transpose(1, 2), a)], bias)
     if positions == 1:
         a1, g1 = a[:, 0], g[:, 0]
         sq = g1.pow(2).sum(1) * a1.pow(2).sum(1)
@@ -395,7 +424,11 @@ class GhostClipper:
         total: Params | None = None
         for members, _, local, stats, _ in parts:
             summed = self._assemble(params, stats, coefficients[members][local])
-            total = summed if total is None else {k: total[k] + v for k, v in summed.items()}
+            if total is None:
+                total = summed
+            else:
+                for k, v in summed.items():
+                    total[k].add_(v)
         assert total is not None
         return norms, total
 
