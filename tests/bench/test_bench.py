@@ -10,7 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from silodp.bench.account import CALIBRATIONS, calibration_rows, round_rows
-from silodp.bench.common import format_table, interleaved_medians, run_worker
+from silodp.bench.common import (
+    format_table,
+    interleaved_medians,
+    interleaved_usage,
+    run_worker,
+)
 from silodp.bench.step import METHODS, estimate_extra_bytes, run_step_bench, step_checks
 from silodp.bench.uldp import run_uldp_bench, uldp_checks
 from silodp.cli import app
@@ -86,6 +91,9 @@ def test_uldp_vectorised_matches_loop() -> None:
             assert isinstance(row[key], float) and row[key] > 0, key
         assert row["max_abs_diff"] < 1e-4
         assert row["max_abs_delta"] > 0  # the comparison is not vacuous
+        for path in ("vectorised", "loop", "local_update"):
+            assert row[f"{path}_user_s"] >= 0 and row[f"{path}_sys_s"] >= 0
+            assert row[f"{path}_minflt"] >= 0
     assert all("speedup" in c for c in uldp_checks(rows))
 
 
@@ -123,6 +131,24 @@ def test_interleaved_medians_drops_failing_function() -> None:
         on_error=lambda name, err: errors.append(name),
     )
     assert set(out) == {"ok"} and errors == ["bad"]
+
+
+def test_interleaved_usage_counts_cpu_time_and_page_faults() -> None:
+    """A call that touches fresh pages shows them as minor faults, a busy loop as user time."""
+    import mmap
+
+    def touch() -> None:
+        with mmap.mmap(-1, 64 * 4096) as area:  # a fresh mapping: every page faults in
+            for page in range(64):
+                area[page * 4096] = 1
+
+    def spin() -> None:
+        sum(range(200_000))
+
+    out = interleaved_usage({"touch": touch, "spin": spin}, repeats=3, warmup=0)
+    assert out["touch"].minor_faults >= 32
+    assert out["spin"].user_s > 0 and out["spin"].wall_s > 0
+    assert interleaved_medians({"spin": spin}, repeats=1, warmup=0)["spin"] > 0
 
 
 def test_format_table() -> None:

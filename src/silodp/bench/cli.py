@@ -23,6 +23,8 @@ STEP_COLUMNS = (
     "examples_per_s",
     "ratio_to_plain",
     "step_ms",
+    "sys_ms",
+    "minflt",
     "peak_rss_mb",
     "subjects",
     "note",
@@ -54,6 +56,9 @@ ULDP_COLUMNS = (
     "speedup",
     "max_abs_diff",
     "local_update_s",
+    "local_update_user_s",
+    "local_update_sys_s",
+    "local_update_minflt",
     "local_update_speedup",
     "peak_rss_mb",
     "loop_peak_rss_mb",
@@ -167,7 +172,8 @@ def step(
     used = rows[0]["threads"] if rows else threads
     _say(
         f"silodp bench step: torch threads = {used}; median of {repeats} interleaved repeats; "
-        "ratio_to_plain = method time / plain time; peak_rss_mb = extra peak RSS over a "
+        "ratio_to_plain = method time / plain time; sys_ms, minflt = system CPU ms and minor "
+        "page faults of this process per step; peak_rss_mb = extra peak RSS over a "
         "worker that only builds model and data (fresh process).",
         as_json,
     )
@@ -196,16 +202,33 @@ def uldp(
     ] = 3,
     threads: ThreadsOpt = 1,
     rss: Annotated[bool, typer.Option(help="Measure peak RSS in fresh worker processes.")] = True,
+    source: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--source",
+            help="Setting to run (repeatable): digits, fashion_mnist (mnist_cnn) or "
+            "fashion_mnist_mlp (30,000 records); default all, --quick digits.",
+        ),
+    ] = None,
+    subjects: Annotated[
+        list[int] | None,
+        typer.Option("--subjects", min=1, help="Subject counts (repeatable); default 100, 1000."),
+    ] = None,
 ) -> None:
     """ULDP-AVG/SGD per-subject local training: vectorised vs one-model-at-a-time loop."""
     _quiet()
     from silodp.bench.uldp import TARGET_SPEEDUP, run_uldp_bench, uldp_checks
 
     started = time.perf_counter()
-    sources = ("digits",) if quick else ("digits", "fashion_mnist")
+    from silodp.bench.uldp import SETTINGS
+
+    sources = tuple(source) if source else (("digits",) if quick else tuple(SETTINGS))
+    unknown = [s for s in sources if s not in SETTINGS]
+    if unknown:
+        raise typer.BadParameter(f"Expected --source in {sorted(SETTINGS)}, got {unknown}.")
     rows = run_uldp_bench(
         sources=sources,
-        subject_counts=(100, 1000),
+        subject_counts=tuple(subjects) if subjects else (100, 1000),
         repeats=repeats,
         threads=threads,
         measure_rss=rss,
@@ -221,7 +244,9 @@ def uldp(
         "uldp_sgd: per-subject norms without model copies); peak_rss_mb = extra peak RSS of "
         "one round of the algorithm's "
         "local_update (vectorised) in a fresh process, loop_peak_rss_mb the same for the loop; "
-        "fill = share of the vectorised batch slots holding a real record.",
+        "fill = share of the vectorised batch slots holding a real record; local_update_user_s, "
+        "_sys_s, _minflt = user and system CPU seconds and minor page faults of this process "
+        "per local_update round (median; the JSON rows have them for every path).",
         as_json,
     )
     _emit(rows, ULDP_COLUMNS, as_json, table="uldp")

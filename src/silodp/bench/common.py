@@ -17,12 +17,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "Row",
+    "Usage",
     "format_table",
     "interleaved_medians",
+    "interleaved_usage",
     "peak_rss_mb",
     "run_worker",
     "vm_hwm_mb",
@@ -58,6 +61,78 @@ def vm_hwm_mb() -> float | None:
     return None
 
 
+@dataclass(frozen=True)
+class Usage:
+    """One call's cost: wall seconds, this process's user and system CPU seconds and minor
+    page faults (``resource.getrusage(RUSAGE_SELF)``; torch's intra-op threads included)."""
+
+    wall_s: float
+    user_s: float
+    sys_s: float
+    minor_faults: float
+
+    @staticmethod
+    def median(samples: Sequence[Usage]) -> Usage:
+        """Field by field median of ``samples``."""
+        return Usage(
+            statistics.median(u.wall_s for u in samples),
+            statistics.median(u.user_s for u in samples),
+            statistics.median(u.sys_s for u in samples),
+            statistics.median(u.minor_faults for u in samples),
+        )
+
+
+def interleaved_usage(
+    fns: Mapping[str, Callable[[], object]],
+    *,
+    repeats: int,
+    warmup: int = 1,
+    min_sample_s: float = 0.05,
+    max_calls: int = 50,
+    on_error: Callable[[str, BaseException], None] | None = None,
+) -> dict[str, Usage]:
+    """Median :class:`Usage` of one call of each function over ``repeats`` round-robin passes.
+
+    Each pass calls every function in turn; ``warmup`` passes are run first and discarded. A
+    function faster than ``min_sample_s`` is called several times in a row per pass (up to
+    ``max_calls``, fixed after its first call) and the sample is the mean per call, so
+    millisecond steps are not lost in timer and scheduler noise. A function that raises is
+    dropped from later passes (``on_error`` is told). CPU times and page faults are less
+    sensitive than wall time to other jobs on the host.
+    """
+    samples: dict[str, list[Usage]] = {name: [] for name in fns}
+    calls: dict[str, int] = {}
+    alive = dict(fns)
+    for r in range(warmup + repeats):
+        for name, fn in list(alive.items()):
+            inner = calls.get(name, 1)
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            start = time.perf_counter()
+            try:
+                for _ in range(inner):
+                    fn()
+            except Exception as err:  # noqa: BLE001 - reported, the others go on
+                alive.pop(name)
+                samples.pop(name, None)
+                if on_error is not None:
+                    on_error(name, err)
+                continue
+            elapsed = (time.perf_counter() - start) / inner
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            if name not in calls:
+                calls[name] = max(1, min(max_calls, math.ceil(min_sample_s / max(elapsed, 1e-9))))
+            if r >= warmup:
+                samples[name].append(
+                    Usage(
+                        elapsed,
+                        (after.ru_utime - before.ru_utime) / inner,
+                        (after.ru_stime - before.ru_stime) / inner,
+                        (after.ru_minflt - before.ru_minflt) / inner,
+                    )
+                )
+    return {name: Usage.median(us) for name, us in samples.items() if us}
+
+
 def interleaved_medians(
     fns: Mapping[str, Callable[[], object]],
     *,
@@ -67,36 +142,16 @@ def interleaved_medians(
     max_calls: int = 50,
     on_error: Callable[[str, BaseException], None] | None = None,
 ) -> dict[str, float]:
-    """Median wall time (s) of one call of each function over ``repeats`` round-robin passes.
-
-    Each pass calls every function in turn; ``warmup`` passes are run first and discarded. A
-    function faster than ``min_sample_s`` is called several times in a row per pass (up to
-    ``max_calls``, fixed after its first call) and the sample is the mean per call, so
-    millisecond steps are not lost in timer and scheduler noise. A function that raises is
-    dropped from later passes (``on_error`` is told).
-    """
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    calls: dict[str, int] = {}
-    alive = dict(fns)
-    for r in range(warmup + repeats):
-        for name, fn in list(alive.items()):
-            inner = calls.get(name, 1)
-            start = time.perf_counter()
-            try:
-                for _ in range(inner):
-                    fn()
-            except Exception as err:  # noqa: BLE001 - reported, the others go on
-                alive.pop(name)
-                times.pop(name, None)
-                if on_error is not None:
-                    on_error(name, err)
-                continue
-            elapsed = (time.perf_counter() - start) / inner
-            if name not in calls:
-                calls[name] = max(1, min(max_calls, math.ceil(min_sample_s / max(elapsed, 1e-9))))
-            if r >= warmup:
-                times[name].append(elapsed)
-    return {name: statistics.median(ts) for name, ts in times.items() if ts}
+    """Median wall time (s) of one call of each function: :func:`interleaved_usage`'s."""
+    usage = interleaved_usage(
+        fns,
+        repeats=repeats,
+        warmup=warmup,
+        min_sample_s=min_sample_s,
+        max_calls=max_calls,
+        on_error=on_error,
+    )
+    return {name: u.wall_s for name, u in usage.items()}
 
 
 def run_worker(args: Sequence[str], *, timeout: float = 600.0) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from silodp.bench.common import Row, interleaved_medians, peak_rss_mb, run_workers, vm_hwm_mb
+from silodp.bench.common import Row, interleaved_usage, peak_rss_mb, run_workers, vm_hwm_mb
 from silodp.bench.step_methods import (
     ALIASES,
     LSTM_METHODS,
@@ -87,8 +87,10 @@ def run_step_bench(
     max_extra_gb: float = 6.0,
     log: Callable[[str], None] | None = None,
 ) -> list[Row]:
-    """Rows ``{model, batch, method, threads, examples_per_s, ratio_to_plain, peak_rss_mb,
-    ...}`` for every model × batch × method (skipped methods carry ``skipped``)."""
+    """Rows ``{model, batch, method, threads, examples_per_s, ratio_to_plain, step_ms,
+    user_ms, sys_ms, minflt, peak_rss_mb, ...}`` for every model × batch × method (skipped
+    methods carry ``skipped``); ``user_ms``, ``sys_ms`` and ``minflt`` are this process's CPU
+    time and minor page faults per step (medians)."""
     from silodp.bench.common import set_threads
 
     threads = set_threads(threads)
@@ -108,9 +110,10 @@ def run_step_bench(
             except Skip as why:
                 skipped[method] = str(why)
 
-        medians = interleaved_medians(
+        usage = interleaved_usage(
             steps, repeats=repeats, warmup=1, on_error=partial(_failed, skipped)
         )
+        medians = {name: u.wall_s for name, u in usage.items()}
         steps.clear()
         plain = medians.get("plain")
         case_rows = []
@@ -125,6 +128,11 @@ def run_step_bench(
                 "examples_per_s": None if seconds is None else case.batch / seconds,
                 "ratio_to_plain": None if seconds is None or not plain else seconds / plain,
                 "step_ms": None if seconds is None else 1e3 * seconds,
+                # this process's CPU per step: system time and minor faults show allocation
+                # churn (large blocks mapped and faulted in afresh every step)
+                "user_ms": None if timed not in usage else 1e3 * usage[timed].user_s,
+                "sys_ms": None if timed not in usage else 1e3 * usage[timed].sys_s,
+                "minflt": None if timed not in usage else usage[timed].minor_faults,
                 "peak_rss_mb": None,
                 "subjects": _subjects_of(data, method),
                 "repeats": repeats,

@@ -20,7 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from silodp.bench.common import Row, interleaved_medians, peak_rss_mb, run_workers, vm_hwm_mb
+from silodp.bench.common import (
+    Row,
+    Usage,
+    interleaved_usage,
+    peak_rss_mb,
+    run_workers,
+    vm_hwm_mb,
+)
 
 __all__ = ["SETTINGS", "UldpSetting", "run_uldp_bench", "worker_uldp"]
 
@@ -48,6 +55,10 @@ SETTINGS: dict[str, UldpSetting] = {
     "fashion_mnist": UldpSetting(
         "fashion_mnist", "mnist_cnn", 10000, local_epochs=1, batch_size=16, lr=0.05
     ),
+    # the same with the MLP (vmap over subjects, 50,890 parameters) on 30,000 records
+    "fashion_mnist_mlp": UldpSetting(
+        "fashion_mnist", "mlp", 30000, local_epochs=1, batch_size=16, lr=0.05
+    ),
 }
 ALGORITHMS = ("uldp_avg", "uldp_sgd")
 
@@ -71,7 +82,7 @@ def build_federation(source: str, num_subjects: int, *, num_silos: int = 5) -> F
     setting = SETTINGS[source]
     data = build_federated_data(
         DataConfig(
-            source=source,
+            source=setting.source,
             num_silos=num_silos,
             num_subjects=num_subjects,
             allocation="uldp_uniform",
@@ -203,7 +214,7 @@ def local_update_round(fed: Federation, algorithm: str) -> Callable[[], object]:
 
 def run_uldp_bench(
     *,
-    sources: Sequence[str] = ("digits", "fashion_mnist"),
+    sources: Sequence[str] = ("digits", "fashion_mnist", "fashion_mnist_mlp"),
     subject_counts: Sequence[int] = (100, 1000),
     algorithms: Sequence[str] = ALGORITHMS,
     repeats: int = 3,
@@ -214,9 +225,13 @@ def run_uldp_bench(
 ) -> list[Row]:
     """Rows ``{source, model, subjects, algorithm, vectorised_s, loop_s, speedup,
     max_abs_diff, local_update_s, peak_rss_mb, ...}``; times are medians of interleaved
-    repeats of one round over all silos. ``fill`` is the share of the vectorised path's
-    batch slots holding a real record (the vmap path groups subjects by record count and cuts
-    each step to its chunk's longest real batch, so it computes on fewer padded slots)."""
+    repeats of one round over all silos, with this process's user and system CPU seconds and
+    minor page faults per round beside them (``*_user_s``, ``*_sys_s``, ``*_minflt``: system
+    time and faults show allocation churn, large blocks mapped and faulted in afresh on
+    every step, and are less sensitive than wall time to other jobs). ``fill`` is the share
+    of the vectorised path's batch slots holding a real record (the vmap path groups subjects
+    by record count and cuts each step to its chunk's longest real batch, so it computes on
+    fewer padded slots)."""
     from silodp.bench.common import set_threads
     from silodp.privacy.per_subject import vectorises
 
@@ -229,7 +244,7 @@ def run_uldp_bench(
                 lr = _config(fed.setting, algorithm).lr
                 plans = plan_round(fed, algorithm)
                 diff, scale = compare(fed, plans, lr)
-                medians = interleaved_medians(
+                usage = interleaved_usage(
                     {
                         "vectorised": partial(time_vectorised, fed, plans, lr),
                         "loop": partial(time_loop, fed, plans, lr),
@@ -238,6 +253,7 @@ def run_uldp_bench(
                     repeats=repeats,
                     warmup=0,
                 )
+                medians = {name: u.wall_s for name, u in usage.items()}
                 pairs = sum(int(p.num_subjects) for p in plans)
                 real = sum(int(p.mask.sum()) for p in plans)
                 slots = sum(int(p.mask.numel()) for p in plans)
@@ -259,6 +275,7 @@ def run_uldp_bench(
                         "path": "vmap" if vectorises(fed.model) else "loop",
                         "max_abs_diff": diff,
                         "max_abs_delta": scale,
+                        **_cpu_columns(usage),
                         "peak_rss_mb": None,
                         "repeats": repeats,
                         "target": f">= {TARGET_SPEEDUP:g}x at 100 subjects"
@@ -271,6 +288,16 @@ def run_uldp_bench(
     if measure_rss:
         _add_rss(rows, threads=threads, jobs=rss_jobs)
     return rows
+
+
+def _cpu_columns(usage: dict[str, Usage]) -> Row:
+    """``{name}_user_s``, ``{name}_sys_s`` and ``{name}_minflt`` of every timed path."""
+    out: Row = {}
+    for name, u in usage.items():
+        out[f"{name}_user_s"] = u.user_s
+        out[f"{name}_sys_s"] = u.sys_s
+        out[f"{name}_minflt"] = u.minor_faults
+    return out
 
 
 def _add_rss(rows: list[Row], *, threads: int, jobs: int) -> None:
