@@ -350,7 +350,8 @@ class GhostClipper:
             for pname, value in layer.weighted(weights).items():
                 summed[f"{name}.{pname}" if name else pname] = value
         for key, value in params.items():  # parameters this batch does not reach
-            summed.setdefault(key, torch.zeros_like(value))
+            if key not in summed:
+                summed[key] = torch.zeros_like(value)
         return summed
 
     def norms_and_sum(
