@@ -4,7 +4,9 @@ of an experiment or a sweep, with the figures and tables beside it."""
 from __future__ import annotations
 
 import base64
+import json
 import re
+import statistics
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from silodp.cli import app
 from silodp.config import parse_config
 from silodp.experiment import run_experiment
 from silodp.experiment.grid import load_grid, run_grid
+from silodp.html_report import _rounds_over_seeds
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -123,7 +126,28 @@ def test_sweep_report_has_its_table_and_utility_against_epsilon(tmp_path: Path) 
     )
     assert result.exit_code == 0, result.output
     page = _read(tmp_path / "s.html")
-    assert len(page.images) == 2  # accuracy per grid point, accuracy against ε
+    # accuracy per grid point, accuracy against ε, one per-round figure per grid point (σ)
+    assert len(page.images) == 4
+    assert (tmp_path / "s_files" / "rounds_001.png").read_bytes().startswith(PNG)
+    # the per-round curves: mean and std over the seeds, each grid point with its baseline
+    manifest = json.loads((tmp_path / "sweep" / "grid.json").read_text())
+    points = _rounds_over_seeds(tmp_path / "sweep", manifest["cells"])
+    assert sorted(points) == ["privacy.noise_multiplier=1.0", "privacy.noise_multiplier=3.0"]
+    accuracy, epsilon = points["privacy.noise_multiplier=3.0"]
+    assert list(accuracy) == ["fedavg (non-private)", "local_item_dp (subject ε)"]
+    assert list(epsilon) == ["local_item_dp (subject ε)"]
+    cells = sorted((tmp_path / "sweep" / "cells").glob("*noise_multiplier=3.0*"))
+    rows = [
+        [json.loads(line) for line in (c / "local_item_dp" / "metrics.jsonl").open()] for c in cells
+    ]
+    assert len(rows) == 2  # the two seeds
+    rounds, mean, std = accuracy["local_item_dp (subject ε)"]
+    for r, m, s in zip(rounds, mean, std, strict=True):
+        values = [run[r - 1]["test_accuracy"] for run in rows]
+        assert m == pytest.approx(statistics.mean(values))
+        assert s == pytest.approx(statistics.stdev(values))
+    rounds, mean, _ = epsilon["local_item_dp (subject ε)"]
+    assert mean[-1] == pytest.approx(statistics.mean(run[-1]["epsilon"]["subject"] for run in rows))
     text = " ".join(page.text)
     assert "fedavg" in text and "local_item_dp" in text and "accuracy_std" in text
     assert (tmp_path / "s_files" / "utility_vs_epsilon.png").read_bytes().startswith(PNG)

@@ -405,6 +405,25 @@ def _sweep(src: Path, files: Path) -> tuple[str, str]:
             )
         ]
     cells = _json(src / "grid.json")["cells"]
+    points = _rounds_over_seeds(src, cells)
+    if points:
+        parts.append("<h2>Accuracy and ε per round (mean ± std over seeds)</h2>")
+    for i, (point, (accuracy, epsilon)) in enumerate(points.items()):
+        if i == MAX_ROUND_FIGURES:
+            parts.append(
+                f"<p>{len(points) - i} more grid points: run <code>silodp report</code> on "
+                "their cells.</p>"
+            )
+            break
+        figure = files / f"rounds_{i:03d}.png"
+        plotting.plot_rounds_over_seeds(accuracy, epsilon, figure, point)
+        parts.append(
+            _figure(
+                figure,
+                f"{point}: test accuracy (left) and ε (right) against round, mean over seeds "
+                "with a band of ± one standard deviation; dashed grey: the non-private baseline",
+            )
+        )
     series = _personalised_over_seeds(src, cells)
     if series:
         figure = files / "personalised_vs_global.png"
@@ -425,6 +444,70 @@ def _sweep(src: Path, files: Path) -> tuple[str, str]:
         "experiment: run <code>silodp report</code> on one for its figures.</p>"
     )
     return str(summary.get("name", src.name)), "\n".join(parts)
+
+
+#: at most this many per-round figures in a sweep's report (one per grid point)
+MAX_ROUND_FIGURES = 24
+
+#: the unit whose ε a sweep's per-round figure draws for a run, first found in this order
+UNIT_ORDER = ("subject", "record", "silo")
+
+
+def _rounds_over_seeds(
+    src: Path, cells: Sequence[Mapping[str, Any]]
+) -> dict[str, tuple[dict[str, plotting.Band], dict[str, plotting.Band]]]:
+    """Per grid point (the cell's values other than its algorithms), per algorithm: test
+    accuracy and ε per round, mean and standard deviation over the seeds that reached the
+    round. A baseline cell joins every grid point whose values include its own."""
+    accuracy: dict[str, dict[str, dict[int, list[float]]]] = {}
+    epsilon: dict[str, dict[str, dict[int, list[float]]]] = {}
+    baselines: list[tuple[dict[str, Any], str, list[dict[str, Any]]]] = []
+    private_points: dict[str, dict[str, Any]] = {}
+    for cell in cells:
+        path = src / "cells" / cell["id"] / "summary.json"
+        if not path.is_file():
+            continue
+        values = {k: v for k, v in cell["values"].items() if k != "algorithms"}
+        point = ", ".join(f"{k}={v}" for k, v in values.items()) or "all cells"
+        if not cell["baseline"]:
+            private_points[point] = values
+        for run in _json(path).get("runs", []):
+            rows = _jsonl(src / "cells" / cell["id"] / run["algorithm"] / "metrics.jsonl")
+            if cell["baseline"]:
+                baselines.append((values, f"{run['algorithm']} (non-private)", rows))
+                continue
+            unit = next((u for u in UNIT_ORDER if u in (run.get("epsilon") or {})), None)
+            label = run["algorithm"] + (f" ({unit} ε)" if unit else "")
+            _pool(accuracy.setdefault(point, {}).setdefault(label, {}), rows, "test_accuracy")
+            if unit is not None:
+                by_round = epsilon.setdefault(point, {}).setdefault(label, {})
+                for row in rows:
+                    value = (row.get("epsilon") or {}).get(unit)
+                    if value is not None:
+                        by_round.setdefault(row["round"], []).append(float(value))
+    for values, label, rows in baselines:
+        targets = [
+            p for p, pv in private_points.items() if all(pv.get(k) == v for k, v in values.items())
+        ]
+        for point in targets or [", ".join(f"{k}={v}" for k, v in values.items()) or "all cells"]:
+            _pool(accuracy.setdefault(point, {}).setdefault(label, {}), rows, "test_accuracy")
+    return {
+        point: (
+            {label: _band(r) for label, r in sorted(curves.items(), key=_baseline_first) if r},
+            {label: _band(r) for label, r in epsilon.get(point, {}).items() if r},
+        )
+        for point, curves in accuracy.items()
+    }
+
+
+def _baseline_first(item: tuple[str, Any]) -> bool:
+    return not item[0].endswith("(non-private)")
+
+
+def _pool(by_round: dict[int, list[float]], rows: Sequence[Mapping[str, Any]], key: str) -> None:
+    for row in rows:
+        if row.get(key) is not None:
+            by_round.setdefault(row["round"], []).append(float(row[key]))
 
 
 def _personalised_over_seeds(

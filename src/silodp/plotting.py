@@ -503,3 +503,65 @@ def plot_personalised_over_seeds(
         ax.legend(fontsize="x-small")
     ax.set_title(title)
     return save_figure(fig, path)
+
+
+def plot_rounds_over_seeds(
+    accuracy: Mapping[str, Band], epsilon: Mapping[str, Band], path: Path, title: str
+) -> Path:
+    """Test accuracy (left) and ε (right, log scale) against round per algorithm, each the
+    mean over seeds with a band of ± one standard deviation; a run without ε (the
+    non-private baseline) is drawn on the left only, dashed and grey."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    drawn: dict[str, list[tuple[int, float]]] = {}
+    for i, (label, band) in enumerate(accuracy.items()):
+        baseline = label not in epsilon
+        colour = "grey" if baseline else colours[i % len(colours)]
+        rounds, mean, std = (np.asarray(v, dtype=float) for v in band)
+        left.plot(
+            rounds,
+            mean,
+            color=colour,
+            linestyle="--" if baseline else "-",
+            marker=None if baseline else MARKERS[i % len(MARKERS)],
+            markersize=4,
+            label=label,
+        )
+        left.fill_between(rounds, mean - std, mean + std, color=colour, alpha=0.15)
+        if not baseline:
+            rounds, mean, std = (np.asarray(v, dtype=float) for v in epsilon[label])
+            curve = list(zip(rounds.astype(int).tolist(), mean.tolist(), strict=True))
+            # curves of methods calibrated to one target lie on each other: say so
+            close = [(o, _overlap(c, curve)) for o, c in drawn.items()]
+            same, how = next(((o, h) for o, h in close if h), (None, None))
+            shown = label
+            if same:
+                shown += (
+                    f" (same ε as {same})"
+                    if how == "same"
+                    else f" (ε within {OVERLAP:.0%} of {same})"
+                )
+            right.plot(
+                rounds,
+                mean,
+                color=colour,
+                marker=MARKERS[i % len(MARKERS)],
+                markersize=7 if same else 4,
+                markerfacecolor="none" if same else colour,
+                linestyle="--" if same else "-",
+                label=shown,
+            )
+            right.fill_between(rounds, mean - std, mean + std, color=colour, alpha=0.15)
+            drawn[label.split(" (")[0]] = curve
+    left.set_xlabel("round")
+    left.set_ylabel("test accuracy")
+    left.grid(alpha=0.3)
+    left.legend(fontsize="x-small")
+    right.set_xlabel("round")
+    right.set_ylabel("ε (the unit in each label)")
+    if epsilon:
+        right.set_yscale("log")
+        right.legend(fontsize="x-small")
+    right.grid(alpha=0.3)
+    fig.suptitle(title, fontsize="medium")
+    return save_figure(fig, path)
