@@ -15,6 +15,7 @@ CASES = [
     ("mnist_cnn", (1, 8, 8), 10, lambda: torch.randn(4, 1, 8, 8)),
     ("mnist_cnn", (1, 28, 28), 10, lambda: torch.randn(3, 1, 28, 28)),
     ("femnist_cnn", (1, 28, 28), 62, lambda: torch.randn(2, 1, 28, 28)),
+    ("uldp_cnn", (1, 28, 28), 10, lambda: torch.randn(3, 1, 28, 28)),
     ("shakespeare_lstm", (6,), 80, lambda: torch.randint(0, 80, (3, 6))),
 ]
 
@@ -42,6 +43,14 @@ def test_deterministic_per_seed(name, shape, classes, make_x) -> None:
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
     assert any(not torch.equal(a[key], c[key]) for key in a)
+
+
+def test_uldp_cnn_has_the_papers_parameter_count() -> None:
+    # conv 1->10 5x5 (260) + conv 10->20 5x5 (5,020) + dense 320->50 (16,050) + 50->10 (510)
+    model = build_model("uldp_cnn", (1, 28, 28), 10)
+    assert sum(p.numel() for p in model.parameters()) == 21_840
+    with pytest.raises(ValueError, match=r"side >= 14 for uldp_cnn.*got side 8"):
+        build_model("uldp_cnn", (1, 8, 8), 10)
 
 
 def test_build_does_not_touch_global_rng() -> None:

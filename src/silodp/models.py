@@ -61,6 +61,31 @@ class MnistCNN(nn.Module):
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
+class UldpCNN(nn.Module):
+    """The ULDP-FL paper's MNIST model (21,840 parameters at 28x28): conv 1->10 5x5, max-pool,
+    conv 10->20 5x5, max-pool, dense 320->50->10, ReLU between (the architecture of PyTorch's
+    classic MNIST example; the paper's dropout is left out)."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, side: int = 28) -> None:
+        super().__init__()
+        reduced = ((side - 4) // 2 - 4) // 2
+        if reduced < 1:
+            raise ValueError(
+                f"Expected images of side >= 14 for uldp_cnn (two 5x5 convolutions and two "
+                f"2x2 poolings), got side {side}."
+            )
+        self.conv1 = nn.Conv2d(in_channels, 10, kernel_size=5)
+        self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
+        self.pool = nn.MaxPool2d(2)
+        self.fc1 = nn.Linear(20 * reduced * reduced, 50)
+        self.fc2 = nn.Linear(50, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
 class Linear(nn.Module):
     """Flatten, one linear layer: softmax regression."""
 
@@ -150,6 +175,11 @@ def _mnist(shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return MnistCNN(num_classes, channels, side)
 
 
+def _uldp_cnn(shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    channels, side = _image_side(shape)
+    return UldpCNN(num_classes, channels, side)
+
+
 def _mlp(shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return MLP(math.prod(shape), num_classes)
 
@@ -167,6 +197,7 @@ def _lstm(shape: tuple[int, ...], num_classes: int) -> nn.Module:
 MODELS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "femnist_cnn": _femnist,
     "mnist_cnn": _mnist,
+    "uldp_cnn": _uldp_cnn,
     "mlp": _mlp,
     "linear": _linear,
     "shakespeare_lstm": _lstm,

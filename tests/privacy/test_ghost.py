@@ -65,6 +65,12 @@ def _cases(dtype: torch.dtype):
         torch.randn(6, 1, 8, 8, generator=gen),
         10,
     )
+    yield (
+        "uldp_cnn",
+        build_model("uldp_cnn", (1, 16, 16), 10),
+        torch.randn(6, 1, 16, 16, generator=gen),
+        10,
+    )
     yield "conv_zoo", ConvZoo(), torch.randn(6, 2, 9, 9, generator=gen), 5
     yield "shared_conv", SharedConv(), torch.randn(6, 2, 5, 5, generator=gen), 3
     # repeated tokens within an example exercise the embedding's ghost norm

@@ -47,6 +47,7 @@ MODEL_CASES = [
     ("mnist_cnn", (1, 8, 8), 10, 4, torch.float64),
     ("mnist_cnn", (1, 28, 28), 10, 3, torch.float64),
     ("femnist_cnn", (1, 28, 28), 62, 2, torch.float64),
+    ("uldp_cnn", (1, 28, 28), 10, 3, torch.float64),
     ("shakespeare_lstm", (5,), 80, 3, torch.float32),
 ]
 
