@@ -285,7 +285,11 @@ def test_default_chunk_keeps_every_stacked_tensor_under_the_limit() -> None:
     record_bytes = 16 * (784 * 4 + 8)
     chunk = default_chunk_size(params, record_bytes=record_bytes)
     largest = max(v.numel() * v.element_size() for v in params.values())
-    assert 1 <= chunk and chunk * max(largest, record_bytes) <= STACKED_TENSOR_BYTES
+    # fc1's weight, 784 x 64 float32 = 200,704 bytes per subject, is the largest stacked
+    # tensor: 16 MiB holds 83 of them (the 256 MiB budget would allow 329)
+    assert largest == 784 * 64 * 4
+    assert chunk == 83
+    assert chunk * max(largest, record_bytes) <= STACKED_TENSOR_BYTES
     assert (chunk + 1) * largest > STACKED_TENSOR_BYTES  # as many subjects as fit
     huge = {"w": torch.zeros(STACKED_TENSOR_BYTES // 2)}  # 2x the limit per subject in float32
     assert default_chunk_size(huge) == 1
