@@ -187,3 +187,28 @@ def test_encoded_noise_is_checked_against_its_bound_and_type() -> None:
         enc.check_encoded_noise(np.array([1, 0.5], dtype=object))
     with pytest.raises(ValueError, match="1-d"):
         enc.check_encoded_noise(np.zeros((2, 2), dtype=np.int64))
+
+
+def test_vectorised_rounding_equals_the_exact_scalar_rounding() -> None:
+    from silodp.crypto.encoding import _round_scaled, round_scaled_array
+
+    rng = np.random.default_rng(1)
+    for digits in (0, 3, 10, 13):
+        xs = np.concatenate(
+            [
+                rng.uniform(-1, 1, 5000),
+                rng.uniform(-1e-8, 1e-8, 500),
+                (2 * rng.integers(-1000, 1000, 500) + 1) / 2048.0,  # ties at 10^d
+                (2 * rng.integers(-1000, 1000, 500) + 1) / 2.0**30,
+                np.ldexp(1.0, -rng.integers(1, 1074, 500)),
+                rng.uniform(-1e5, 1e5, 500),
+                [0.0, -0.0, 1.0, -1.0, 5e-324, 0.5, 1.5, 2.5, -2.5],
+            ]
+        )
+        xs = xs[np.abs(xs) * 10.0**digits < 2.0**60]
+        got = round_scaled_array(xs, digits)
+        assert [int(v) for v in got] == [_round_scaled(float(v), 10**digits) for v in xs]
+    with pytest.raises(ValueError, match="digits=14"):
+        round_scaled_array(np.zeros(1), 14)
+    with pytest.raises(ValueError, match="below 2"):
+        round_scaled_array(np.array([1e10]), 10)

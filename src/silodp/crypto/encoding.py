@@ -128,6 +128,66 @@ def _round_scaled(x: float, scale: int) -> int:
     return q
 
 
+#: :func:`round_scaled_array` handles ``10^d`` with ``5^d < 2^31`` and results below 2^62
+_ARRAY_MAX_DIGITS = 13
+_ARRAY_MAX_BITS = 62
+
+
+def round_scaled_array(x: np.ndarray, digits: int) -> np.ndarray:
+    """``round(x * 10^digits)`` exactly (ties to even) for every finite float64 of ``x``, as
+    int64, vectorised: ``x = m 2^e`` exactly, ``m 5^d`` is formed in two 26-bit halves (no
+    overflow) and shifted by ``e + d`` with the remainder compared to one half. Requires
+    ``digits <= 13`` and ``|x| 10^digits < 2^62`` (else ValueError); equal to
+    :func:`_round_scaled` value by value."""
+    if not 0 <= digits <= _ARRAY_MAX_DIGITS:
+        raise ValueError(f"Expected digits={digits} in [0, {_ARRAY_MAX_DIGITS}].")
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.size and float(np.abs(arr).max()) * 10.0**digits >= 2.0**_ARRAY_MAX_BITS / 2:
+        raise ValueError(f"Expected |x| * 10^{digits} below 2^{_ARRAY_MAX_BITS - 1}.")
+    frac, exp = np.frexp(np.abs(arr))
+    mant = np.ldexp(frac, 53).astype(np.int64)  # exact: |x| = mant * 2^(exp - 53)
+    shift = (53 - exp.astype(np.int64)) - digits  # |x| 10^d = mant 5^d / 2^shift
+    five = np.int64(5**digits)
+    hi = (mant >> 26) * five  # < 2^27 * 2^31
+    lo = (mant & ((1 << 26) - 1)) * five  # < 2^57
+    hi = hi + (lo >> 26)
+    lo = lo & ((1 << 26) - 1)  # P = hi 2^26 + lo
+    out = np.zeros(arr.shape, dtype=np.int64)
+    # shift <= 0: an exact integer P << -shift (fits, as the result is below 2^61)
+    neg = shift <= 0
+    if np.any(neg):
+        up = -shift[neg]
+        out[neg] = (hi[neg] << (26 + up)) + (lo[neg] << up)
+    # 0 < shift < 26: quotient (hi << (26 - shift)) + (lo >> shift), remainder from lo
+    mid = (shift > 0) & (shift < 26)
+    if np.any(mid):
+        k = shift[mid]
+        q = (hi[mid] << (26 - k)) + (lo[mid] >> k)
+        rem = lo[mid] & ((np.int64(1) << k) - 1)
+        half = np.int64(1) << (k - 1)
+        q += (rem > half) | ((rem == half) & ((q & 1) == 1))
+        out[mid] = q
+    # shift >= 26: quotient hi >> (shift - 26); remainder (hi mod 2^(shift-26), lo)
+    big = shift >= 26
+    if np.any(big):
+        k = shift[big] - 26
+        h, low = hi[big], lo[big]
+        small = k < 62
+        kk = np.where(small, k, 0)
+        q = np.where(small, h >> kk, 0)
+        rem_hi = np.where(small, h - (q << kk), h)
+        half_hi = np.where(kk > 0, np.int64(1) << np.maximum(kk - 1, 0), 0)
+        # remainder vs half: k == 0 compares lo with 2^25; k >= 1 compares (rem_hi, lo) with
+        # (2^(k-1), 0); k >= 62 rounds to 0 (P < 2^85 <= 2^(shift-1))
+        above = np.where(
+            k == 0, low > (1 << 25), (rem_hi > half_hi) | ((rem_hi == half_hi) & (low > 0))
+        )
+        tie = np.where(k == 0, low == (1 << 25), (rem_hi == half_hi) & (low == 0))
+        q = q + (small & (above | (tie & ((q & 1) == 1))))
+        out[big] = q
+    return np.where(arr < 0, -out, out)
+
+
 def _as_float64(values: object, name: str) -> np.ndarray:
     arr = np.asarray(values)
     if arr.dtype.kind not in "fiu" or (arr.dtype.kind == "f" and arr.dtype.itemsize > 8):
@@ -319,6 +379,16 @@ class WeightingEncoding:
         """Exact signed encodings ``round(x 10^d)`` of clipped model-delta coordinates (they
         enter the aggregate multiplied by the integer weight ``n_{s,a} M / n_a``)."""
         return self._encode_bounded(values, self.delta_bound, "delta", self.scale)
+
+    def encode_deltas_array(self, values: object) -> np.ndarray:
+        """:meth:`encode_deltas` as an int64 array, vectorised (same values, exact)."""
+        arr = _as_float64(values, "delta")
+        if arr.size and float(np.abs(arr).max()) > self.delta_bound:
+            self.encode_deltas(arr)  # raises, naming the value
+        try:
+            return round_scaled_array(arr, self.codec.frac_digits)
+        except ValueError:
+            return np.array(self.encode_deltas(arr), dtype=object)
 
     def encode_noise(self, values: object) -> list[int]:
         """Exact signed encodings ``round(z M 10^d)`` of real noise coordinates on the
