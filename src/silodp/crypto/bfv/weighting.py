@@ -1,0 +1,422 @@
+"""The weighting protocol's arithmetic over BFV (``scheme = "bfv"``): the same messages and
+the same decrypted sum as the Paillier protocol (:mod:`silodp.crypto.protocol`), computed
+modulo the CRT primes ``t_1 .. t_m`` of a :class:`~silodp.crypto.bfv.params.BfvPlan`.
+
+Per prime ``t`` (all parties derive the primes from public values):
+
+* set-up: the blinds ``r_a`` are uniform units mod ``t`` (from the shared seed); silo ``s``
+  sends ``r_a n_{s,a} + sum_j ±mask mod t`` for every public subject; the server sums to
+  ``r_a n_a mod t`` (uniform on ``Z_t^*``, as ``0 < n_a <= N_max < t``) and inverts it;
+* round: the server sends ``Enc((r_a n_a)^-1)`` as a constant polynomial for every
+  public subject (``Enc(0)`` outside its sample); silo ``s`` computes, for each block of ``N``
+  parameters, ``sum_a Enc(w'_a) * P_a`` with ``P_a`` the polynomial whose coefficients are
+  ``r_a n_{s,a} M e_{s,a} mod t`` (plaintext x ciphertext
+  products in the NTT domain), adds the plaintext ``noise + masks mod t``, a fresh ``Enc(0)``
+  (re-randomisation) and the flooding ciphertext;
+* the server adds the silos' ciphertexts, decrypts every prime and block, recombines by the CRT
+  modulo ``T = prod t`` and decodes exactly as the Paillier aggregate (``T`` exceeds twice the
+  honest bound by 2^32: an inconsistent aggregate raises
+  :class:`~silodp.crypto.errors.ValueOutOfRangeError`).
+
+What each party learns (honest-but-curious, as the Paillier protocol):
+
+* **Silos** see BFV ciphertexts of the weights only: IND-CPA under RLWE at 128-bit security
+  (HE standard parameters) hides ``n_a``, and the sample when the server samples. They see
+  nothing of other silos beyond what the Paillier protocol's set-up shows.
+* **The server (key holder)** sees ``r_a n_a mod t`` per prime (uniform and independent of
+  ``n_a``), each silo's ciphertexts and the decrypted aggregate. A silo's ciphertext decrypts
+  to its weighted sum plus pairwise masks uniform mod ``t`` (which cancel only in the sum over
+  all silos); its ``c1`` is re-randomised by a fresh encryption of zero, and its noise is
+  flooded so that the noise distribution is within statistical distance ``2^-(lambda+1)`` of
+  data-independent flooding (:mod:`~silodp.crypto.bfv.params`). So, as with Paillier, the
+  server learns the aggregate and nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from silodp.crypto.bfv.backend import (
+    BfvContext,
+    BfvKeyPair,
+    ciphertext_primes,
+    decryptor,
+    encryptor,
+    new_ciphertext,
+    new_plaintext,
+)
+from silodp.crypto.bfv.params import BfvParameters, BfvPlan, plan_bfv_round
+from silodp.crypto.errors import ProtocolError, SiloDropoutError, SubjectBoundError
+from silodp.crypto.prg import ChaCha20Prg, derive_key
+from silodp.crypto.randomness import RandomSource, SystemRandomSource, random_unit
+
+__all__ = [
+    "BfvServer",
+    "BfvSilo",
+    "BfvWeightingSession",
+    "mulmod",
+    "uniform_residues",
+]
+
+
+def mulmod(values: np.ndarray, scalar: int, modulus: int) -> np.ndarray:
+    """``values * scalar mod modulus`` for residues ``values`` below ``modulus < 2^52``:
+    the quotient estimated in float64 (off by at most 2), the remainder exact in wrapping
+    64-bit arithmetic, then corrected."""
+    t = int(modulus)
+    if not 2 <= t < (1 << 52):
+        raise ValueError(f"Expected a modulus in [2, 2^52), got {t}.")
+    a = np.asarray(values, dtype=np.uint64)
+    b = int(scalar) % t
+    quot = np.floor(a.astype(np.float64) * float(b) / float(t)).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        rem = (a * np.uint64(b) - quot * np.uint64(t)).view(np.int64)
+    tt = np.int64(t)
+    for _ in range(3):
+        rem = np.where(rem < 0, rem + tt, rem)
+        rem = np.where(rem >= tt, rem - tt, rem)
+    return rem.astype(np.uint64)
+
+
+def uniform_residues(source: RandomSource, modulus: int, count: int) -> np.ndarray:
+    """``count`` independent uniform residues mod ``modulus`` (rejection sampling)."""
+    t = int(modulus)
+    bits = t.bit_length()
+    if bits > 63:
+        raise ValueError(f"Expected a modulus below 2^63, got {bits} bits.")
+    mask = np.uint64((1 << bits) - 1)
+    parts: list[np.ndarray] = []
+    have = 0
+    while have < count:
+        need = count - have
+        draw = need + need // 2 + 16
+        raw = np.frombuffer(source.token_bytes(8 * draw), dtype=np.uint64) & mask
+        kept = raw[raw < np.uint64(t)]
+        parts.append(kept)
+        have += kept.size
+    return np.concatenate(parts)[:count]
+
+
+def _pair_key(a: int, b: int, secret: bytes) -> bytes:
+    lo, hi = min(a, b), max(a, b)
+    return derive_key(secret, f"silodp/bfv/pair/{lo}/{hi}".encode())
+
+
+def _stream(key: bytes, label: str) -> ChaCha20Prg:
+    return ChaCha20Prg(derive_key(key, label.encode()))
+
+
+@dataclass
+class BfvSilo:
+    """Silo ``silo_id``: its histogram, its pairwise mask keys, the shared seed."""
+
+    silo_id: int
+    plan: BfvPlan
+    contexts: tuple[BfvContext, ...]
+    public_keys: tuple[Any, ...]
+    histogram: Mapping[Hashable, int]
+    subject_ids: tuple[Hashable, ...]
+    pair_keys: Mapping[int, bytes]
+    seed: bytes
+    source: RandomSource
+    _blinds: list[list[int]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for a, c in self.histogram.items():
+            self.plan.encoding.check_subject_count(int(c), a)
+        prg = _stream(self.seed, "silodp/bfv/blinds")
+        self._blinds = [
+            [random_unit(prg, t) for _ in self.subject_ids] for t in self.plan.plain_moduli
+        ]
+
+    def _masks(self, label: str, j: int, count: int) -> np.ndarray:
+        t = np.uint64(self.plan.plain_moduli[j])
+        total = np.zeros(count, dtype=np.uint64)
+        for other, key in sorted(self.pair_keys.items()):
+            mask = uniform_residues(_stream(key, f"{label}/{j}"), int(t), count)
+            signed = mask if self.silo_id < other else (t - mask) % t
+            total = np.asarray((total + signed) % t, dtype=np.uint64)
+        return total
+
+    def masked_histogram(self) -> list[np.ndarray]:
+        """Per prime: ``r_a n_{s,a} + masks mod t`` for every public subject."""
+        out = []
+        for j, t in enumerate(self.plan.plain_moduli):
+            counts = [int(self.histogram.get(a, 0)) for a in self.subject_ids]
+            blinded = np.array(
+                [r * c % t for r, c in zip(self._blinds[j], counts, strict=True)], dtype=np.uint64
+            )
+            out.append((blinded + self._masks("histogram", j, len(counts))) % np.uint64(t))
+        return out
+
+    def weighted_sum(
+        self,
+        weights: Sequence[Sequence[Any]],
+        deltas: Mapping[Hashable, np.ndarray],
+        encoded_noise: Sequence[int],
+        round_index: int,
+    ) -> list[list[Any]]:
+        """Per prime and block, this silo's masked, re-randomised, flooded ciphertext."""
+        plan, enc = self.plan, self.plan.encoding
+        n = plan.params.poly_degree
+        dim = plan.dim
+        own = [a for a in self.subject_ids if int(self.histogram.get(a, 0)) > 0]
+        missing = [a for a in own if a not in deltas]
+        if missing:
+            raise ValueError(f"Silo {self.silo_id}: no delta for subject(s) {missing[:5]}.")
+        index = {a: i for i, a in enumerate(self.subject_ids)}
+        rows = []
+        for a in own:
+            row = np.asarray(deltas[a], dtype=np.float64)
+            if row.shape != (dim,):
+                raise ValueError(f"Expected a delta of shape ({dim},) for {a!r}, got {row.shape}.")
+            rows.append(enc.encode_deltas_array(row))
+        noise = [int(v) for v in enc.check_encoded_noise(encoded_noise)]
+        if len(noise) != dim:
+            raise ValueError(f"Expected {dim} encoded noise values, got {len(noise)}.")
+        out: list[list[Any]] = []
+        for j, (ctx, pk) in enumerate(zip(self.contexts, self.public_keys, strict=True)):
+            t = ctx.plain_modulus
+            ev = ctx.evaluator
+            acc: list[Any] = [None] * plan.blocks
+            tmp = new_ciphertext(ctx)
+            for a, e in zip(own, rows, strict=True):
+                i = index[a]
+                scalar = self._blinds[j][i] * int(self.histogram[a]) * enc.multiplier % t
+                values = mulmod(np.mod(e, t).astype(np.uint64), scalar, t)
+                lifted = new_ciphertext(ctx)
+                ev.transform_to_ntt(weights[j][i], lifted)
+                for b in range(plan.blocks):
+                    plain = ctx.plaintext(values[b * n : (b + 1) * n])
+                    ev.transform_to_ntt_inplace(plain, ctx.parms_id)
+                    if acc[b] is None:
+                        acc[b] = new_ciphertext(ctx)
+                        ev.multiply_plain(lifted, plain, acc[b])
+                    else:
+                        ev.multiply_plain(lifted, plain, tmp)
+                        ev.add_inplace(acc[b], tmp)
+            extra = (
+                np.array([v % t for v in noise], dtype=np.uint64)
+                + self._masks(f"round/{round_index}", j, dim)
+            ) % np.uint64(t)
+            encryptor_j = encryptor(ctx, pk)
+            blocks = []
+            for b in range(plan.blocks):
+                zero = new_ciphertext(ctx)
+                encryptor_j.encrypt_zero(zero)
+                if acc[b] is None:
+                    ct = zero
+                else:
+                    ct = acc[b]
+                    ev.transform_from_ntt_inplace(ct)
+                    ev.add_inplace(ct, zero)
+                ev.add_plain_inplace(ct, ctx.plaintext(extra[b * n : (b + 1) * n]))
+                ev.add_inplace(ct, ctx.flooding(self.source, plan.flood_log2))
+                blocks.append(ct)
+            out.append(blocks)
+        return out
+
+
+class BfvServer:
+    """The key holder: BFV keys per prime, the inverted blinded counts, the aggregate."""
+
+    def __init__(self, plan: BfvPlan, subject_ids: tuple[Hashable, ...]) -> None:
+        self.plan = plan
+        self.subject_ids = subject_ids
+        params = plan.params
+        self.contexts = tuple(
+            BfvContext(params.poly_degree, params.coeff_bits, t) for t in plan.plain_moduli
+        )
+        self.keys = BfvKeyPair.generate(self.contexts)
+        self._inverses: list[list[int]] | None = None
+        self._histograms: list[list[np.ndarray]] = []
+
+    @property
+    def public_keys(self) -> tuple[Any, ...]:
+        return self.keys.public_keys
+
+    def receive_histogram(self, masked: list[np.ndarray]) -> None:
+        if len(masked) != len(self.plan.plain_moduli):
+            raise ProtocolError(f"Expected {len(self.plan.plain_moduli)} residue vectors.")
+        self._histograms.append(masked)
+
+    def finish_setup(self, num_silos: int) -> None:
+        if len(self._histograms) != num_silos:
+            raise SiloDropoutError([], 0)
+        inverses = []
+        for j, t in enumerate(self.plan.plain_moduli):
+            sums = np.zeros(len(self.subject_ids), dtype=object)
+            for h in self._histograms:
+                sums = sums + h[j].astype(object)
+            row = []
+            for a, v in zip(self.subject_ids, sums, strict=True):
+                v = int(v) % t
+                if v == 0:
+                    raise ProtocolError(f"Blinded count of subject {a!r} is 0 mod {t}.")
+                row.append(pow(v, -1, t))
+            inverses.append(row)
+        self._inverses = inverses
+
+    def encrypt_weights(self, sampled: Collection[Hashable] | None = None) -> list[list[Any]]:
+        """Per prime, ``Enc((r_a n_a)^-1)`` (a constant polynomial) for every public subject
+        (``Enc(0)`` for subjects outside ``sampled``)."""
+        if self._inverses is None:
+            raise ProtocolError("Set-up is not finished.")
+        out = []
+        for ctx, pk, row in zip(self.contexts, self.public_keys, self._inverses, strict=True):
+            enc_j = encryptor(ctx, pk)
+            cts = []
+            for a, inv in zip(self.subject_ids, row, strict=True):
+                value = inv if sampled is None or a in sampled else 0
+                ct = new_ciphertext(ctx)
+                enc_j.encrypt(ctx.constant(value), ct)
+                cts.append(ct)
+            out.append(cts)
+        return out
+
+    def aggregate(self, replies: Sequence[list[list[Any]]]) -> np.ndarray:
+        """Adds every silo's ciphertexts, decrypts each prime and block, recombines by the CRT
+        and decodes; raises ValueOutOfRangeError on an inconsistent aggregate."""
+        plan = self.plan
+        moduli = plan.plain_moduli
+        big_t = plan.encoding.modulus
+        residues = []
+        for j, ctx in enumerate(self.contexts):
+            dec = decryptor(ctx, self.keys.secret_keys[j])
+            parts = []
+            for b in range(plan.blocks):
+                acc = replies[0][j][b]
+                for reply in replies[1:]:
+                    ctx.evaluator.add_inplace(acc, reply[j][b])
+                plain = new_plaintext()
+                dec.decrypt(acc, plain)
+                parts.append(ctx.coefficients(plain))
+            residues.append(np.concatenate(parts)[: plan.dim].astype(object))
+        total = np.zeros(plan.dim, dtype=object)
+        for t, r in zip(moduli, residues, strict=True):
+            cofactor = big_t // t
+            total = total + r * (cofactor * pow(cofactor, -1, t))
+        total = total % big_t
+        half = big_t // 2
+        return np.array(
+            [plan.encoding.decode_signed(int(v) - big_t if v > half else int(v)) for v in total],
+            dtype=np.float64,
+        )
+
+
+class BfvWeightingSession:
+    """Server and silos in one process, BFV arithmetic (tests, benchmarks). Pairwise keys and
+    the shared seed are drawn here directly; in a deployment they come from the same X25519
+    key agreement and sealed seed as the Paillier protocol's set-up."""
+
+    def __init__(
+        self,
+        histograms: Mapping[int, Mapping[Hashable, int]],
+        *,
+        n_max: int,
+        dim: int,
+        params: BfvParameters | None = None,
+        subject_ids: Sequence[Hashable] | None = None,
+        delta_bound: float = 1.0,
+        noise_bound: float = 1e6,
+        precision: float = 1e-10,
+        source: RandomSource | None = None,
+    ) -> None:
+        silos = tuple(sorted(histograms))
+        if len(silos) < 2:
+            raise ValueError(f"Expected >= 2 silos, got {list(silos)}.")
+        subjects = (
+            tuple(subject_ids)
+            if subject_ids is not None
+            else tuple(sorted({a for h in histograms.values() for a in h}, key=repr))
+        )
+        totals: dict[Hashable, int] = {}
+        for h in histograms.values():
+            for a, c in h.items():
+                totals[a] = totals.get(a, 0) + int(c)
+        over = {a: c for a, c in totals.items() if c > n_max}
+        if over:
+            worst = max(over, key=lambda a: over[a])
+            raise SubjectBoundError(
+                f"{len(over)} subject(s) exceed n_max={n_max} records in total (e.g. "
+                f"{worst!r} with {over[worst]})."
+            )
+        root = source if source is not None else SystemRandomSource()
+        self.timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        self.params = params if params is not None else BfvParameters()
+        self.plan = plan_bfv_round(
+            self.params,
+            ciphertext_primes=ciphertext_primes(self.params.poly_degree, self.params.coeff_bits),
+            n_max=n_max,
+            num_subjects=len(subjects),
+            num_silos=len(silos),
+            dim=dim,
+            delta_bound=delta_bound,
+            noise_bound=noise_bound,
+            precision=precision,
+        )
+        self.server = BfvServer(self.plan, subjects)
+        self._tick("keygen", t0)
+        t0 = time.perf_counter()
+        seed = root.token_bytes(32)
+        pair_secret = root.token_bytes(32)
+        self.silos = {
+            s: BfvSilo(
+                s,
+                self.plan,
+                self.server.contexts,
+                self.server.public_keys,
+                histograms[s],
+                subjects,
+                {o: _pair_key(s, o, pair_secret) for o in silos if o != s},
+                seed,
+                ChaCha20Prg(root.token_bytes(32)),
+            )
+            for s in silos
+        }
+        for silo in self.silos.values():
+            self.server.receive_histogram(silo.masked_histogram())
+        self.server.finish_setup(len(silos))
+        self._tick("histogram", t0)
+        self._round = 0
+
+    def _tick(self, name: str, start: float) -> None:
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+    def run_round(
+        self,
+        deltas: Mapping[int, Mapping[Hashable, np.ndarray]],
+        *,
+        noise: Mapping[int, np.ndarray] | None = None,
+        encoded_noise: Mapping[int, Sequence[int]] | None = None,
+        sampled: Collection[Hashable] | None = None,
+    ) -> np.ndarray:
+        """One round: the decrypted ``sum_{s,a} (n_{s,a}/n_a) Delta_{s,a} + sum_s noise_s``."""
+        if sorted(deltas) != sorted(self.silos):
+            raise ValueError(f"Deltas for silos {sorted(deltas)}, expected {sorted(self.silos)}.")
+        enc = self.plan.encoding
+        t0 = time.perf_counter()
+        weights = self.server.encrypt_weights(sampled)
+        self._tick("server_weights", t0)
+        t0 = time.perf_counter()
+        replies = []
+        for s, silo in self.silos.items():
+            if encoded_noise is not None and s in encoded_noise:
+                coded = list(encoded_noise[s])
+            elif noise is not None and s in noise:
+                coded = enc.encode_noise(noise[s])
+            else:
+                coded = [0] * self.plan.dim
+            replies.append(silo.weighted_sum(weights, deltas[s], coded, self._round))
+        self._tick("silo_weighting", t0)
+        t0 = time.perf_counter()
+        out = self.server.aggregate(replies)
+        self._tick("aggregation", t0)
+        self._round += 1
+        return out

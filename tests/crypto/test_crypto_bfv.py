@@ -1,0 +1,228 @@
+"""The BFV backend of the weighting protocol: the decrypted sum equals the clear weighted sum,
+tampering, a missing silo and a wrong key are detected, parameters are validated, and what
+the key holder sees of one silo is masked and flooded."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from silodp.crypto.bfv import BfvParameters, BfvWeightingSession, batching_primes, plan_bfv_round
+from silodp.crypto.bfv.backend import (
+    BfvContext,
+    BfvKeyPair,
+    ciphertext_primes,
+    decryptor,
+    encryptor,
+    new_ciphertext,
+    new_plaintext,
+)
+from silodp.crypto.bfv.weighting import mulmod, uniform_residues
+from silodp.crypto.errors import EncodingOverflowError, SubjectBoundError, ValueOutOfRangeError
+from silodp.crypto.prg import ChaCha20Prg
+from silodp.crypto.protocol import plaintext_weighted_sum
+
+PRIMES = ciphertext_primes(8192, BfvParameters().coeff_bits)
+
+
+def _problem(seed: int, silos: int, subjects: int, dim: int, n_max: int):
+    rng = np.random.default_rng(seed)
+    hist: dict[int, dict[int, int]] = {s: {} for s in range(silos)}
+    for a in range(subjects):
+        total = int(rng.integers(1, n_max + 1))
+        cut = np.sort(rng.integers(0, total + 1, silos - 1))
+        parts = np.diff(np.concatenate([[0], cut, [total]]))
+        for s in range(silos):
+            if parts[s]:
+                hist[s][a] = int(parts[s])
+    deltas = {
+        s: {a: rng.uniform(-1.0, 1.0, dim) * rng.choice([1.0, 1e-6]) for a in hist[s]}
+        for s in range(silos)
+    }
+    noise = {s: rng.normal(0.0, 3.0, dim) for s in range(silos)}
+    return hist, deltas, noise
+
+
+def _tolerance(subjects: int, silos: int, ref: np.ndarray) -> float:
+    return (subjects + silos) * 0.5e-10 + 4 * np.finfo(float).eps * float(np.abs(ref).max() + 1)
+
+
+def _session(hist, dim, n_max, seed=0, **kw):
+    return BfvWeightingSession(
+        hist, n_max=n_max, dim=dim, noise_bound=100.0, source=ChaCha20Prg(bytes([seed]) * 32), **kw
+    )
+
+
+@pytest.mark.parametrize(
+    ("seed", "silos", "subjects", "dim", "n_max"),
+    [(0, 2, 1, 1, 1), (1, 3, 6, 9000, 20), (2, 4, 12, 5, 250)],
+)
+def test_decrypted_sum_equals_the_clear_weighted_sum(seed, silos, subjects, dim, n_max) -> None:
+    hist, deltas, noise = _problem(seed, silos, subjects, dim, n_max)
+    session = _session(hist, dim, n_max, seed)
+    got = session.run_round(deltas, noise=noise)
+    ref = plaintext_weighted_sum(deltas, hist, noise=noise)
+    assert got.shape == (dim,)
+    assert np.max(np.abs(got - ref)) <= _tolerance(subjects, silos, ref)
+    # a second round (fresh masks and flooding) decrypts to the same value
+    again = session.run_round(deltas, noise=noise)
+    assert np.max(np.abs(again - ref)) <= _tolerance(subjects, silos, ref)
+
+
+def test_subsampled_subjects_contribute_zero_and_encoded_noise_is_exact() -> None:
+    hist, deltas, _ = _problem(3, 3, 8, 6, 30)
+    session = _session(hist, 6, 30)
+    sampled = {0, 2, 5}
+    coded = {s: [s + 1, -(s + 2), 0, 7, -7, 3] for s in hist}
+    got = session.run_round(deltas, encoded_noise=coded, sampled=sampled)
+    ref = plaintext_weighted_sum(deltas, hist, sampled=sampled)
+    extra = np.sum([np.array(v, dtype=float) for v in coded.values()], axis=0)
+    extra /= session.plan.encoding.noise_scale
+    assert np.max(np.abs(got - (ref + extra))) <= _tolerance(8, 3, ref)
+
+
+def _replies(session, deltas):
+    weights = session.server.encrypt_weights()
+    zero = [0] * session.plan.dim
+    return [silo.weighted_sum(weights, deltas[s], zero, 0) for s, silo in session.silos.items()]
+
+
+def test_tampered_missing_and_wrongly_keyed_aggregates_are_refused() -> None:
+    hist, deltas, _ = _problem(4, 3, 5, 4, 16)
+    session = _session(hist, 4, 16)
+    server = session.server
+    ctx = server.contexts[0]
+    # tampered: one silo's ciphertext gains an encryption of a random plaintext
+    replies = _replies(session, deltas)
+    junk = new_ciphertext(ctx)
+    encryptor(ctx, server.public_keys[0]).encrypt(ctx.plaintext([12345, 1, 2, 3]), junk)
+    ctx.evaluator.add_inplace(replies[1][0][0], junk)
+    with pytest.raises(ValueOutOfRangeError, match="exceeds"):
+        server.aggregate(replies)
+    # a missing silo: its masks do not cancel
+    with pytest.raises(ValueOutOfRangeError, match="exceeds"):
+        server.aggregate(_replies(session, deltas)[:2])
+    # a wrong key: decryption gives garbage
+    honest = _replies(session, deltas)
+    server.keys = BfvKeyPair.generate(server.contexts)
+    with pytest.raises(ValueOutOfRangeError, match="exceeds"):
+        server.aggregate(honest)
+
+
+def test_one_silos_ciphertext_decrypts_to_a_masked_value() -> None:
+    hist, deltas, _ = _problem(5, 3, 5, 4, 16)
+    session = _session(hist, 4, 16)
+    server = session.server
+    replies = _replies(session, deltas)
+    alone = plaintext_weighted_sum({0: deltas[0]}, hist)
+    with pytest.raises(ValueOutOfRangeError):
+        got = server.aggregate([replies[0]])
+        assert np.max(np.abs(got - alone)) > 1.0  # pragma: no cover - w.p. 2^-32
+    # and its noise is flooded: far less budget left than after the products alone
+    ctx = server.contexts[0]
+    dec = decryptor(ctx, server.keys.secret_keys[0])
+    flooded = replies[0][0][0]
+    fresh = new_ciphertext(ctx)
+    encryptor(ctx, server.public_keys[0]).encrypt(ctx.constant(1), fresh)
+    assert dec.invariant_noise_budget(fresh) - dec.invariant_noise_budget(flooded) >= 100
+
+
+def test_flooding_leaves_the_sum_of_many_silos_decryptable() -> None:
+    plan = plan_bfv_round(
+        BfvParameters(),
+        ciphertext_primes=PRIMES,
+        n_max=32,
+        num_subjects=1000,
+        num_silos=5,
+        dim=105_866,
+    )
+    assert plan.blocks == 13
+    assert 2**plan.flood_log2 >= plan.silo_noise_bound * 8192 * plan.ciphertexts_per_silo << 40
+    q = math.prod(PRIMES[:-1])
+    t = max(plan.plain_moduli)
+    assert 2 * t * 5 * (plan.silo_noise_bound + 2**plan.flood_log2 + 1) < q
+    assert math.prod(plan.plain_moduli) > (2 * plan.encoding.aggregate_bound) << 32
+    # the flooded ciphertext of a real context keeps a positive budget after summing 5 of them
+    ctx = BfvContext(8192, BfvParameters().coeff_bits, t)
+    keys = BfvKeyPair.generate([ctx])
+    acc = None
+    src = ChaCha20Prg(bytes(32))
+    for _ in range(5):
+        ct = new_ciphertext(ctx)
+        encryptor(ctx, keys.public_keys[0]).encrypt(ctx.constant(3), ct)
+        ctx.evaluator.add_inplace(ct, ctx.flooding(src, plan.flood_log2))
+        if acc is None:
+            acc = ct
+        else:
+            ctx.evaluator.add_inplace(acc, ct)
+    out = new_plaintext()
+    decryptor(ctx, keys.secret_keys[0]).decrypt(acc, out)
+    assert ctx.coefficients(out)[0] == 15
+
+
+def test_parameter_validation_names_the_value() -> None:
+    with pytest.raises(ValueError, match=r"poly_degree=4096 in \[8192, 16384\]"):
+        BfvParameters(poly_degree=4096)
+    with pytest.raises(ValueError, match="coeff_bits=.*at most 218 bits"):
+        BfvParameters(coeff_bits=(60, 60, 60, 60))
+    with pytest.raises(ValueError, match=r"flood_bits=20 to be an int in \[40, 128\]"):
+        BfvParameters(flood_bits=20)
+    with pytest.raises(ValueError, match=r"bits=70 in \[20, 60\]"):
+        batching_primes(8192, 70, 1)
+    with pytest.raises(EncodingOverflowError, match="expected a larger poly_degree"):
+        plan_bfv_round(
+            BfvParameters(),
+            ciphertext_primes=PRIMES,
+            n_max=4,
+            num_subjects=10**15,
+            num_silos=3,
+            dim=10,
+        )
+    with pytest.raises(ValueError, match="dim=0"):
+        plan_bfv_round(
+            BfvParameters(), ciphertext_primes=PRIMES, n_max=4, num_subjects=2, num_silos=2, dim=0
+        )
+    with pytest.raises(SubjectBoundError, match="n_max=3"):
+        BfvWeightingSession({0: {"a": 2}, 1: {"a": 2}}, n_max=3, dim=2)
+    session = _session({0: {"a": 1}, 1: {"a": 1}}, 2, 2)
+    with pytest.raises(ValueOutOfRangeError, match="delta value 2.0 exceeds the bound 1.0"):
+        session.run_round({0: {"a": np.array([2.0, 0.0])}, 1: {"a": np.zeros(2)}})
+    with pytest.raises(ValueError, match=r"shape \(2,\)"):
+        session.run_round({0: {"a": np.zeros(3)}, 1: {"a": np.zeros(2)}})
+
+
+def test_primes_are_distinct_from_the_ciphertext_primes_and_public() -> None:
+    plan = plan_bfv_round(
+        BfvParameters(), ciphertext_primes=PRIMES, n_max=200, num_subjects=50, num_silos=4, dim=9
+    )
+    again = plan_bfv_round(
+        BfvParameters(), ciphertext_primes=PRIMES, n_max=200, num_subjects=50, num_silos=4, dim=9
+    )
+    assert plan.plain_moduli == again.plain_moduli
+    assert len(set(plan.plain_moduli)) == len(plan.plain_moduli)
+    assert not set(plan.plain_moduli) & set(PRIMES)
+    assert all(p % (2 * 8192) == 1 for p in plan.plain_moduli)
+
+
+def test_mulmod_and_uniform_residues() -> None:
+    rng = np.random.default_rng(0)
+    for t in (65537, 68_718_428_161, (1 << 51) - 129):
+        a = rng.integers(0, t, 2000, dtype=np.uint64)
+        b = int(rng.integers(0, t))
+        assert [int(v) for v in mulmod(a, b, t)] == [int(x) * b % t for x in a]
+    with pytest.raises(ValueError, match="modulus"):
+        mulmod(np.zeros(1, dtype=np.uint64), 1, 1 << 53)
+    r = uniform_residues(ChaCha20Prg(bytes(32)), 1000003, 20000)
+    assert r.max() < 1000003 and abs(float(r.mean()) / 1000003 - 0.5) < 0.01
+
+
+def test_silodp_crypto_imports_without_tenseal_or_torch() -> None:
+    code = (
+        "import sys, silodp.crypto, silodp.crypto.protocol; "
+        "assert 'tenseal' not in sys.modules and 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
