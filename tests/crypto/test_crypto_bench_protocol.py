@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -65,3 +66,24 @@ def test_protocol_rows_report_progress_per_grid_point(monkeypatch) -> None:
     assert len(rows) == len(lines) == len(bench.QUICK_GRID) == len(calls)
     assert lines[0].startswith(f"[1/{len(bench.QUICK_GRID)}] params=16 users=10 n_max=2000")
     assert [c[:4] for c in calls] == [tuple(g) for g in bench.QUICK_GRID]
+
+
+def test_target_rows_put_bfv_beside_the_paillier_cost_model() -> None:
+    from silodp.bench.protocol import TARGET_COLUMNS, target_rows
+
+    targets = [
+        ("small", 2, 6, 7, 300, 8, True),
+        ("too_large_for_paillier", 3, 6, 9, 300, 3000, False),
+    ]
+    rows = target_rows(targets, sample_pairs=3)
+    small, large = rows
+    assert small["bfv_moduli"] >= 1 and small["paillier_slots"] >= 1
+    assert small["max_abs_error"] < 1e-9
+    assert small["ratio"] > 0
+    assert small["ratio"] == pytest.approx(small["paillier_cpu_min"] / small["bfv_cpu_min"])
+    assert small["round_ok"] == "yes" and "measured" in small["bfv_how"]
+    # n_max = 3000 overflows a 3072-bit Paillier plaintext; BFV adds CRT primes instead
+    assert large["paillier_cpu_min"] is None and large["ratio"] is None
+    assert large["bfv_moduli"] > small["bfv_moduli"] and "extrapolated" in large["bfv_how"]
+    table = format_rows(rows, TARGET_COLUMNS, as_json=False)
+    assert table.splitlines()[0].replace(" ", "").startswith("|target|silos|")

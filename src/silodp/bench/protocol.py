@@ -21,6 +21,18 @@ is constant, so the total is extrapolated linearly (``baseline_measured`` says h
 parameters were timed). Its decoded values must equal silodp's exactly
 (``baseline_max_abs_diff``). ``max_abs_error`` compares silodp's decoded aggregate with the
 float64 plaintext weighted sum.
+
+**Targets** (:func:`target_rows`, printed after the grid): one round of ``uldp_avg_w`` at the
+shape of the shipped Fashion-MNIST configs (silos, public subjects, (silo, subject) pairs with
+records, the CNN's 105,866 parameters, ``N_max``). ``paillier_cpu_min`` is today's cost: the
+Paillier cost model (:func:`~silodp.crypto.weighted_sum.modelled_round_products`, the estimate
+``silodp run`` prints) times a 3072-bit product timed here. ``bfv_cpu_min`` is the BFV backend
+(:mod:`silodp.crypto.bfv`): for ``measured`` targets, server weights, every silo (one of them
+with ``sample_pairs`` pairs, the others with one, which separates the per-pair from the
+per-silo cost) and the aggregation are run at full dimension and extrapolated linearly to the
+target's pairs and subjects; other targets reuse those per-operation costs with their own
+plan. ``ratio`` = ``paillier_cpu_min / bfv_cpu_min`` (target >= 20); ``round_ok``: the
+sequential CPU time of a round is <= 15 minutes (so also its wall time on 2 cores).
 """
 
 from __future__ import annotations
@@ -38,7 +50,16 @@ from silodp.crypto.encoding import WeightingEncoding
 from silodp.crypto.prg import MaskStream
 from silodp.crypto.protocol import ProtocolConfig, WeightingSession, plaintext_weighted_sum
 
-__all__ = ["COLUMNS", "format_rows", "protocol_rows", "register", "run_point"]
+__all__ = [
+    "COLUMNS",
+    "TARGETS",
+    "TARGET_COLUMNS",
+    "format_rows",
+    "protocol_rows",
+    "register",
+    "run_point",
+    "target_rows",
+]
 
 Row = dict[str, Any]
 
@@ -244,6 +265,177 @@ def protocol_rows(
     return rows
 
 
+#: (name, silos, public subjects, pairs with records, parameters, n_max, measured): the shape
+#: of the shipped configs (``silodp describe``; mnist_cnn has 105,866 parameters)
+TARGETS = [
+    ("uldp_fmnist_uniform", 5, 1000, 4313, 105_866, 32, True),
+    ("uldp_fmnist_zipf", 50, 909, 438, 105_866, 6095, False),
+]
+TARGET_COLUMNS = [
+    "target",
+    "silos",
+    "subjects",
+    "pairs",
+    "params",
+    "n_max",
+    "paillier_slots",
+    "paillier_cpu_min",
+    "bfv_moduli",
+    "bfv_cpu_min",
+    "ratio",
+    "round_ok",
+    "ratio_ok",
+    "weights_mb_per_silo",
+    "bfv_how",
+    "max_abs_error",
+]
+
+
+def _paillier_cpu_seconds(silos: int, subjects: int, pairs: int, dim: int, n_max: int) -> Row:
+    from silodp.crypto.errors import EncodingOverflowError
+    from silodp.crypto.paillier import generate_keypair
+    from silodp.crypto.weighted_sum import modelled_round_products, product_seconds
+
+    n = generate_keypair(3072).public_key.n
+    config = ProtocolConfig(
+        silo_ids=tuple(range(silos)), subject_ids=tuple(range(subjects)), n_max=n_max
+    )
+    try:
+        encoding = config.encoding(n)
+    except EncodingOverflowError:
+        return {"paillier_slots": None, "paillier_cpu_s": None}
+    slots = config.slots_for(encoding, dim)
+    products = modelled_round_products(encoding, dim, pairs, slots, key_bits=n.bit_length())
+    return {"paillier_slots": slots, "paillier_cpu_s": products * product_seconds(n * n)}
+
+
+def _cpu(func: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.process_time()
+    out = func()
+    return out, time.process_time() - start
+
+
+def measure_bfv(
+    silos: int, subjects: int, dim: int, n_max: int, *, sample_pairs: int = 5, seed: int = 0
+) -> Row:
+    """Per-operation CPU seconds of the BFV backend at full dimension: weight encryption per
+    (subject, prime), silo cost per pair and per silo, aggregation; and the decoded error."""
+    from silodp.crypto.bfv import BfvWeightingSession
+
+    rng = np.random.default_rng(seed)
+    hist: dict[int, dict[Any, int]] = {s: {s: 1} for s in range(silos)}  # one record each
+    hist[silos - 1].update({silos + k: 1 for k in range(sample_pairs - 1)})
+    session, keygen = _cpu(
+        lambda: BfvWeightingSession(
+            hist, n_max=n_max, dim=dim, subject_ids=tuple(range(subjects)), noise_bound=1e3
+        )
+    )
+    plan = session.plan
+    moduli = len(plan.plain_moduli)
+    sample = sorted({a for h in hist.values() for a in h})
+    weights, weights_s = _cpu(lambda: session.server.encrypt_weights())
+    deltas = {s: {a: rng.uniform(-1, 1, dim) / np.sqrt(dim) for a in h} for s, h in hist.items()}
+    noise = {s: rng.normal(0.0, 1.0 / np.sqrt(silos), dim) for s in hist}
+    enc = plan.encoding
+    replies, silo_s = [], []
+    for s, silo in session.silos.items():
+        coded = enc.encode_noise(noise[s])
+        start = time.process_time()
+        replies.append(silo.weighted_sum(weights, deltas[s], coded, 0))
+        silo_s.append(time.process_time() - start)
+    ctx = session.server.contexts[0]
+    ct_bytes = len(ctx.to_bytes(weights[0][0]))
+    result, aggregation_s = _cpu(lambda: session.server.aggregate(replies))
+    reference = plaintext_weighted_sum(deltas, hist, noise=noise)
+    one = float(np.mean(silo_s[:-1]))
+    per_pair = max(0.0, (silo_s[-1] - one) / (sample_pairs - 1))
+    cts = plan.blocks * moduli
+    return {
+        "moduli": moduli,
+        "blocks": plan.blocks,
+        "keygen_s": keygen,
+        "weight_s": weights_s / (subjects * moduli),
+        "product_s": per_pair / cts,
+        "silo_ct_s": max(0.0, one - per_pair) / cts,
+        "aggregation_ct_s": aggregation_s / cts,
+        "ct_bytes": ct_bytes,
+        "max_abs_error": float(np.abs(result - reference).max()),
+        "sampled_subjects": len(sample),
+    }
+
+
+def _bfv_moduli(silos: int, subjects: int, dim: int, n_max: int) -> int:
+    from silodp.crypto.bfv import BfvParameters, plan_bfv_round
+    from silodp.crypto.bfv.backend import ciphertext_primes
+
+    params = BfvParameters()
+    primes = ciphertext_primes(params.poly_degree, params.coeff_bits)
+    plan = plan_bfv_round(
+        params,
+        ciphertext_primes=primes,
+        n_max=n_max,
+        num_subjects=subjects,
+        num_silos=silos,
+        dim=dim,
+        noise_bound=1e3,
+    )
+    return len(plan.plain_moduli)
+
+
+def target_rows(
+    targets: Sequence[tuple[str, int, int, int, int, int, bool]] = tuple(TARGETS),
+    *,
+    sample_pairs: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> list[Row]:
+    """One row per target: today's Paillier cost beside the BFV backend's (see the module
+    docstring)."""
+    rows: list[Row] = []
+    unit: Row | None = None
+    for name, silos, subjects, pairs, dim, n_max, measured in targets:
+        start = time.perf_counter()
+        row: Row = {
+            "target": name,
+            "silos": silos,
+            "subjects": subjects,
+            "pairs": pairs,
+            "params": dim,
+            "n_max": n_max,
+        }
+        paillier = _paillier_cpu_seconds(silos, subjects, pairs, dim, n_max)
+        row["paillier_slots"] = paillier["paillier_slots"]
+        cpu = paillier["paillier_cpu_s"]
+        row["paillier_cpu_min"] = None if cpu is None else cpu / 60
+        moduli = _bfv_moduli(silos, subjects, dim, n_max)
+        how = "extrapolated from the first measured target's per-operation costs"
+        if measured:
+            unit = measure_bfv(silos, subjects, dim, n_max, sample_pairs=sample_pairs)
+            how = f"measured ({sample_pairs} pairs in one silo, 1 in the others), extrapolated"
+            row["max_abs_error"] = unit["max_abs_error"]
+        if unit is not None:
+            cts = unit["blocks"] * moduli
+            bfv_s = (
+                unit["keygen_s"] * moduli / unit["moduli"] / 60  # set-up, amortised over rounds
+                + subjects * moduli * unit["weight_s"]
+                + pairs * cts * unit["product_s"]
+                + silos * cts * unit["silo_ct_s"]
+                + cts * unit["aggregation_ct_s"]
+            )
+            row.update(
+                bfv_moduli=moduli,
+                bfv_cpu_min=bfv_s / 60,
+                ratio=None if cpu is None else cpu / bfv_s,
+                round_ok="yes" if bfv_s <= 15 * 60 else "no",
+                ratio_ok=None if cpu is None else ("yes" if cpu / bfv_s >= 20 else "no"),
+                weights_mb_per_silo=subjects * moduli * unit["ct_bytes"] / 1e6,
+                bfv_how=how,
+            )
+        rows.append(row)
+        if progress is not None:
+            progress(f"target {name}: {time.perf_counter() - start:.1f} s")
+    return rows
+
+
 def _cell(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -279,7 +471,14 @@ def register(bench_app: typer.Typer) -> None:
     def protocol_command(
         quick: bool = typer.Option(False, "--quick", help="Reduced grid (about two minutes)."),
         as_json: bool = typer.Option(False, "--json", help="One JSON object per grid point."),
+        targets_only: bool = typer.Option(
+            False, "--targets-only", help="Only the paper-scale targets (Paillier vs BFV)."
+        ),
     ) -> None:
-        """Private weighting protocol: time per phase and speed-up over python-paillier."""
-        rows = protocol_rows(quick, progress=lambda line: typer.echo(line, err=True))
-        typer.echo(format_rows(rows, COLUMNS, as_json=as_json))
+        """Private weighting protocol: time per phase and speed-up over python-paillier, then
+        each paper-scale target's BFV cost beside today's Paillier cost."""
+        echo = lambda line: typer.echo(line, err=True)  # noqa: E731
+        if not targets_only:
+            rows = protocol_rows(quick, progress=echo)
+            typer.echo(format_rows(rows, COLUMNS, as_json=as_json))
+        typer.echo(format_rows(target_rows(progress=echo), TARGET_COLUMNS, as_json=as_json))

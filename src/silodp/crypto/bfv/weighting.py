@@ -254,11 +254,10 @@ class BfvServer:
             for h in self._histograms:
                 sums = sums + h[j].astype(object)
             row = []
-            for a, v in zip(self.subject_ids, sums, strict=True):
+            for v in sums:
                 v = int(v) % t
-                if v == 0:
-                    raise ProtocolError(f"Blinded count of subject {a!r} is 0 mod {t}.")
-                row.append(pow(v, -1, t))
+                # n_a = 0 (no record anywhere, as in the Paillier protocol): weight 0
+                row.append(pow(v, -1, t) if v else 0)
             inverses.append(row)
         self._inverses = inverses
 
