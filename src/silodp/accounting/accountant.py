@@ -10,13 +10,18 @@ its mechanism ran, one per unit it protects. The accountant then composes, per u
   times (horizontal composition by PLD/RDP self-composition, not a rule of thumb).
 
 Within one round silodp's silo events differ only in their sampling rate (same noise, steps and
-group bound), so they are ordered by dominance and the largest single-round ε picks the
-dominating one.
+group bound), so they are ordered by dominance: the one with the largest rates dominates
+(sub-sampling at a smaller rate is a post-processing of sub-sampling at a larger one); where
+the events differ otherwise, the largest single-round ε picks the dominating one.
 
 Routes, each a valid upper bound; the smallest is reported with its name:
 
 * ``pld``: dp-accounting's PLD (pessimistic discretisation) of the unit's events; for a subject
-  seen through DP-SGD that is the exact mixture-of-Gaussians mechanism (``pld-mixture``).
+  seen through DP-SGD that is the exact mixture-of-Gaussians mechanism (``pld-mixture``). The
+  composed PLD is kept at most ``pld_points`` grid points wide between rounds: before it is
+  composed further, a wider one moves to a grid 2^j times coarser by the pessimistic split of
+  :mod:`silodp.accounting.coarsen` (still an upper bound), and the round's events are split
+  onto that grid before they are composed, so one round costs the same after 10 or 10⁴ rounds.
 * ``rdp``: dp-accounting's RDP of the unit's events.
 * ``rdp-group``: record-level RDP converted to groups of ``k`` (Mironov 2017, Prop. 2).
 * ``dp-group``: record-level (ε, δ) converted to groups (Dwork & Roth 2014, Thm 2.2), then basic
@@ -37,6 +42,8 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from silodp._validation import check_choice, check_in_range, check_int
 from silodp.accounting import conversions
+from silodp.accounting.coarsen import coarsen_pld, pld_points
+from silodp.accounting.events import KnownSampleDpEvent
 from silodp.accounting.hockey import EpsilonForDelta, epsilon_for_delta
 from silodp.accounting.pld import (
     DEFAULT_DISCRETIZATION,
@@ -48,6 +55,7 @@ from silodp.accounting.pld import (
 
 __all__ = [
     "ADVERSARIES",
+    "COMPOSED_PLD_POINTS",
     "ROUTES",
     "TARGETS",
     "UNITS",
@@ -62,6 +70,10 @@ ADVERSARIES = ("released", "server", "silos")
 #: What a reported/calibrated ε may be taken against: one adversary, or the strongest of them.
 TARGETS = ("strongest", *ADVERSARIES)
 ROUTES = ("pld", "rdp", "rdp-group", "dp-group")
+#: Default bound, in grid points, on a composed PLD's support between rounds (see
+#: :class:`FederatedAccountant`): at 1000 rounds of the shipped mechanisms it keeps ε within
+#: ~0.02% of the full-support composition, and one round's update under ~5 ms.
+COMPOSED_PLD_POINTS = 2**14
 
 
 @dataclass(frozen=True)
@@ -156,6 +168,42 @@ def _mixture_group(event: dp_event.DpEvent) -> int:
     return 0
 
 
+def _rates_apart(event: dp_event.DpEvent) -> tuple[Any, tuple[float, ...]]:
+    """``event`` with its sub-sampling probabilities taken out: (what remains, the
+    probabilities in a fixed order). Two events with equal remains differ only in them."""
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        inner, rates = _rates_apart(event.event)
+        return ("poisson", inner), (event.sampling_probability, *rates)
+    if isinstance(event, KnownSampleDpEvent):
+        inner, rates = _rates_apart(event.event)
+        return ("known", inner), (event.sampling_probability, *rates)
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        inner, rates = _rates_apart(event.event)
+        return ("self", event.count, inner), rates
+    if isinstance(event, dp_event.ComposedDpEvent):
+        parts = [_rates_apart(e) for e in event.events]
+        return ("composed", tuple(p for p, _ in parts)), tuple(r for _, q in parts for r in q)
+    return event, ()
+
+
+def _dominating_by_rate(events: Sequence[dp_event.DpEvent]) -> int | None:
+    """Index of an event that dominates all others because they differ only in sub-sampling
+    probabilities and its are the largest, each; None when there is no such event.
+
+    Poisson sub-sampling at rate q is a post-processing of sub-sampling at q' >= q (keep the
+    sampled unit with probability q/q'), for both adjacency directions, and so is a known
+    sample (replace the output by ⊥ with probability 1 - q/q'); dominance survives
+    composition. No ε is computed."""
+    parts = [_rates_apart(e) for e in events]
+    shape = parts[0][0]
+    if not parts[0][1] or any(p[0] != shape for p in parts):
+        return None
+    best = max(range(len(parts)), key=lambda i: parts[i][1])
+    if all(all(a >= b for a, b in zip(parts[best][1], p[1], strict=True)) for p in parts):
+        return best
+    return None
+
+
 @dataclass
 class _UnitState:
     pld: pld_lib.PrivacyLossDistribution | None
@@ -163,6 +211,9 @@ class _UnitState:
     #: variance of the privacy loss composed into ``pld`` (and ``record_pld``) so far
     pld_variance: float = 0.0
     record_variance: float = 0.0
+    #: grid of ``pld`` (and ``record_pld``) in multiples of the accountant's discretisation
+    pld_factor: int = 1
+    record_factor: int = 1
     mu_sq: float | None = 0.0
     mixture: bool = False
     # group-conversion routes (subject unit of DP-SGD based mechanisms)
@@ -190,6 +241,11 @@ class FederatedAccountant:
       target: whom :meth:`estimates` and :meth:`mu` report against by default: an adversary
         of ``ADVERSARIES`` or ``strongest`` (per unit the largest ε of any of them: the
         number that holds against all).
+      pld_points: bound on a composed PLD's support between rounds, in grid points: wider
+        compositions move to a coarser grid by a pessimistic split (an upper bound on the
+        full-support ε, within a small relative error that grows with rounds², see
+        :mod:`silodp.accounting.coarsen`); ``None`` keeps the full support on the
+        ``discretization`` grid (one round then costs time linear in √rounds).
     """
 
     def __init__(
@@ -202,8 +258,14 @@ class FederatedAccountant:
         max_mixture_group: int = 64,
         routes: Sequence[str] = ROUTES,
         target: str = "strongest",
+        pld_points: int | None = COMPOSED_PLD_POINTS,
     ) -> None:
         self.target = check_choice("target", target, TARGETS)
+        self.pld_points = None if pld_points is None else check_int("pld_points", pld_points, 16)
+        #: (event, times, grid factor) -> that event composed ``times`` times on that grid
+        self._round_plds: dict[
+            tuple[dp_event.DpEvent, int, int], pld_lib.PrivacyLossDistribution
+        ] = {}
         for route in routes:
             check_choice("route", route, ROUTES)
         self.routes = frozenset(routes)
@@ -252,6 +314,9 @@ class FederatedAccountant:
         pairs = list(dict.fromkeys(zip(events, proxies or events, strict=True)))
         if len(pairs) == 1:
             return pairs[0][0]
+        by_rate = _dominating_by_rate([proxy for _, proxy in pairs])
+        if by_rate is not None:
+            return pairs[by_rate][0]
         return max(pairs, key=lambda pair: self._rank(pair[1]))[0]
 
     def compose_round(
@@ -343,13 +408,58 @@ class FederatedAccountant:
         if not is_supported(event) or group > self.max_mixture_group:
             state.pld = None
             return
-        variance = state.pld_variance + times * loss_variance(event, self.discretization)
-        if not fits(variance, self.discretization):
+        composed = self._compose_bounded(
+            state.pld, state.pld_factor, state.pld_variance, event, times
+        )
+        if composed is None:
             state.pld = None  # a plan too long for a PLD: the other routes bound it
             return
-        state.pld_variance = variance
+        state.pld, state.pld_factor, state.pld_variance = composed
         state.mixture = state.mixture or group > 0
-        state.pld = state.pld.compose(event_pld(event, self.discretization).self_compose(times))
+
+    def _compose_bounded(
+        self,
+        pld: pld_lib.PrivacyLossDistribution,
+        factor: int,
+        variance: float,
+        event: dp_event.DpEvent,
+        times: int,
+    ) -> tuple[pld_lib.PrivacyLossDistribution, int, float] | None:
+        """``pld`` (on the grid ``factor`` times the discretisation) composed with ``event``
+        ``times`` times: (the composition, its grid factor, its loss variance), or None when
+        the PLD would not fit in memory. With ``pld_points`` set, the composition is moved
+        to a coarser grid first when it is wider than that."""
+        step = self.discretization
+        added = times * loss_variance(event, step)
+        total = variance + added
+        if self.pld_points is None:  # full support on the fine grid
+            if not fits(total, step):
+                return None
+            return pld.compose(event_pld(event, step).self_compose(times)), 1, total
+        if not fits(added, step):  # the new rounds are built on the fine grid
+            return None
+        points = pld_points(pld)
+        if points > self.pld_points:  # coarsened only when composed further: a plan's last
+            grow = 2 ** math.ceil(math.log2(points / self.pld_points))  # ε reads it whole
+            pld, factor = coarsen_pld(pld, grow), factor * grow
+        return pld.compose(self._round_pld(event, times, factor)), factor, total
+
+    def _round_pld(
+        self, event: dp_event.DpEvent, times: int, factor: int
+    ) -> pld_lib.PrivacyLossDistribution:
+        """``event`` composed ``times`` times on the fine grid, split onto the grid ``factor``
+        times coarser; kept for the next rounds when it is small."""
+        key = (event, times, factor)
+        cached = self._round_plds.get(key)
+        if cached is not None:
+            return cached
+        fine = event_pld(event, self.discretization).self_compose(times)
+        out = coarsen_pld(fine, factor) if factor > 1 else fine
+        if self.pld_points is not None and pld_points(out) <= 4 * self.pld_points:
+            if len(self._round_plds) >= 16:
+                self._round_plds.clear()
+            self._round_plds[key] = out
+        return out
 
     def _compose_group(
         self, state: _UnitState, silos: Sequence[SiloPrivacy], m: int, count: int
@@ -377,14 +487,13 @@ class FederatedAccountant:
         add = m * count * grouped
         state.group_rdp = add if state.group_rdp is None else state.group_rdp + add
         if "dp-group" in self.routes and state.record_pld is not None:
-            variance = state.record_variance + count * loss_variance(record, self.discretization)
-            if not fits(variance, self.discretization):
+            composed = self._compose_bounded(
+                state.record_pld, state.record_factor, state.record_variance, record, count
+            )
+            if composed is None:
                 state.record_pld = None
                 return
-            state.record_variance = variance
-            state.record_pld = state.record_pld.compose(
-                event_pld(record, self.discretization).self_compose(count)
-            )
+            state.record_pld, state.record_factor, state.record_variance = composed
 
     @staticmethod
     def _at_group_orders(event: dp_event.DpEvent, group: int) -> np.ndarray:
@@ -483,6 +592,7 @@ class FederatedAccountant:
             "target": self.target,
             "discretization": self.discretization,
             "routes": sorted(self.routes),
+            "pld_points": self.pld_points,
         }
 
     def labelled_estimates(self) -> dict[str, float]:

@@ -58,6 +58,8 @@ def accountant_from_spec(spec: Mapping[str, Any]) -> Accountant:
     values = dict(spec)
     kind = values.pop("kind", None)
     if kind == "federated":
+        # a spec written before composed PLDs were bounded: rebuild the full-support accountant
+        values.setdefault("pld_points", None)
         return FederatedAccountant(**values)
     if kind == "fdp":
         return FdpAccountant(**values)
