@@ -226,3 +226,21 @@ def test_silodp_crypto_imports_without_tenseal_or_torch() -> None:
         "assert 'tenseal' not in sys.modules and 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_silos_sample_from_the_shared_seed_and_reuse_the_weights() -> None:
+    hist, deltas, _ = _problem(6, 3, 10, 5, 12)
+    session = _session(hist, 5, 12)
+    silos = list(session.silos.values())
+    sample = silos[0].subject_sample(0, 0.5)
+    assert all(silo.subject_sample(0, 0.5) == sample for silo in silos)
+    assert silos[0].subject_sample(1, 0.5) != sample or silos[0].subject_sample(2, 0.5) != sample
+    only_sampled = {s: {a: v for a, v in d.items() if a in sample} for s, d in deltas.items()}
+    got = session.run_round(only_sampled, silo_sampling_rate=0.5)
+    ref = plaintext_weighted_sum(deltas, hist, sampled=sample)
+    assert np.max(np.abs(got - ref)) <= _tolerance(10, 3, ref)
+    first = session._weights
+    session.run_round(deltas)
+    assert session._weights is first  # encrypted once, reused while the server does not sample
+    with pytest.raises(ValueError, match="not both"):
+        session.run_round(deltas, sampled={0}, silo_sampling_rate=0.5)

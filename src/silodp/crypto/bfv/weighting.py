@@ -54,6 +54,7 @@ from silodp.crypto.bfv.params import BfvParameters, BfvPlan, plan_bfv_round
 from silodp.crypto.errors import ProtocolError, SiloDropoutError, SubjectBoundError
 from silodp.crypto.prg import ChaCha20Prg, derive_key
 from silodp.crypto.randomness import RandomSource, SystemRandomSource, random_unit
+from silodp.crypto.sampling import SharedSampleKey
 
 __all__ = [
     "BfvServer",
@@ -133,6 +134,13 @@ class BfvSilo:
         self._blinds = [
             [random_unit(prg, t) for _ in self.subject_ids] for t in self.plan.plain_moduli
         ]
+        self.sample_key = SharedSampleKey(derive_key(self.seed, b"silodp/bfv/subject-sample"))
+
+    def subject_sample(self, round_index: int, rate: float) -> frozenset[Hashable]:
+        """Round ``round_index``'s Poisson sample of the public subjects at ``rate``, the same
+        at every silo (from the shared seed; the server never sees it)."""
+        chosen = self.sample_key.sample(round_index, len(self.subject_ids), rate)
+        return frozenset(a for a, c in zip(self.subject_ids, chosen, strict=True) if c)
 
     def _masks(self, label: str, j: int, count: int) -> np.ndarray:
         t = np.uint64(self.plan.plain_moduli[j])
@@ -160,12 +168,18 @@ class BfvSilo:
         deltas: Mapping[Hashable, np.ndarray],
         encoded_noise: Sequence[int],
         round_index: int,
+        sampling_rate: float | None = None,
     ) -> list[list[Any]]:
-        """Per prime and block, this silo's masked, re-randomised, flooded ciphertext."""
+        """Per prime and block, this silo's masked, re-randomised, flooded ciphertext. With
+        ``sampling_rate`` the silos sample: subjects outside the round's sample are left out
+        (weight 0) and need no delta."""
         plan, enc = self.plan, self.plan.encoding
         n = plan.params.poly_degree
         dim = plan.dim
         own = [a for a in self.subject_ids if int(self.histogram.get(a, 0)) > 0]
+        if sampling_rate is not None:
+            sample = self.subject_sample(round_index, sampling_rate)
+            own = [a for a in own if a in sample]
         missing = [a for a in own if a not in deltas]
         if missing:
             raise ValueError(f"Silo {self.silo_id}: no delta for subject(s) {missing[:5]}.")
@@ -384,6 +398,7 @@ class BfvWeightingSession:
         self.server.finish_setup(len(silos))
         self._tick("histogram", t0)
         self._round = 0
+        self._weights: list[list[Any]] | None = None
 
     def _tick(self, name: str, start: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
@@ -395,13 +410,27 @@ class BfvWeightingSession:
         noise: Mapping[int, np.ndarray] | None = None,
         encoded_noise: Mapping[int, Sequence[int]] | None = None,
         sampled: Collection[Hashable] | None = None,
+        silo_sampling_rate: float | None = None,
     ) -> np.ndarray:
-        """One round: the decrypted ``sum_{s,a} (n_{s,a}/n_a) Delta_{s,a} + sum_s noise_s``."""
+        """One round: the decrypted ``sum_{s,a} (n_{s,a}/n_a) Delta_{s,a} + sum_s noise_s``.
+
+        Sub-sampling by the server (``sampled``: ``Enc(0)`` outside it, fresh weights this
+        round) or by the silos (``silo_sampling_rate``, from the shared seed). Without a
+        server sample the weights do not change between rounds, so the server encrypts and
+        sends them once and the silos reuse them (the silos' messages are re-randomised and
+        flooded every round regardless)."""
         if sorted(deltas) != sorted(self.silos):
             raise ValueError(f"Deltas for silos {sorted(deltas)}, expected {sorted(self.silos)}.")
+        if sampled is not None and silo_sampling_rate is not None:
+            raise ValueError("Sample either at the server or at the silos, not both.")
         enc = self.plan.encoding
         t0 = time.perf_counter()
-        weights = self.server.encrypt_weights(sampled)
+        if sampled is not None:
+            weights = self.server.encrypt_weights(sampled)
+        else:
+            if self._weights is None:
+                self._weights = self.server.encrypt_weights()
+            weights = self._weights
         self._tick("server_weights", t0)
         t0 = time.perf_counter()
         replies = []
@@ -412,7 +441,11 @@ class BfvWeightingSession:
                 coded = enc.encode_noise(noise[s])
             else:
                 coded = [0] * self.plan.dim
-            replies.append(silo.weighted_sum(weights, deltas[s], coded, self._round))
+            replies.append(
+                silo.weighted_sum(
+                    weights, deltas[s], coded, self._round, sampling_rate=silo_sampling_rate
+                )
+            )
         self._tick("silo_weighting", t0)
         t0 = time.perf_counter()
         out = self.server.aggregate(replies)
