@@ -50,6 +50,9 @@ MAX_TARGET_EPSILON = 100.0
 MAX_EVALUATIONS = 60
 #: ε evaluations at the ``report`` stage that confirm a calibrated σ
 REPORT_CHECKS = 8
+#: relative precision of σ on the ``fast`` stage, which only brackets the search on the
+#: tighter routes (that search then narrows σ to the caller's tolerance)
+FAST_REL_TOL = 0.2
 
 
 def check_target_epsilon(target_epsilon: float, what: str = "target_epsilon") -> float:
@@ -99,7 +102,8 @@ def calibrate_noise(
         ].epsilon
 
     try:
-        hi = find_sigma(lambda s: epsilon(s, "fast"), target, rel_tol=rel_tol)
+        # the fast bound only brackets σ for the search below: to FAST_REL_TOL
+        hi = find_sigma(lambda s: epsilon(s, "fast"), target, rel_tol=max(rel_tol, FAST_REL_TOL))
     except _UnreachableError:
         raise CalibrationError(
             f"Expected target_epsilon={target_epsilon!r} at unit {unit!r} to be reachable; "
