@@ -87,3 +87,12 @@ def test_target_rows_put_bfv_beside_the_paillier_cost_model() -> None:
     assert large["bfv_moduli"] > small["bfv_moduli"] and "extrapolated" in large["bfv_how"]
     table = format_rows(rows, TARGET_COLUMNS, as_json=False)
     assert table.splitlines()[0].replace(" ", "").startswith("|target|silos|")
+
+
+def test_run_bfv_round_reports_a_whole_round_and_its_error() -> None:
+    from silodp.bench.protocol import run_bfv_round
+
+    row = run_bfv_round(3, 12, records=60, dim=50, n_max=60)
+    assert row["pairs"] > 0 and row["moduli"] >= 1
+    assert row["round_cpu_s"] > 0 and row["silo_weighting_s"] > 0
+    assert row["max_abs_error"] < 1e-9
