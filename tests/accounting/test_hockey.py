@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from functools import cache
 
+import numpy as np
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
@@ -131,3 +132,17 @@ def test_a_plan_beyond_the_pld_limit_is_bounded_by_rdp(monkeypatch: pytest.Monke
     assert "dp-group" not in capped["subject"].routes
     for unit in ("record", "subject"):
         assert capped[unit].epsilon >= full[unit].epsilon
+
+
+@pytest.mark.parametrize("name", ["sampled gaussian x1000", "mixture (subject of DP-SGD) x50"])
+def test_binary_search_stops_where_the_library_does(name: str) -> None:
+    """Many δ, on a PLD as composed and on it split onto a 4x coarser grid: the binary search
+    of the stopping point gives the library's ε every time."""
+    from silodp.accounting.coarsen import coarsen_pld
+
+    for pld in (_plds()[name], coarsen_pld(_plds()[name], 4)):
+        reader = EpsilonForDelta(pld)
+        for delta in [float(d) for d in np.geomspace(1e-200, 0.9, 40)]:
+            assert reader(delta) == pytest.approx(
+                pld.get_epsilon_for_delta(delta), rel=1e-12, abs=1e-15
+            ), (name, delta)

@@ -14,8 +14,9 @@ function of ``x``; a split that keeps ``E[x]`` and spreads ``x`` apart can there
 ``δ(ε)`` for every ε (Jensen). The coarse pair dominates the fine one, and dominating pairs
 compose into dominating pairs (Zhu, Dong & Wang 2022, Thm. 10), so every ε read from a
 composition of coarsened PLDs is an upper bound on the fine one's. The share moved up is
-enlarged by a relative ``1e-12`` so that float rounding can only err on the pessimistic side.
-Infinite-loss mass is kept as it is.
+enlarged by a relative ``1e-12`` so that float rounding can only err on the pessimistic side,
+and the tiny negative masses FFT convolution leaves in the tails are set to zero (which can
+only raise δ). Infinite-loss mass is kept as it is.
 
 Unlike rounding every loss up (which shifts ε by up to the coarse step), the split keeps
 ``E[e^{-L}]`` and raises the mean loss by at most ``(f·d)²/8`` per coarsening, so the error is
@@ -44,7 +45,9 @@ def coarsen_pmf(pmf: pld_pmf.PLDPmf, factor: int) -> pld_pmf.DensePLDPmf:
     if factor == 1:
         return dense
     fine = float(dense._discretization)  # noqa: SLF001 - the PMF's own fields
-    probs = np.asarray(dense._probs, dtype=np.float64)  # noqa: SLF001
+    # FFT convolution leaves tiny negative masses (~1e-20) in the tails; as zero they can
+    # only raise δ(ε) = Σ_{l>ε} p (1 - e^{ε-l}) + P(∞), so they are dropped
+    probs = np.maximum(np.asarray(dense._probs, dtype=np.float64), 0.0)  # noqa: SLF001
     index = dense._lower_loss + np.arange(len(probs), dtype=np.int64)  # noqa: SLF001
     lower = index // factor  # floor: the coarse point at or below each loss
     offset = (index - lower * factor) * fine  # l - a, in [0, coarse)

@@ -60,8 +60,10 @@ class _PmfCurve:
         """The library's stopping test at grid points ``lo..hi-1``."""
         upper, lower = self.upper[lo:hi], self.lower[lo:hi]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return (upper > delta) & (lower > 0) & (
-                np.log((upper - delta) / lower) >= self.losses[lo:hi]
+            return (
+                (upper > delta)
+                & (lower > 0)
+                & (np.log((upper - delta) / lower) >= self.losses[lo:hi])
             )
 
     def _stop_index(self, delta: float) -> int:
