@@ -9,7 +9,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from silodp.bench.account import CALIBRATIONS, calibration_rows, round_rows
+from silodp.bench.account import CALIBRATIONS, calibration_rows, config_rows, round_rows
 from silodp.bench.common import (
     format_table,
     interleaved_medians,
@@ -117,6 +117,35 @@ def test_account_rows() -> None:
     assert [r["rounds_composed"] for r in per_round] == [2, 4, 2, 4]
     for row in per_round:
         assert row["round_s"] > 0 and row["epsilon"] > 0 and row["growth"] > 0
+        assert row["round_s_full"] > 0 and row["growth_full"] > 0
+        # the bounded composition never reports less than the full-support one
+        assert row["epsilon"] >= row["epsilon_full"]
+
+
+def test_account_config_rows(tmp_path) -> None:
+    """A shipped-style config gets a row per calibrated algorithm; one whose data is missing
+    gets a row saying it was not run."""
+    from pathlib import Path
+
+    smoke = (Path(__file__).parents[2] / "configs" / "smoke.toml").read_text()
+    quick = smoke.replace(
+        'algorithms = ["fedavg", "local_item_dp", "local_group_dp", "higradavg_dp", "user_ldp"]',
+        'algorithms = ["fedavg", "user_ldp"]',
+    )
+    assert quick != smoke
+    (tmp_path / "a.toml").write_text(quick)
+    (tmp_path / "b.toml").write_text(
+        quick.replace('source = "digits"', 'source = "csv"\npath = "no/such/file.csv"')
+    )
+    rows = config_rows(tmp_path)
+    assert [(r["config"], r.get("algorithm")) for r in rows] == [
+        ("a.toml", "user_ldp"),
+        ("b.toml", None),
+    ]
+    assert rows[0]["calibrate_s"] >= 0
+    assert rows[0]["sigma"] > 0
+    assert rows[0]["met"] == (rows[0]["calibrate_s"] < rows[0]["target_s"])
+    assert rows[1]["note"].startswith("not run")
 
 
 def test_interleaved_medians_drops_failing_function() -> None:

@@ -8,7 +8,14 @@ every route including PLD). One ε evaluation of the plan on each route alone is
 
 Per round: a :class:`~silodp.accounting.FederatedAccountant` (all routes) has already
 composed N rounds (one ``compose_round(count=N)`` call); then ``compose_round`` +
-``estimates`` for one more round is timed (median of a few), at N = 10, 100, 1000.
+``estimates`` for one more round is timed (median of a few), at N = 10, 100, 1000, with the
+composed PLD's support bounded (the default ``pld_points``) and with its full support
+(``pld_points=None``, the accountant before the bound), interleaved; ``growth`` is the time
+after N rounds over the time after 10 for each.
+
+Shipped configs: every private algorithm of every ``configs/*.toml`` whose data is present is
+planned as a run plans it (:func:`~silodp.experiment.prepare.prepare_run`) and the seconds of
+its σ calibration are reported against the 5 s target.
 """
 
 from __future__ import annotations
@@ -19,11 +26,54 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from silodp.bench.common import Row
 
-__all__ = ["CALIBRATIONS", "Calibration", "calibration_rows", "round_rows", "run_account_bench"]
+__all__ = [
+    "CALIBRATIONS",
+    "CALIBRATION_COLUMNS",
+    "CONFIG_COLUMNS",
+    "CONFIG_TARGET_S",
+    "ROUND_COLUMNS",
+    "Calibration",
+    "calibration_rows",
+    "config_rows",
+    "round_rows",
+    "run_account_bench",
+]
+
+CALIBRATION_COLUMNS = (
+    "algorithm",
+    "unit",
+    "sigma_rdp",
+    "rdp_s",
+    "sigma_all",
+    "all_s",
+    "pld_phase_s",
+    "pld_evals",
+    "pld_eval_s",
+    "rdp_eval_s",
+    "epsilon_at_sigma_all",
+    "route",
+)
+ROUND_COLUMNS = (
+    "algorithm",
+    "units",
+    "sigma",
+    "rounds_composed",
+    "round_s",
+    "growth",
+    "round_s_full",
+    "growth_full",
+    "epsilon",
+    "epsilon_full",
+    "route",
+)
+CONFIG_COLUMNS = ("config", "algorithm", "unit", "sigma", "calibrate_s", "target_s", "met", "note")
+#: the target for calibrating σ of a shipped config, in seconds
+CONFIG_TARGET_S = 5.0
 
 FAST_ROUTES = ("rdp", "rdp-group")
 ALL_ROUTES = ("pld", "rdp", "rdp-group", "dp-group")
@@ -229,8 +279,10 @@ def round_rows(
 ) -> list[Row]:
     """Per calibration and checkpoint N: median seconds of ``compose_round`` + ``estimates``
     for one round after N rounds are composed (all routes), at σ ``sigmas[label]`` (default
-    1.0; the benchmark passes the calibrated σ)."""
+    1.0; the benchmark passes the calibrated σ); ``*_full``: the same with the composed PLD's
+    full support (``pld_points=None``), timed interleaved with it."""
     from silodp.accounting import FederatedAccountant
+    from silodp.accounting.accountant import COMPOSED_PLD_POINTS
     from silodp.algorithms import make_algorithm
 
     rows: list[Row] = []
@@ -243,31 +295,45 @@ def round_rows(
         events = [algorithm.silo_privacy(sampling_rate=q) for q in plan.sampling_rates]
         silos = [s for s in events if s is not None]
         for n in checkpoints:
-            accountant = FederatedAccountant(units=algorithm.units, span=plan.span, delta=delta)
-            _, ff_s = _timed(partial(accountant.compose_round, silos, count=n))
-            times = []
-            estimates: dict[str, Any] = {}
+            accountants = {
+                name: FederatedAccountant(
+                    units=algorithm.units, span=plan.span, delta=delta, pld_points=points
+                )
+                for name, points in (("bounded", COMPOSED_PLD_POINTS), ("full", None))
+            }
+            ff_s = {
+                name: _timed(partial(acc.compose_round, silos, count=n))[1]
+                for name, acc in accountants.items()
+            }
+            times: dict[str, list[float]] = {name: [] for name in accountants}
+            estimates: dict[str, dict[str, Any]] = {}
             for _ in range(samples):
-                start = time.perf_counter()
-                accountant.compose_round(silos)
-                estimates = accountant.estimates()
-                times.append(time.perf_counter() - start)
-            est = estimates.get(cal.unit)
-            first = next(
-                (r["round_s"] for r in rows if r["algorithm"] == cal.label),
-                statistics.median(times),
-            )
+                for name, accountant in accountants.items():  # interleaved
+                    start = time.perf_counter()
+                    accountant.compose_round(silos)
+                    estimates[name] = accountant.estimates()
+                    times[name].append(time.perf_counter() - start)
+            est = estimates["bounded"].get(cal.unit)
+            est_full = estimates["full"].get(cal.unit)
+            median = {name: statistics.median(t) for name, t in times.items()}
+            first = next((r for r in rows if r["algorithm"] == cal.label), None)
             rows.append(
                 {
                     "algorithm": cal.label,
                     "units": ",".join(algorithm.units),
                     "sigma": sigma,
                     "rounds_composed": n,
-                    "round_s": statistics.median(times),
-                    "round_s_min": min(times),
-                    "growth": statistics.median(times) / first,
-                    "fast_forward_s": ff_s,
+                    "round_s": median["bounded"],
+                    "round_s_min": min(times["bounded"]),
+                    "growth": median["bounded"]
+                    / (first["round_s"] if first else median["bounded"]),
+                    "round_s_full": median["full"],
+                    "growth_full": median["full"]
+                    / (first["round_s_full"] if first else median["full"]),
+                    "fast_forward_s": ff_s["bounded"],
+                    "fast_forward_s_full": ff_s["full"],
                     "epsilon": None if est is None else est.epsilon,
+                    "epsilon_full": None if est_full is None else est_full.epsilon,
                     "route": None if est is None else est.route,
                     "samples": samples,
                 }
@@ -275,10 +341,51 @@ def round_rows(
     return rows
 
 
+def config_rows(config_dir: str | Path = "configs") -> list[Row]:
+    """One row per private algorithm of each ``config_dir/*.toml``: σ and the seconds its
+    calibration took (as a run plans it, per-event caches cleared first), against
+    :data:`CONFIG_TARGET_S`. A config whose data is missing gets one row saying so."""
+    from silodp.config import load_config
+    from silodp.data.build import build_federated_data
+    from silodp.experiment.prepare import dp_scaling, prepare_run
+
+    rows: list[Row] = []
+    for path in sorted(Path(config_dir).glob("*.toml")):
+        try:
+            config = load_config(path)
+            data = build_federated_data(config.data)
+            releases: tuple[Any, ...] = ()
+            if config.data.scaling == "dp":
+                data, releases, _ = dp_scaling(config, data)
+        except Exception as err:  # noqa: BLE001 - a config the host cannot load is reported
+            rows.append({"config": path.name, "note": f"not run: {type(err).__name__}"})
+            continue
+        for name in config.algorithms:
+            _clear_caches()
+            run = prepare_run(name, config, data, releases=releases)
+            seconds = run.calibration.get("seconds")
+            if seconds is None:
+                continue  # not private, or σ given
+            rows.append(
+                {
+                    "config": path.name,
+                    "algorithm": name,
+                    "unit": run.calibration.get("unit"),
+                    "sigma": run.noise_multiplier,
+                    "calibrate_s": seconds,
+                    "target_s": CONFIG_TARGET_S,
+                    "met": seconds < CONFIG_TARGET_S,
+                    "note": "",
+                }
+            )
+    return rows
+
+
 def run_account_bench(
-    *, threads: int = 1, quick: bool = False, samples: int = 5
-) -> tuple[list[Row], list[Row]]:
-    """(calibration rows, per-round rows)."""
+    *, threads: int = 1, quick: bool = False, samples: int = 5, configs: bool = True
+) -> tuple[list[Row], list[Row], list[Row]]:
+    """(calibration rows, per-round rows, shipped-config rows; the last empty without
+    ``configs`` or with ``quick``)."""
     from silodp.bench.common import set_threads
 
     set_threads(threads)
@@ -289,4 +396,5 @@ def run_account_bench(
     per_round = round_rows(
         checkpoints=checkpoints, samples=samples, calibrations=calibrations, sigmas=sigmas
     )
-    return calibrated, per_round
+    shipped = config_rows() if configs and not quick else []
+    return calibrated, per_round, shipped

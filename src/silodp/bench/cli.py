@@ -63,30 +63,6 @@ ULDP_COLUMNS = (
     "peak_rss_mb",
     "loop_peak_rss_mb",
 )
-CALIBRATION_COLUMNS = (
-    "algorithm",
-    "unit",
-    "sigma_rdp",
-    "rdp_s",
-    "sigma_all",
-    "all_s",
-    "pld_phase_s",
-    "pld_evals",
-    "pld_eval_s",
-    "rdp_eval_s",
-    "epsilon_at_sigma_all",
-    "route",
-)
-ROUND_COLUMNS = (
-    "algorithm",
-    "units",
-    "sigma",
-    "rounds_composed",
-    "round_s",
-    "growth",
-    "epsilon",
-    "route",
-)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON object per row, one per line.")]
 ThreadsOpt = Annotated[
@@ -281,15 +257,28 @@ def account(
     samples: Annotated[
         int, typer.Option("--samples", min=1, help="Rounds timed at each checkpoint (median).")
     ] = 5,
+    configs: Annotated[
+        bool, typer.Option("--configs/--no-configs", help="Calibrate the shipped configs too.")
+    ] = True,
 ) -> None:
-    """Time to calibrate σ (RDP only vs all routes with PLD) and per-round accounting cost."""
+    """Time to calibrate σ (RDP only vs all routes with PLD), per-round accounting cost (bounded
+    vs full PLD support) and calibration time of the shipped configs."""
     _quiet()
-    from silodp.bench.account import SILO_RECORDS, run_account_bench
+    from silodp.bench.account import (
+        CALIBRATION_COLUMNS,
+        CONFIG_COLUMNS,
+        CONFIG_TARGET_S,
+        ROUND_COLUMNS,
+        SILO_RECORDS,
+        run_account_bench,
+    )
     from silodp.bench.common import set_threads
 
     used = set_threads(threads)
     started = time.perf_counter()
-    calibrated, per_round = run_account_bench(threads=threads, samples=samples)
+    calibrated, per_round, shipped = run_account_bench(
+        threads=threads, samples=samples, configs=configs
+    )
     _say(
         f"silodp bench account: torch threads = {used}; plan: {len(SILO_RECORDS)} silos of "
         f"{', '.join(map(str, SILO_RECORDS))} records (100 subjects each), B=16, T=10 local "
@@ -303,10 +292,18 @@ def account(
     _say(
         f"\nPer round: compose_round + estimates (all routes) after N rounds already composed, "
         f"median of {samples}, at the calibrated sigma; growth = round_s / round_s after 10 "
-        "rounds.",
+        "rounds (target: flat). round_s: composed PLD bounded to pld_points (default); "
+        "*_full: its full support (pld_points=None), timed interleaved.",
         as_json,
     )
     _emit(per_round, ROUND_COLUMNS, as_json, table="round")
+    if shipped:
+        _say(
+            f"\nShipped configs (configs/*.toml with their data present): seconds to calibrate "
+            f"sigma as a run plans it (target: under {CONFIG_TARGET_S:g} s).",
+            as_json,
+        )
+        _emit(shipped, CONFIG_COLUMNS, as_json, table="config")
     _say(f"\ntook {time.perf_counter() - started:.0f} s", as_json)
 
 
