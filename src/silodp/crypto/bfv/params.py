@@ -186,7 +186,7 @@ def plan_bfv_round(
     need = (2 * probe.aggregate_bound) << TAMPER_MARGIN_BITS
     best: tuple[int, int, tuple[int, ...], int, int] | None = None
     for bits in range(MIN_PLAIN_BITS, MAX_PLAIN_BITS + 1):
-        count = max(1, math.ceil(need.bit_length() / (bits - 1)))
+        count = max(1, math.ceil(need.bit_length() / bits))
         try:
             primes = batching_primes(n, bits, count, taken)
             while math.prod(primes) <= need:
@@ -200,8 +200,9 @@ def plan_bfv_round(
         total = num_silos * (silo + (1 << beta)) + num_silos + 1
         if 2 * t * total >= q:
             continue
-        if best is None or count < best[0]:
-            best = (count, bits, primes, beta, silo)
+        if best is None or count < best[0] or (count == best[0] and bits <= 32):
+            best = (count, bits, primes, beta, silo)  # among equals, primes below 2^32 are
+            # cheapest for the silos' residue arithmetic
     if best is None:
         raise EncodingOverflowError(
             f"No plaintext prime size in [{MIN_PLAIN_BITS}, {MAX_PLAIN_BITS}] bits keeps the "

@@ -74,6 +74,8 @@ def mulmod(values: np.ndarray, scalar: int, modulus: int) -> np.ndarray:
         raise ValueError(f"Expected a modulus in [2, 2^52), got {t}.")
     a = np.asarray(values, dtype=np.uint64)
     b = int(scalar) % t
+    if t <= (1 << 32):  # the product fits in 64 bits
+        return (a * np.uint64(b)) % np.uint64(t)
     quot = np.floor(a.astype(np.float64) * float(b) / float(t)).astype(np.uint64)
     with np.errstate(over="ignore"):
         rem = (a * np.uint64(b) - quot * np.uint64(t)).view(np.int64)
