@@ -146,3 +146,22 @@ def test_binary_search_stops_where_the_library_does(name: str) -> None:
             assert reader(delta) == pytest.approx(
                 pld.get_epsilon_for_delta(delta), rel=1e-12, abs=1e-15
             ), (name, delta)
+
+
+@pytest.mark.parametrize("name", sorted(_plds()))
+def test_many_deltas_at_once_equal_one_at_a_time(name: str) -> None:
+    reader = EpsilonForDelta(_plds()[name])
+    deltas = [float(d) for d in np.geomspace(1e-300, 0.999, 300)]
+    assert reader.many(deltas) == [reader(d) for d in deltas]
+
+
+def test_group_conversion_is_the_same_with_many_deltas_at_once() -> None:
+    """dp-group asks for ε at a grid of δ in chunks: the answer of one δ at a time."""
+    from silodp.accounting.conversions import group_epsilon_dp
+
+    reader = EpsilonForDelta(_plds()["sampled gaussian x1000"])
+    for k, m in ((2, 1), (4, 3), (16, 2)):
+        together = group_epsilon_dp(reader, group_size=k, delta=1e-5, compositions=m)
+        alone = group_epsilon_dp(lambda d: reader(d), group_size=k, delta=1e-5, compositions=m)
+        assert together == alone
+        assert math.isfinite(alone) == (k <= 4)  # 16 records: no δ_r is small enough

@@ -146,6 +146,10 @@ def rdp_group_curve(
     return orders[keep] / 2.0**c, rdp[keep] * 3.0**c
 
 
+#: δ_r values :func:`group_epsilon_dp` asks for at once
+_GROUP_CHUNK = 64
+
+
 def group_epsilon_dp(
     epsilon_at: Callable[[float], float],
     *,
@@ -169,12 +173,17 @@ def group_epsilon_dp(
     # checked in log space (no clamping of the exponent, which could accept an invalid δ_r).
     log_budget = math.log(delta)
     top = math.log(delta / (m * k))
-    for log_delta_r in np.arange(top, max(top - 700.0, -740.0), -0.25):
-        eps_r = epsilon_at(math.exp(log_delta_r))
-        if not math.isfinite(eps_r):
-            break  # then also infinite at every smaller δ_r
-        if math.log(m * k) + (k - 1) * eps_r + log_delta_r <= log_budget:
-            return m * k * eps_r
+    grid = np.arange(top, max(top - 700.0, -740.0), -0.25)
+    many = getattr(epsilon_at, "many", None)  # ε at many δ at once, where it can
+    for start in range(0, len(grid), _GROUP_CHUNK):
+        chunk = grid[start : start + _GROUP_CHUNK]
+        deltas = [math.exp(log_delta_r) for log_delta_r in chunk]
+        values = many(deltas) if many is not None else (epsilon_at(d) for d in deltas)
+        for log_delta_r, eps_r in zip(chunk, values, strict=True):
+            if not math.isfinite(eps_r):
+                return math.inf  # then also infinite at every smaller δ_r
+            if math.log(m * k) + (k - 1) * eps_r + log_delta_r <= log_budget:
+                return m * k * eps_r
     return math.inf
 
 

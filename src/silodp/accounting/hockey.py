@@ -16,6 +16,7 @@ query costs O(log n) after one O(n) pass; the dp-group route asks for hundreds o
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
@@ -79,10 +80,42 @@ class _PmfCurve:
         stop = self._stops(delta, 0, n)
         return int(np.argmax(stop)) if stop.any() else n
 
-    def epsilon(self, delta: float) -> float:
+    def _stop_indices(self, deltas: np.ndarray) -> list[int]:
+        """:meth:`_stop_index` of each of ``deltas``, the windows tested side by side."""
+        n = len(self.losses)
+        if n == 0:
+            return [0] * len(deltas)
+        guess = np.searchsorted(self._at_loss, deltas, side="left")
+        lo = np.maximum(guess - _WINDOW, 0)
+        index = lo[:, None] + np.arange(2 * _WINDOW)[None, :]
+        inside = index < n
+        index = np.minimum(index, n - 1)
+        upper, lower, column = self.upper[index], self.lower[index], deltas[:, None]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            stop = (
+                inside
+                & (upper > column)
+                & (lower > 0)
+                & (np.log((upper - column) / lower) >= self.losses[index])
+            )
+        found = stop.any(axis=1) & ((lo == 0) | ~stop[:, 0])
+        first = lo + np.argmax(stop, axis=1)
+        return [
+            int(first[i]) if found[i] else self._stop_index(float(deltas[i]))
+            for i in range(len(deltas))
+        ]
+
+    def epsilons(self, deltas: np.ndarray) -> list[float]:
+        """:meth:`epsilon` of each of ``deltas`` (the same values, found together)."""
+        return [
+            self.epsilon(float(delta), stop)
+            for delta, stop in zip(deltas, self._stop_indices(deltas), strict=True)
+        ]
+
+    def epsilon(self, delta: float, stop: int | None = None) -> float:
         if self.infinity_mass > delta:
             return math.inf
-        j = self._stop_index(delta)
+        j = self._stop_index(delta) if stop is None else stop
         # the library returns early where the mass below exp(-loss) underflowed to zero
         zero = self._zero_lower[self._zero_lower < j]
         underflow = zero[self.upper[1:][zero] >= delta]
@@ -105,6 +138,13 @@ class EpsilonForDelta:
 
     def __call__(self, delta: float) -> float:
         return max(curve.epsilon(delta) for curve in self._curves)
+
+    def many(self, deltas: Sequence[float]) -> list[float]:
+        """``[self(d) for d in deltas]``, computed together (the dp-group route asks for
+        hundreds of δ at once)."""
+        values = np.asarray(deltas, dtype=np.float64)
+        per_curve = [curve.epsilons(values) for curve in self._curves]
+        return [max(column) for column in zip(*per_curve, strict=True)]
 
 
 def epsilon_for_delta(pld: pld_lib.PrivacyLossDistribution, delta: float) -> float:
