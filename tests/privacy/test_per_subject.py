@@ -19,7 +19,6 @@ from silodp.privacy.per_subject import (
     per_subject_deltas,
     per_subject_deltas_loop,
     subject_batches,
-    vectorises,
 )
 from silodp.privacy.randomness import Coins
 
@@ -181,16 +180,29 @@ def test_vectorised_equals_loop(model_name, epochs, batch_size, chunk_size, meth
         assert max(float(v.abs().max()) for v in s.values()) > 1e-3  # the subject did train
 
 
-def test_auto_trains_convolutional_models_one_subject_at_a_time() -> None:
-    assert vectorises(_model("mlp")) and not vectorises(_model("mnist_cnn"))
+def test_convolutional_chunks_are_sized_by_their_activations() -> None:
+    """A CNN's largest stacked tensor is a layer's output for a step, not a parameter: the
+    default chunk keeps it under the limit, and every subject is still trained."""
+    from silodp.privacy.per_subject import STACKED_TENSOR_BYTES, largest_activation_bytes
+
+    model = _model("mnist_cnn")
+    params = _params(model)
     subjects = _subjects(COUNTS)
     x, y = _features("mnist_cnn", len(subjects))
-    model = _model("mnist_cnn")
+    # the first convolution's output: 16 channels of 8 x 8 (padded) in float64 per record
+    activation = largest_activation_bytes(model, params, x[:1])
+    assert activation == 16 * 8 * 8 * 8
+    width = 64
+    chunk = default_chunk_size(params, activation_bytes=width * activation)
+    assert chunk * width * activation <= STACKED_TENSOR_BYTES
+    assert (chunk + 1) * width * activation > STACKED_TENSOR_BYTES
+    assert chunk < default_chunk_size(params)  # the activations, not the weights, decide
     plan = subject_batches(subjects, ORDER, epochs=1, batch_size=2, coins=Coins.seeded(0))
-    chunks = list(per_subject_deltas(model, _params(model), x, y, plan, lr=0.1))
-    assert [rows.numel() for rows, _ in chunks] == [1] * len(ORDER)
+    chunks = list(per_subject_deltas(model, params, x, y, plan, lr=0.1))
+    assert sum(rows.numel() for rows, _ in chunks) == len(ORDER)
+    assert max(rows.numel() for rows, _ in chunks) > 1  # subjects trained together
     with pytest.raises(ValueError, match="method"):
-        list(per_subject_deltas(model, _params(model), x, y, plan, lr=0.1, method="gpu"))
+        list(per_subject_deltas(model, params, x, y, plan, lr=0.1, method="gpu"))
 
 
 def test_vectorised_does_not_modify_params_and_default_chunk_is_positive() -> None:

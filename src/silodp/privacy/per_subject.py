@@ -3,7 +3,9 @@
 For every subject of a silo: start from the global model, train on that subject's records
 only (``epochs`` epochs of mini-batch SGD, or one full-batch gradient step), and return the
 model delta. Subjects are trained together with ``torch.func.vmap`` over stacked parameter
-copies; subjects are processed in chunks so memory stays bounded for thousands of subjects.
+copies (convolutions become grouped convolutions, one group per subject); subjects are
+processed in chunks so memory stays bounded for thousands of subjects, and so a chunk's
+activations stay small enough to be reused from step to step rather than mapped afresh.
 
 Batching: each epoch, every subject's records are shuffled (one draw of distinct random ranks
 for all subjects from a :class:`~silodp.privacy.randomness.Coins`, so each subject's order is
@@ -32,18 +34,19 @@ __all__ = [
     "default_chunk_size",
     "per_subject_deltas",
     "per_subject_deltas_loop",
+    "largest_activation_bytes",
     "subject_batches",
-    "vectorises",
 ]
 
 #: Memory budget for one chunk's stacked parameters, gradients and updates.
 CHUNK_BUDGET_BYTES = 256 * 2**20
-#: Largest stacked tensor of a chunk (one parameter, or the gathered records, for all its
-#: subjects). glibc's malloc serves blocks above its mmap threshold (32 MiB at most) with a
-#: fresh mapping that is unmapped when freed, so every step of a chunk with larger tensors
-#: faults every page in again (on Fashion-MNIST's MLP that was over half of a round's time,
-#: in the kernel); below it, freed blocks are reused. 16 MiB leaves room under the threshold
-#: and measured as fast as any smaller size (``docs/performance.md``, "Allocation churn").
+#: Largest stacked tensor of a chunk (one parameter, the gathered records, or one layer's
+#: activations, for all its subjects). glibc's malloc serves blocks above its mmap
+#: threshold (32 MiB at most) with a fresh mapping that is unmapped when freed, so every
+#: step of a chunk with larger tensors faults every page in again (on Fashion-MNIST's MLP
+#: that was over half of a round's time, in the kernel); below it, freed blocks are reused.
+#: 16 MiB leaves room under the threshold and measured as fast as any smaller size
+#: (``docs/performance.md``, "Allocation churn").
 STACKED_TENSOR_BYTES = 16 * 2**20
 
 
@@ -108,12 +111,14 @@ def subject_batches(
     return SubjectBatches(torch.stack(index), torch.stack(mask))
 
 
-def default_chunk_size(params: Params, *, record_bytes: int = 0) -> int:
+def default_chunk_size(params: Params, *, record_bytes: int = 0, activation_bytes: int = 0) -> int:
     """Subjects per chunk: stacked params, grads and updates fit the memory budget, and no
-    stacked tensor — one parameter, or one step's gathered records (``record_bytes`` per
-    subject) — exceeds :data:`STACKED_TENSOR_BYTES`."""
+    stacked tensor — one parameter, one step's gathered records (``record_bytes`` per
+    subject) or one layer's output for a step (``activation_bytes`` per subject) — exceeds
+    :data:`STACKED_TENSOR_BYTES`."""
     total = sum(p.numel() * p.element_size() for p in params.values())
-    largest = max([p.numel() * p.element_size() for p in params.values()] + [record_bytes])
+    sizes = [p.numel() * p.element_size() for p in params.values()]
+    largest = max([*sizes, record_bytes, activation_bytes])
     by_budget = CHUNK_BUDGET_BYTES // (4 * max(total, 1))
     by_tensor = STACKED_TENSOR_BYTES // max(largest, 1)
     return max(1, min(512, by_budget, by_tensor))
@@ -124,11 +129,24 @@ def _chunks(order: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
         yield order[start : start + size]
 
 
-def vectorises(model: nn.Module) -> bool:
-    """Whether vmap over subjects pays for ``model``: not with convolutions, which become
-    grouped convolutions with a few channels per group — on CPU slower than training the
-    subjects one after another (measured by ``silodp bench uldp``)."""
-    return not any(isinstance(m, nn.Conv2d) for m in model.modules())
+def largest_activation_bytes(model: nn.Module, params: Params, example: torch.Tensor) -> int:
+    """Bytes of the largest output of any of ``model``'s modules for one record ``example``
+    (a batch of one), found by one forward pass with ``params``."""
+    largest = 0
+
+    def record(_module: nn.Module, _inputs: object, output: object) -> None:
+        nonlocal largest
+        if isinstance(output, torch.Tensor):
+            largest = max(largest, output.numel() * output.element_size())
+
+    handles = [m.register_forward_hook(record) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            functional_call(model, params, (example,))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return largest
 
 
 def per_subject_deltas(
@@ -149,14 +167,14 @@ def per_subject_deltas(
     ``deltas[name]`` has a leading dimension of those subjects. Each step's batches are cut
     to the chunk's longest real batch, so small subjects do not pay for large ones.
 
-    ``method``: ``vmap`` (subjects of a chunk trained together), ``loop`` (one after another)
-    or ``auto`` (``vmap`` unless :func:`vectorises` says it does not pay for ``model``).
+    ``method``: ``vmap`` (subjects of a chunk trained together; ``auto`` is the same) or
+    ``loop`` (one after another). By default a chunk's size keeps every stacked parameter,
+    gathered batch and activation of a step under :data:`STACKED_TENSOR_BYTES`.
     """
     check_positive("lr", lr)
     check_choice("method", method, ("auto", "vmap", "loop"))
     epochs, steps, _, width_max = batches.index.shape
     record_bytes = width_max * (x[:1].numel() * x.element_size() + y.element_size())
-    chunk = chunk_size or default_chunk_size(params, record_bytes=record_bytes)
 
     def masked_loss(
         p: Params, xb: torch.Tensor, yb: torch.Tensor, mb: torch.Tensor
@@ -170,10 +188,16 @@ def per_subject_deltas(
     # real records per (epoch, step, subject): a prefix of each padded batch
     real = batches.mask.sum(dim=3)
     by_size = torch.argsort(real[0].sum(dim=0), stable=True)
-    if method == "loop" or (method == "auto" and not vectorises(model)):
+    if method == "loop":
         for row in by_size:
             yield row.reshape(1), _one_subject(model, params, x, y, batches, int(row), lr=lr)
         return
+    chunk = chunk_size
+    if chunk is None:
+        activation = largest_activation_bytes(model, params, x[:1]) if len(x) else 0
+        chunk = default_chunk_size(
+            params, record_bytes=record_bytes, activation_bytes=width_max * activation
+        )
     # one step's records, gathered into buffers reused by every step and chunk
     x_buf = x.new_empty((min(chunk, by_size.numel()) * width_max, *x.shape[1:]))
     y_buf = y.new_empty((x_buf.shape[0],))
