@@ -97,6 +97,26 @@ def test_uldp_vectorised_matches_loop() -> None:
     assert all("speedup" in c for c in uldp_checks(rows))
 
 
+def test_uldp_check_compares_the_papers_setting_with_its_cpu_seconds() -> None:
+    """On the paper's setting the check adds a row: 17 CPU-s over local_update's CPU-s."""
+    row = {
+        "source": "fashion_mnist_uldp_cnn",
+        "subjects": 100,
+        "algorithm": "uldp_avg",
+        "speedup": 2.0,
+        "local_update_speedup": 2.5,
+        "local_update_user_s": 3.0,
+        "local_update_sys_s": 0.4,
+    }
+    checks = uldp_checks([row])
+    assert [c["target"] for c in checks] == [">= 5x", ">= 5x the paper's 17 CPU-s"]
+    assert checks[1]["cpu_s"] == pytest.approx(3.4)
+    assert checks[1]["vs_paper"] == pytest.approx(5.0)
+    assert checks[1]["ok"] is True
+    assert uldp_checks([{**row, "local_update_user_s": 3.5}])[1]["ok"] is False
+    assert len(uldp_checks([{**row, "source": "digits"}])) == 1
+
+
 def test_uldp_peak_rss_in_fresh_processes() -> None:
     (row,) = run_uldp_bench(
         sources=("digits",), subject_counts=(20,), algorithms=("uldp_sgd",), repeats=1
