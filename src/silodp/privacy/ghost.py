@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call
@@ -74,9 +75,8 @@ class _Calls:
 
 
 Maker = Callable[[torch.Tensor], dict[str, torch.Tensor]]
-#: (inverse, num) -> squared norms of the per-subject summed gradients, ``inverse`` mapping
-#: every example to its subject row in ``0..num-1``
-SubjectSq = Callable[[torch.Tensor, int], torch.Tensor]
+#: subjects -> squared norms of the per-subject summed gradients, one per subject row
+SubjectSq = Callable[["_Subjects"], torch.Tensor]
 #: per layer: the module, the inputs of each of its calls, and the gradients of their outputs
 Captured = dict[str, tuple[nn.Module, list[torch.Tensor], list[torch.Tensor]]]
 
@@ -86,6 +86,77 @@ PER_EXAMPLE_LIMIT = 1 << 27
 #: glibc's malloc unmaps freed blocks above its mmap threshold (32 MiB at most), so one
 #: larger tensor per step costs a fresh mapping and a page fault per 4 KiB on every step
 PIECE_BYTES = 16 * 2**20
+#: subjects with at most this many records are "small" (see :class:`_Subjects`)
+SMALL_SUBJECT = 8
+#: larger subjects are cut into chunks of this many records (see :class:`_Subjects`)
+SUBJECT_CHUNK = 32
+#: per-subject passes hold at most about this many bytes of captured activations and output
+#: gradients (and at least ``max_batch`` records)
+PASS_BYTES = 8 * 2**20
+
+
+#: the pairs ``i < j`` of ``SMALL_SUBJECT`` slots ordered by ``j``: a subject of ``n`` records
+#: has the first ``n(n-1)/2`` of them
+_PAIR_J, _PAIR_I = np.tril_indices(SMALL_SUBJECT, -1)
+
+
+class _Subjects:
+    """The subjects of a batch, laid out once for every layer.
+
+    ``inverse`` maps every record to its subject row ``0..num-1``. Subjects with at most
+    :data:`SMALL_SUBJECT` records are "small": their records' pairs ``i < j`` are listed
+    (``pair_i``, ``pair_j``, ``pair_subject``). Larger ones are "big": cut into chunks of
+    :data:`SUBJECT_CHUNK` records (``chunks``, record indices with ``batch`` standing for a
+    zero row; ``owner``, the big subject of each chunk). The bookkeeping runs in numpy: a few
+    dozen operations on arrays of a few hundred integers.
+    """
+
+    def __init__(self, inverse: torch.Tensor, counts: torch.Tensor) -> None:
+        self.inverse = inverse
+        inv, n = inverse.numpy(), counts.numpy()
+        self.num, self.batch = int(n.size), int(inv.size)
+        order = np.argsort(inv, kind="stable")  # records grouped by subject
+        starts = np.cumsum(n) - n
+        m = n * (n - 1) // 2  # pairs per subject
+        big = n > SMALL_SUBJECT
+        empty = torch.zeros(0, dtype=torch.long)
+        self.pair_i = self.pair_j = self.pair_subject = empty
+        self.big_ids = self.chunks = self.owner = empty
+        self.num_chunks = 0
+        #: records of subjects that are not big (``None``: all records)
+        self.unbig_rows: torch.Tensor | None = None
+        if big.any():
+            self._big(np.flatnonzero(big), n, starts, order)
+            self.unbig_rows = torch.from_numpy(np.flatnonzero(~big[inv]))
+            m[big] = 0
+        pairs = int(m.sum())
+        if pairs:
+            small = np.flatnonzero(m)
+            m = m[small]
+            slot = np.arange(pairs) - np.repeat(np.cumsum(m) - m, m)
+            first = np.repeat(starts[small], m)
+            self.pair_i = torch.from_numpy(order[first + _PAIR_I[slot]])
+            self.pair_j = torch.from_numpy(order[first + _PAIR_J[slot]])
+            self.pair_subject = torch.from_numpy(np.repeat(small, m))
+        self._ones: torch.Tensor | None = None
+
+    def _big(self, big: np.ndarray, n: np.ndarray, starts: np.ndarray, order: np.ndarray) -> None:
+        self.big_ids = torch.from_numpy(big)
+        per = -(-n[big] // SUBJECT_CHUNK)  # chunks per big subject
+        owner = np.repeat(np.arange(big.size), per)
+        block = np.arange(owner.size) - np.repeat(np.cumsum(per) - per, per)
+        offset = block[:, None] * SUBJECT_CHUNK + np.arange(SUBJECT_CHUNK)
+        at = np.minimum(starts[big][owner][:, None] + offset, self.batch - 1)
+        chunks = np.where(offset < n[big][owner][:, None], order[at], self.batch)
+        self.chunks = torch.from_numpy(chunks.reshape(-1))
+        self.owner = torch.from_numpy(owner)
+        self.num_chunks = int(owner.size)
+
+    def ones(self, like: torch.Tensor) -> torch.Tensor:
+        """A (batch, 1) column of ones (the constant input of a bias), shared by the layers."""
+        if self._ones is None or self._ones.dtype != like.dtype:
+            self._ones = like.new_ones(self.batch, 1)
+        return self._ones
 
 
 @dataclass
@@ -96,6 +167,9 @@ class _Stats:
     sq: torch.Tensor
     subject_sq: SubjectSq
     weighted: Maker
+    #: a one-position linear layer's inputs, output gradients and whether it has a bias: its
+    #: per-subject norms are computed with the model's other such layers (``_subject_sq``)
+    rows: tuple[torch.Tensor, torch.Tensor, bool] | None = None
 
 
 def _per_example_stats(
@@ -113,7 +187,8 @@ def _per_example_stats(
     if bias is not None:
         sq = sq + bias.pow(2).sum(1)
 
-    def subject_sq(inverse: torch.Tensor, num: int) -> torch.Tensor:
+    def subject_sq(subjects: _Subjects) -> torch.Tensor:
+        inverse, num = subjects.inverse, subjects.num
         # per-subject sums a block of columns at a time, each block under PIECE_BYTES
         columns = flats[0].shape[1]
         block = max(1, PIECE_BYTES // (max(num, 1) * flats[0].element_size()))
@@ -205,18 +280,21 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
     p = g.shape[2]
     shape = cast(torch.Tensor, module.weight).shape
     has_bias = getattr(module, "bias", None) is not None
-    bias = g.sum(1) if has_bias else None
+    a1, g1 = a[:, 0], g[:, 0]
+    bias = (g1 if positions == 1 else g.sum(1)) if has_bias else None
     if positions > 1 and p * d <= positions * (d + p) and batch * p * d <= PER_EXAMPLE_LIMIT:
         return _per_example_stats(shape, [torch.bmm(g.transpose(1, 2), a)], bias)
     if positions == 1:
-        a1, g1 = a[:, 0], g[:, 0]
-        sq = g1.pow(2).sum(1) * a1.pow(2).sum(1)
+        # ||g aᵀ||² + ||g||² = ||g||²·(||a||² + 1)
+        asq = a1.pow(2).sum(1)
+        sq = g1.pow(2).sum(1) * (asq + 1 if has_bias else asq)
     else:
         sq = (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum(dim=(1, 2))
-    if bias is not None:
-        sq = sq + bias.pow(2).sum(1)
+        if bias is not None:
+            sq = sq + bias.pow(2).sum(1)
 
-    def subject_sq(inverse: torch.Tensor, num: int) -> torch.Tensor:
+    def subject_sq(subjects: _Subjects) -> torch.Tensor:
+        inverse, num = subjects.inverse, subjects.num
         width = int(torch.bincount(inverse, minlength=num).max()) if positions == 1 else 0
         if positions == 1 and num * p * d <= batch * batch and width * p * d <= batch * (d + p):
             # per-subject gradients Σ_{i∈a} g_i a_iᵀ from subjects' rows padded to the
@@ -245,7 +323,86 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
             out["bias"] = w @ bias
         return out
 
+    if positions == 1:
+        return _Stats(sq, subject_sq, weighted, (a1, g1, has_bias))
     return _Stats(sq, subject_sq, weighted)
+
+
+#: a written element costs about this many flops (in the cost model of the routes)
+WRITE_COST = 4
+
+
+def _linear_subject_sq(
+    subjects: _Subjects,
+    layers: list[tuple[torch.Tensor, torch.Tensor, bool]],
+    sq: torch.Tensor,
+) -> torch.Tensor | None:
+    """Squared norms of the per-subject sums ``Σ_{i∈S} g_i a_iᵀ`` (and ``Σ_{i∈S} g_i`` with a
+    bias), summed over one-position linear layers, given their summed per-example squared
+    norms ``sq``; ``None`` when the big subjects' chunks would cost more than a layer's
+    whole-batch Gram matrix or need more than :data:`PER_EXAMPLE_LIMIT` elements.
+
+    A bias is folded in as a constant input 1. Small subjects (see :class:`_Subjects`) by the
+    Gram route over their pairs, ``||G_S||² = Σ_{i∈S} sq_i + 2 Σ_{i<j∈S} (a_i·a_j)(g_i·g_j)``:
+    the records of every pair gathered once for all layers, multiplied, and the products'
+    per-layer sums taken by one matrix product with a 0/1 column selector. Big subjects by
+    their gradients, one batched matrix product per layer over chunks of their records,
+    summed per subject.
+    """
+    widths = [(g.shape[1], a.shape[1] + int(bias)) for a, g, bias in layers]
+    if subjects.num_chunks:
+        for p, d in widths:
+            elements = subjects.num_chunks * p * d
+            cost = elements * (SUBJECT_CHUNK + 2 * WRITE_COST)
+            if elements > PER_EXAMPLE_LIMIT or cost > subjects.batch**2 * (d + p):
+                return None
+    pairs = int(subjects.pair_i.numel())
+    if pairs * sum(p + d for p, d in widths) > PER_EXAMPLE_LIMIT:
+        return None
+    ones = subjects.ones(layers[0][1])
+    # rows [g_i, a_i, (1)] of every layer side by side
+    columns = []
+    for a, g, bias in layers:
+        columns += [g, a, ones] if bias else [g, a]
+    rows = torch.cat(columns, dim=1)
+    inverse, total = subjects.inverse, sq
+    if subjects.unbig_rows is not None:  # big subjects' norms come from their gradients
+        inverse = inverse.index_select(0, subjects.unbig_rows)
+        total = total.index_select(0, subjects.unbig_rows)
+    out = sq.new_zeros(subjects.num).index_add_(0, inverse, total)
+    if pairs:
+        # columns -> per layer (2 (g_i·g_j), a_i·a_j)
+        # (layers, 2, columns): row (k, 0) sums layer k's g columns (times 2), (k, 1) its a
+        select = np.zeros((len(layers), 2, rows.shape[1]))
+        at = 0
+        for k, (p, d) in enumerate(widths):
+            select[k, 0, at : at + p] = 2.0
+            select[k, 1, at + p : at + p + d] = 1.0
+            at += p + d
+        products = rows.index_select(0, subjects.pair_i) * rows.index_select(0, subjects.pair_j)
+        # (2·layers, pairs): the selector on the left is the fast orientation of this product
+        dots = torch.mm(
+            torch.as_tensor(select.reshape(2 * len(layers), -1), dtype=rows.dtype), products.T
+        )
+        cross = (dots[0::2] * dots[1::2]).sum(0)
+        out.index_add_(0, subjects.pair_subject, cross)
+    if subjects.num_chunks:
+        blocks = (
+            F.pad(rows, (0, 0, 0, 1))
+            .index_select(0, subjects.chunks)
+            .view(subjects.num_chunks, SUBJECT_CHUNK, -1)
+        )
+        grads = []
+        at = 0
+        for p, d in widths:
+            gb, ab = blocks[..., at : at + p], blocks[..., at + p : at + p + d]
+            grads.append(torch.bmm(gb.transpose(1, 2), ab).view(subjects.num_chunks, -1))
+            at += p + d
+        flat = grads[0] if len(grads) == 1 else torch.cat(grads, dim=1)
+        summed = flat.new_zeros(int(subjects.big_ids.numel()), flat.shape[1])
+        summed.index_add_(0, subjects.owner, flat)
+        out.index_copy_(0, subjects.big_ids, torch.linalg.vecdot(summed, summed))
+    return out
 
 
 def _embedding_stats(module: nn.Embedding, idx: torch.Tensor, g: torch.Tensor) -> _Stats:
@@ -255,7 +412,8 @@ def _embedding_stats(module: nn.Embedding, idx: torch.Tensor, g: torch.Tensor) -
     same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(g.dtype)
     sq = (same * torch.bmm(g, g.transpose(1, 2))).sum(dim=(1, 2))
 
-    def subject_sq(inverse: torch.Tensor, num: int) -> torch.Tensor:
+    def subject_sq(subjects: _Subjects) -> torch.Tensor:
+        inverse, num = subjects.inverse, subjects.num
         rows, slot = _subject_layout(inverse, num)
         ip = _pad_by_subject(idx.unsqueeze(-1), rows, slot, num).squeeze(-1)
         # padding has zero gradient, so its (arbitrary) token id contributes nothing
@@ -305,6 +463,9 @@ class GhostClipper:
             for name, module in model.named_modules()
             if isinstance(module, SUPPORTED) and list(module.parameters(recurse=False))
         }
+        #: bytes of captured activations and output gradients per record, by input shape
+        #: (known after a first capture; sets the size of per-subject passes)
+        self._record_bytes: dict[tuple[int, ...], int] = {}
 
     @property
     def fast(self) -> bool:
@@ -328,12 +489,16 @@ class GhostClipper:
             with torch.enable_grad():
                 logits = functional_call(self.model, leaves, (x,))
                 losses = F.cross_entropy(logits, y, reduction="none")
-                loss = losses.sum() if scale is None else (losses * scale).sum()
+                loss = losses.sum() if scale is None else torch.dot(losses, scale)
                 outputs = [o for c in calls.values() for o in c.outputs]
                 grads_out = torch.autograd.grad(loss, outputs)
         finally:
             for h in handles:
                 h.remove()
+        captured = sum(
+            t.numel() * t.element_size() for c in calls.values() for t in (*c.inputs, *c.outputs)
+        )
+        self._record_bytes[tuple(x.shape[1:])] = max(1, captured // max(1, x.shape[0]))
         stats: dict[str, _Stats] = {}
         pos = 0
         for name, c in calls.items():
@@ -403,27 +568,31 @@ class GhostClipper:
             )
         _, inverse, counts = torch.unique(subjects, return_inverse=True, return_counts=True)
         dtype = next(iter(params.values())).dtype
-        scale = 1.0 / counts.to(dtype)[inverse]
+        scale = counts.to(dtype).reciprocal_().index_select(0, inverse)
         num = counts.numel()
-        # consecutive subjects, about max_batch records per pass
-        passes = torch.div(torch.cumsum(counts, 0) - counts, max_batch, rounding_mode="floor")
+        records = self._record_bytes.get(tuple(x.shape[1:]))
+        per_pass = max_batch if records is None else max(max_batch, PASS_BYTES // records)
+        if inverse.numel() <= per_pass:  # one pass over the whole batch
+            stats = self._capture(params, x, y, scale)
+            norms = _model_subject_sq(stats, _Subjects(inverse, counts)).clamp_(min=0).sqrt_()
+            return norms, self._assemble(params, stats, weigh(norms).index_select(0, inverse))
+        # consecutive subjects, about per_pass records per pass
+        passes = torch.div(torch.cumsum(counts, 0) - counts, per_pass, rounding_mode="floor")
         parts = []
         for part in torch.unique(passes):
             members = torch.nonzero(passes == part).flatten()
             rows = torch.nonzero(torch.isin(inverse, members)).flatten()
             local = torch.searchsorted(members, inverse[rows])
             stats = self._capture(params, x[rows], y[rows], scale[rows])
-            sq = torch.stack(
-                [layer.subject_sq(local, members.numel()) for layer in stats.values()]
-            ).sum(0)
-            parts.append((members, rows, local, stats, sq))
+            sq = _model_subject_sq(stats, _Subjects(local, counts[members]))
+            parts.append((members, local, stats, sq))
         sq_all = torch.zeros(num, dtype=dtype)
-        for members, _, _, _, sq in parts:
+        for members, _, _, sq in parts:
             sq_all[members] = sq
         norms = sq_all.clamp(min=0).sqrt()
         coefficients = weigh(norms)
         total: Params | None = None
-        for members, _, local, stats, _ in parts:
+        for members, local, stats, _ in parts:
             summed = self._assemble(params, stats, coefficients[members][local])
             if total is None:
                 total = summed
@@ -432,6 +601,37 @@ class GhostClipper:
                     total[k].add_(v)
         assert total is not None
         return norms, total
+
+
+def _model_subject_sq(stats: dict[str, _Stats], subjects: _Subjects) -> torch.Tensor:
+    """Squared norms of the per-subject summed gradients of the whole model: one-position
+    linear layers together (:func:`_linear_subject_sq`), every other layer (or all of them,
+    where that route is too costly) by its own ``subject_sq``."""
+    linear = [layer for layer in stats.values() if layer.rows is not None]
+    rows = [layer.rows for layer in linear if layer.rows is not None]
+    total = None
+    if rows:
+        sq = _sum_layers([layer.sq for layer in linear])
+        total = _linear_subject_sq(subjects, rows, sq)
+    if total is None:
+        linear = []
+    full = [
+        layer.subject_sq(subjects)
+        for layer in stats.values()
+        if not any(layer is other for other in linear)
+    ]
+    if full:
+        rest = _sum_layers(full)
+        total = rest if total is None else total + rest
+    assert total is not None
+    return total
+
+
+def _sum_layers(values: list[torch.Tensor]) -> torch.Tensor:
+    total = values[0]
+    for value in values[1:]:
+        total = total + value
+    return total
 
 
 def _subject_layout(inverse: torch.Tensor, num: int) -> tuple[torch.Tensor, torch.Tensor]:
