@@ -321,12 +321,13 @@ def _subject_norm_step(
         raise Skip(f"unsupported layers for per-subject norms: {clipper.unsupported}")
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     coins = Coins.secure()
-    expected = float(torch.unique(subjects).numel())
+    rate = -LR / float(torch.unique(subjects).numel())
 
     def step() -> object:
         _, summed = method(params, data.x, data.y, subjects, weigh=lambda n: clip_factors(n, CLIP))
         noisy = noisy_sum(summed, noise_multiplier=NOISE, sensitivity=CLIP, coins=coins)
-        return {k: v - LR * noisy[k].to(v.dtype) / expected for k, v in params.items()}
+        # one fused update per parameter, as in clipped_noisy_step
+        return {k: torch.add(v, noisy[k].to(v.dtype), alpha=rate) for k, v in params.items()}
 
     return step
 
