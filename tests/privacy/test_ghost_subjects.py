@@ -1,0 +1,146 @@
+"""Per-subject norms of one-position linear layers (pairs for small subjects, chunked
+gradients for big ones) equal those of materialised per-subject gradients."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from silodp.models import build_model
+from silodp.privacy import ghost
+from silodp.privacy.ghost import GhostClipper
+from silodp.privacy.gradients import per_example_gradients, per_example_norms, weighted_sum
+
+TOL = 1e-10  # float64
+
+
+def _zipf(batch: int, pool: int, seed: int) -> torch.Tensor:
+    weights = 1.0 / torch.arange(1, pool + 1, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(seed)
+    return torch.multinomial(weights, batch, replacement=True, generator=gen)
+
+
+def _layouts(batch: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    big = ghost.SUBJECT_CHUNK * 2 + 5  # three chunks
+    small = ghost.SMALL_SUBJECT
+    return {
+        "uniform": torch.randint(0, 7 * batch, (batch,), generator=gen),
+        "skewed": _zipf(batch, 12, seed=2),
+        "all_single": torch.randperm(batch, generator=gen) * 3,
+        "one_subject": torch.full((batch,), 4),
+        # the class edges: SMALL_SUBJECT records (pairs), one more (chunks), a single record
+        "edges": torch.tensor(
+            [0] * small + [1] * (small + 1) + [2] + [3] * big + [5, 5], dtype=torch.long
+        )[torch.randperm(2 * small + big + 4, generator=gen)][:batch],
+    }
+
+
+def _mlp(bias: bool) -> nn.Module:
+    torch.manual_seed(0)
+    if bias:
+        return build_model("mlp", (12,), 5).double()
+    return nn.Sequential(
+        nn.Linear(12, 9, bias=False), nn.Tanh(), nn.Linear(9, 5, bias=False)
+    ).double()
+
+
+def _materialised(model, params, x, y, subjects):
+    """Norms of per-subject mean gradients and the per-subject means themselves."""
+    ids, inverse, counts = torch.unique(subjects, return_inverse=True, return_counts=True)
+    grads = per_example_gradients(model, params, x, y)
+    mean = {
+        k: torch.zeros(len(ids), *g.shape[1:], dtype=g.dtype).index_add_(0, inverse, g)
+        / counts.to(g.dtype).reshape(-1, *[1] * (g.dim() - 1))
+        for k, g in grads.items()
+    }
+    return per_example_norms(mean), mean
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("layout", ["uniform", "skewed", "all_single", "one_subject", "edges"])
+def test_subject_norms_and_sum_equal_materialised_per_subject_gradients(bias, layout) -> None:
+    batch = 2 * ghost.SMALL_SUBJECT + ghost.SUBJECT_CHUNK * 2 + 9
+    subjects = _layouts(batch)[layout]
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(subjects.numel(), 12, dtype=torch.float64, generator=gen)
+    y = torch.randint(0, 5, (subjects.numel(),), generator=gen)
+    model = _mlp(bias)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    norms, mean = _materialised(model, params, x, y, subjects)
+    coeff = torch.linspace(-1.0, 2.0, norms.numel(), dtype=torch.float64)
+    expected = weighted_sum(mean, coeff / (1.0 + norms))
+
+    got_norms, got = GhostClipper(model).subject_norms_and_sum(
+        params, x, y, subjects, weigh=lambda n: coeff / (1.0 + n)
+    )
+
+    err = float((got_norms - norms).abs().max() / norms.abs().max())
+    assert err <= TOL, (layout, err)
+    for key in expected:
+        scale = float(expected[key].abs().max()) + 1e-30
+        err = float((got[key] - expected[key]).abs().max()) / scale
+        assert err <= TOL, (layout, key, err)
+
+
+def test_the_layouts_exercise_every_route() -> None:
+    """Guards the test above: its layouts have single records, pairs and several chunks."""
+    batch = 2 * ghost.SMALL_SUBJECT + ghost.SUBJECT_CHUNK * 2 + 9
+    seen = {"pairs": 0, "chunks": 0, "singles": 0}
+    for subjects in _layouts(batch).values():
+        _, inverse, counts = torch.unique(subjects, return_inverse=True, return_counts=True)
+        layout = ghost._Subjects(inverse, counts)
+        seen["pairs"] += int(layout.pair_i.numel())
+        seen["chunks"] = max(seen["chunks"], layout.num_chunks)
+        seen["singles"] += int((counts == 1).sum())
+    assert seen["pairs"] > 0
+    assert seen["chunks"] >= 3
+    assert seen["singles"] > 0
+
+
+def test_subjects_list_exactly_the_pairs_of_each_small_subject() -> None:
+    subjects = _zipf(200, 60, seed=5)
+    _, inverse, counts = torch.unique(subjects, return_inverse=True, return_counts=True)
+    layout = ghost._Subjects(inverse, counts)
+    expected = set()
+    for s in range(counts.numel()):
+        rows = torch.nonzero(inverse == s).flatten().tolist()
+        if 1 < len(rows) <= ghost.SMALL_SUBJECT:
+            expected |= {(s, i, j) for i, j in itertools.combinations(rows, 2)}
+    got = {
+        (int(s), min(int(i), int(j)), max(int(i), int(j)))
+        for s, i, j in zip(layout.pair_subject, layout.pair_i, layout.pair_j, strict=True)
+    }
+    assert got == expected
+    assert len(got) == layout.pair_i.numel()  # no pair listed twice
+    # every record of a big subject sits in exactly one chunk of its subject
+    chunks = layout.chunks.view(layout.num_chunks, ghost.SUBJECT_CHUNK)
+    for big, owner_rows in zip(layout.big_ids.tolist(), range(layout.big_ids.numel()), strict=True):
+        held = chunks[layout.owner == owner_rows].flatten()
+        held = sorted(held[held < subjects.numel()].tolist())
+        assert held == torch.nonzero(inverse == big).flatten().tolist()
+
+
+def test_passes_and_one_pass_agree() -> None:
+    subjects = _zipf(90, 20, seed=7)
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(90, 12, dtype=torch.float64, generator=gen)
+    y = torch.randint(0, 5, (90,), generator=gen)
+    model = _mlp(True)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    norms, mean = _materialised(model, params, x, y, subjects)
+    expected = weighted_sum(mean, 1.0 / (1.0 + norms))
+    clipper = GhostClipper(model)
+    for max_batch in (4096, 8):
+        clipper._record_bytes.clear()  # the pass size is then max_batch
+        got_norms, got = clipper.subject_norms_and_sum(
+            params, x, y, subjects, weigh=lambda n: 1.0 / (1.0 + n), max_batch=max_batch
+        )
+        err = float((got_norms - norms).abs().max() / norms.abs().max())
+        assert err <= TOL, (max_batch, err)
+        for key in expected:
+            err = float((got[key] - expected[key]).abs().max() / expected[key].abs().max())
+            assert err <= TOL, (max_batch, key, err)
