@@ -244,3 +244,17 @@ def test_silos_sample_from_the_shared_seed_and_reuse_the_weights() -> None:
     assert session._weights is first  # encrypted once, reused while the server does not sample
     with pytest.raises(ValueError, match="not both"):
         session.run_round(deltas, sampled={0}, silo_sampling_rate=0.5)
+
+
+def test_set_up_agrees_pairwise_keys_and_one_seed_by_signed_x25519() -> None:
+    hist, _, _ = _problem(7, 4, 6, 3, 10)
+    session = _session(hist, 3, 10)
+    silos = session.silos
+    assert len({silo.seed for silo in silos.values()}) == 1
+    for s, silo in silos.items():
+        assert sorted(silo.pair_keys) == [o for o in silos if o != s]
+        for o, key in silo.pair_keys.items():
+            assert key == silos[o].pair_keys[s]
+    keys = {k for silo in silos.values() for k in silo.pair_keys.values()}
+    assert len(keys) == 4 * 3 // 2  # one key per pair, all distinct
+    assert "key_exchange" in session.timings

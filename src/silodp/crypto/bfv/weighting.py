@@ -52,6 +52,14 @@ from silodp.crypto.bfv.backend import (
 )
 from silodp.crypto.bfv.params import BfvParameters, BfvPlan, plan_bfv_round
 from silodp.crypto.errors import ProtocolError, SiloDropoutError, SubjectBoundError
+from silodp.crypto.identity import generate_identity, verify_key_share
+from silodp.crypto.keyagree import (
+    SEED_BYTES,
+    derive_pairwise_keys,
+    generate_dh_keypair,
+    open_seed,
+    seal_seed,
+)
 from silodp.crypto.prg import ChaCha20Prg, derive_key
 from silodp.crypto.randomness import RandomSource, SystemRandomSource, random_unit
 from silodp.crypto.sampling import SharedSampleKey
@@ -103,11 +111,6 @@ def uniform_residues(source: RandomSource, modulus: int, count: int) -> np.ndarr
         parts.append(kept)
         have += kept.size
     return np.concatenate(parts)[:count]
-
-
-def _pair_key(a: int, b: int, secret: bytes) -> bytes:
-    lo, hi = min(a, b), max(a, b)
-    return derive_key(secret, f"silodp/bfv/pair/{lo}/{hi}".encode())
 
 
 def _stream(key: bytes, label: str) -> ChaCha20Prg:
@@ -324,10 +327,53 @@ class BfvServer:
         )
 
 
+def _authenticated_setup(
+    silos: Sequence[int], root: RandomSource
+) -> tuple[dict[int, dict[int, bytes]], dict[int, bytes]]:
+    """The Paillier protocol's set-up, played in one process: every silo signs an X25519 key
+    share with its Ed25519 identity key, every silo checks every peer's signature and derives
+    the pairwise keys, the lowest silo seals a fresh seed for each other silo
+    (ChaCha20-Poly1305), which opens it. Returns each silo's pairwise mask keys and seed."""
+    session_id = root.token_bytes(16)
+    sources = {s: ChaCha20Prg(root.token_bytes(32)) for s in silos}
+    identities = {s: generate_identity(sources[s]) for s in silos}
+    registry = {s: identities[s].public_bytes for s in silos}  # registered out of band
+    dh = {s: generate_dh_keypair(sources[s]) for s in silos}
+    shares = {
+        s: (dh[s].public_bytes, identities[s].sign_key_share(session_id, s, dh[s].public_bytes))
+        for s in silos
+    }  # relayed by the server as a key directory
+    pairs: dict[int, dict[int, Any]] = {s: {} for s in silos}
+    for s in silos:
+        for peer, (public, signature) in shares.items():
+            if peer == s:
+                continue
+            verify_key_share(registry[peer], signature, session_id, peer, public)
+            pairs[s][peer] = derive_pairwise_keys(s, dh[s], peer, public, session_id=session_id)
+    leader = min(silos)
+    seed = sources[leader].token_bytes(SEED_BYTES)
+    seeds = {leader: seed}
+    for s in silos:
+        if s != leader:
+            nonce, sealed = seal_seed(
+                pairs[leader][s],
+                seed,
+                session_id=session_id,
+                sender=leader,
+                recipient=s,
+                source=sources[leader],
+            )
+            seeds[s] = open_seed(
+                pairs[s][leader], nonce, sealed, session_id=session_id, sender=leader, recipient=s
+            )
+    masks = {s: {peer: k.mask_key for peer, k in pairs[s].items()} for s in silos}
+    return masks, seeds
+
+
 class BfvWeightingSession:
-    """Server and silos in one process, BFV arithmetic (tests, benchmarks). Pairwise keys and
-    the shared seed are drawn here directly; in a deployment they come from the same X25519
-    key agreement and sealed seed as the Paillier protocol's set-up."""
+    """Server and silos in one process, BFV arithmetic (tests, benchmarks). The set-up is the
+    Paillier protocol's (identity-signed X25519 key shares, pairwise keys, a sealed shared
+    seed: :func:`_authenticated_setup`), played in one process rather than by messages."""
 
     def __init__(
         self,
@@ -379,8 +425,9 @@ class BfvWeightingSession:
         self.server = BfvServer(self.plan, subjects)
         self._tick("keygen", t0)
         t0 = time.perf_counter()
-        seed = root.token_bytes(32)
-        pair_secret = root.token_bytes(32)
+        masks, seeds = _authenticated_setup(silos, root)
+        self._tick("key_exchange", t0)
+        t0 = time.perf_counter()
         self.silos = {
             s: BfvSilo(
                 s,
@@ -389,8 +436,8 @@ class BfvWeightingSession:
                 self.server.public_keys,
                 histograms[s],
                 subjects,
-                {o: _pair_key(s, o, pair_secret) for o in silos if o != s},
-                seed,
+                masks[s],
+                seeds[s],
                 ChaCha20Prg(root.token_bytes(32)),
             )
             for s in silos
