@@ -226,6 +226,8 @@ def test_silodp_crypto_imports_without_tenseal_or_torch() -> None:
         "assert 'tenseal' not in sys.modules and 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+    bfv = "import sys, silodp.crypto.bfv; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", bfv], check=True)
 
 
 def test_silos_sample_from_the_shared_seed_and_reuse_the_weights() -> None:

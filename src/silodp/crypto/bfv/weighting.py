@@ -1,12 +1,15 @@
-"""The weighting protocol's arithmetic over BFV (``scheme = "bfv"``): the same messages and
-the same decrypted sum as the Paillier protocol (:mod:`silodp.crypto.protocol`), computed
-modulo the CRT primes ``t_1 .. t_m`` of a :class:`~silodp.crypto.bfv.params.BfvPlan`.
+"""The weighting protocol's arithmetic over BFV: the same steps and the same decrypted sum as
+the Paillier protocol (:mod:`silodp.crypto.protocol`), computed modulo the CRT primes
+``t_1 .. t_m`` of a :class:`~silodp.crypto.bfv.params.BfvPlan`. Parties are objects called in
+one process (:class:`BfvWeightingSession`); there are no BFV message types or stage checks yet,
+and no config selects this backend.
 
 Per prime ``t`` (all parties derive the primes from public values):
 
 * set-up: the blinds ``r_a`` are uniform units mod ``t`` (from the shared seed); silo ``s``
   sends ``r_a n_{s,a} + sum_j ±mask mod t`` for every public subject; the server sums to
-  ``r_a n_a mod t`` (uniform on ``Z_t^*``, as ``0 < n_a <= N_max < t``) and inverts it;
+  ``r_a n_a mod t`` (uniform on ``Z_t^*`` when ``0 < n_a <= N_max < t``; 0, weight 0, for a
+  subject without records, as with Paillier) and inverts it;
 * round: the server sends ``Enc((r_a n_a)^-1)`` as a constant polynomial for every
   public subject (``Enc(0)`` outside its sample); silo ``s`` computes, for each block of ``N``
   parameters, ``sum_a Enc(w'_a) * P_a`` with ``P_a`` the polynomial whose coefficients are
@@ -26,10 +29,11 @@ What each party learns (honest-but-curious, as the Paillier protocol):
 * **The server (key holder)** sees ``r_a n_a mod t`` per prime (uniform and independent of
   ``n_a``), each silo's ciphertexts and the decrypted aggregate. A silo's ciphertext decrypts
   to its weighted sum plus pairwise masks uniform mod ``t`` (which cancel only in the sum over
-  all silos); its ``c1`` is re-randomised by a fresh encryption of zero, and its noise is
-  flooded so that the noise distribution is within statistical distance ``2^-(lambda+1)`` of
-  data-independent flooding (:mod:`~silodp.crypto.bfv.params`). So, as with Paillier, the
-  server learns the aggregate and nothing else.
+  all silos); its ``c1`` is re-randomised by a fresh encryption of zero (pseudorandom under
+  RLWE, even to the key holder), and its noise is flooded so that the noise distribution is
+  within statistical distance ``2^-(lambda+1)`` of data-independent flooding
+  (:mod:`~silodp.crypto.bfv.params`). So, as with Paillier, the server learns the aggregate
+  and nothing else.
 """
 
 from __future__ import annotations
