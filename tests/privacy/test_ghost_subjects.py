@@ -23,16 +23,25 @@ def _zipf(batch: int, pool: int, seed: int) -> torch.Tensor:
     return torch.multinomial(weights, batch, replacement=True, generator=gen)
 
 
-def _layouts(batch: int) -> dict[str, torch.Tensor]:
+def _small(model: nn.Module) -> int:
+    """The model's largest "small" subject (pairs route)."""
+    layers = [
+        (torch.zeros(1, m.in_features), torch.zeros(1, m.out_features), m.bias is not None)
+        for m in model.modules()
+        if isinstance(m, nn.Linear)
+    ]
+    return ghost._small_limit(layers)
+
+
+def _layouts(batch: int, small: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     big = ghost.SUBJECT_CHUNK * 2 + 5  # three chunks
-    small = ghost.SMALL_SUBJECT
     return {
         "uniform": torch.randint(0, 7 * batch, (batch,), generator=gen),
         "skewed": _zipf(batch, 12, seed=2),
         "all_single": torch.randperm(batch, generator=gen) * 3,
         "one_subject": torch.full((batch,), 4),
-        # the class edges: SMALL_SUBJECT records (pairs), one more (chunks), a single record
+        # the class edges: ``small`` records (pairs), one more (chunks), a single record
         "edges": torch.tensor(
             [0] * small + [1] * (small + 1) + [2] + [3] * big + [5, 5], dtype=torch.long
         )[torch.randperm(2 * small + big + 4, generator=gen)][:batch],
@@ -63,12 +72,12 @@ def _materialised(model, params, x, y, subjects):
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("layout", ["uniform", "skewed", "all_single", "one_subject", "edges"])
 def test_subject_norms_and_sum_equal_materialised_per_subject_gradients(bias, layout) -> None:
-    batch = 2 * ghost.SMALL_SUBJECT + ghost.SUBJECT_CHUNK * 2 + 9
-    subjects = _layouts(batch)[layout]
+    model = _mlp(bias)
+    small = _small(model)
+    subjects = _layouts(2 * small + ghost.SUBJECT_CHUNK * 2 + 9, small)[layout]
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(subjects.numel(), 12, dtype=torch.float64, generator=gen)
     y = torch.randint(0, 5, (subjects.numel(),), generator=gen)
-    model = _mlp(bias)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     norms, mean = _materialised(model, params, x, y, subjects)
     coeff = torch.linspace(-1.0, 2.0, norms.numel(), dtype=torch.float64)
@@ -86,13 +95,15 @@ def test_subject_norms_and_sum_equal_materialised_per_subject_gradients(bias, la
         assert err <= TOL, (layout, key, err)
 
 
-def test_the_layouts_exercise_every_route() -> None:
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_layouts_exercise_every_route(bias) -> None:
     """Guards the test above: its layouts have single records, pairs and several chunks."""
-    batch = 2 * ghost.SMALL_SUBJECT + ghost.SUBJECT_CHUNK * 2 + 9
+    small = _small(_mlp(bias))
+    assert small < ghost.SUBJECT_CHUNK  # else the "edges" subjects are all small
     seen = {"pairs": 0, "chunks": 0, "singles": 0}
-    for subjects in _layouts(batch).values():
+    for subjects in _layouts(2 * small + ghost.SUBJECT_CHUNK * 2 + 9, small).values():
         _, inverse, counts = torch.unique(subjects, return_inverse=True, return_counts=True)
-        layout = ghost._Subjects(inverse, counts)
+        layout = ghost._Subjects(inverse, counts, small)
         seen["pairs"] += int(layout.pair_i.numel())
         seen["chunks"] = max(seen["chunks"], layout.num_chunks)
         seen["singles"] += int((counts == 1).sum())
@@ -104,11 +115,12 @@ def test_the_layouts_exercise_every_route() -> None:
 def test_subjects_list_exactly_the_pairs_of_each_small_subject() -> None:
     subjects = _zipf(200, 60, seed=5)
     _, inverse, counts = torch.unique(subjects, return_inverse=True, return_counts=True)
-    layout = ghost._Subjects(inverse, counts)
+    small = 6
+    layout = ghost._Subjects(inverse, counts, small)
     expected = set()
     for s in range(counts.numel()):
         rows = torch.nonzero(inverse == s).flatten().tolist()
-        if 1 < len(rows) <= ghost.SMALL_SUBJECT:
+        if 1 < len(rows) <= small:
             expected |= {(s, i, j) for i, j in itertools.combinations(rows, 2)}
     got = {
         (int(s), min(int(i), int(j)), max(int(i), int(j)))
@@ -116,6 +128,7 @@ def test_subjects_list_exactly_the_pairs_of_each_small_subject() -> None:
     }
     assert got == expected
     assert len(got) == layout.pair_i.numel()  # no pair listed twice
+    assert layout.num_chunks > layout.big_ids.numel()  # a subject in several chunks
     # every record of a big subject sits in exactly one chunk of its subject
     chunks = layout.chunks.view(layout.num_chunks, ghost.SUBJECT_CHUNK)
     for big, owner_rows in zip(layout.big_ids.tolist(), range(layout.big_ids.numel()), strict=True):

@@ -86,8 +86,9 @@ PER_EXAMPLE_LIMIT = 1 << 27
 #: glibc's malloc unmaps freed blocks above its mmap threshold (32 MiB at most), so one
 #: larger tensor per step costs a fresh mapping and a page fault per 4 KiB on every step
 PIECE_BYTES = 16 * 2**20
-#: subjects with at most this many records are "small" (see :class:`_Subjects`)
-SMALL_SUBJECT = 8
+#: subjects with at most this many records may be "small" (see :class:`_Subjects`; the limit
+#: of a model is where pairs cost about as much as gradients, :func:`_small_limit`)
+SMALL_SUBJECT = 64
 #: larger subjects are cut into chunks of this many records (see :class:`_Subjects`)
 SUBJECT_CHUNK = 32
 #: per-subject passes hold at most about this many bytes of captured activations and output
@@ -104,21 +105,25 @@ class _Subjects:
     """The subjects of a batch, laid out once for every layer.
 
     ``inverse`` maps every record to its subject row ``0..num-1``. Subjects with at most
-    :data:`SMALL_SUBJECT` records are "small": their records' pairs ``i < j`` are listed
+    ``small`` records are "small": their records' pairs ``i < j`` are listed
     (``pair_i``, ``pair_j``, ``pair_subject``). Larger ones are "big": cut into chunks of
     :data:`SUBJECT_CHUNK` records (``chunks``, record indices with ``batch`` standing for a
     zero row; ``owner``, the big subject of each chunk). The bookkeeping runs in numpy: a few
     dozen operations on arrays of a few hundred integers.
     """
 
-    def __init__(self, inverse: torch.Tensor, counts: torch.Tensor) -> None:
+    def __init__(
+        self, inverse: torch.Tensor, counts: torch.Tensor, small: int = SMALL_SUBJECT
+    ) -> None:
+        if not 1 <= small <= SMALL_SUBJECT:
+            raise ValueError(f"Expected small={small} in [1, {SMALL_SUBJECT}].")
         self.inverse = inverse
         inv, n = inverse.numpy(), counts.numpy()
         self.num, self.batch = int(n.size), int(inv.size)
         order = np.argsort(inv, kind="stable")  # records grouped by subject
         starts = np.cumsum(n) - n
         m = n * (n - 1) // 2  # pairs per subject
-        big = n > SMALL_SUBJECT
+        big = n > small
         empty = torch.zeros(0, dtype=torch.long)
         self.pair_i = self.pair_j = self.pair_subject = empty
         self.big_ids = self.chunks = self.owner = empty
@@ -131,13 +136,13 @@ class _Subjects:
             m[big] = 0
         pairs = int(m.sum())
         if pairs:
-            small = np.flatnonzero(m)
-            m = m[small]
+            ids = np.flatnonzero(m)
+            m = m[ids]
             slot = np.arange(pairs) - np.repeat(np.cumsum(m) - m, m)
-            first = np.repeat(starts[small], m)
+            first = np.repeat(starts[ids], m)
             self.pair_i = torch.from_numpy(order[first + _PAIR_I[slot]])
             self.pair_j = torch.from_numpy(order[first + _PAIR_J[slot]])
-            self.pair_subject = torch.from_numpy(np.repeat(small, m))
+            self.pair_subject = torch.from_numpy(np.repeat(ids, m))
         self._ones: torch.Tensor | None = None
 
     def _big(self, big: np.ndarray, n: np.ndarray, starts: np.ndarray, order: np.ndarray) -> None:
@@ -357,7 +362,7 @@ def _linear_subject_sq(
             if elements > PER_EXAMPLE_LIMIT or cost > subjects.batch**2 * (d + p):
                 return None
     pairs = int(subjects.pair_i.numel())
-    if pairs * sum(p + d for p, d in widths) > PER_EXAMPLE_LIMIT:
+    if pairs * sum(p + d for p, d in widths) * sq.element_size() > PIECE_BYTES:
         return None
     ones = subjects.ones(layers[0][1])
     # rows [g_i, a_i, (1)] of every layer side by side
@@ -574,7 +579,7 @@ class GhostClipper:
         per_pass = max_batch if records is None else max(max_batch, PASS_BYTES // records)
         if inverse.numel() <= per_pass:  # one pass over the whole batch
             stats = self._capture(params, x, y, scale)
-            norms = _model_subject_sq(stats, _Subjects(inverse, counts)).clamp_(min=0).sqrt_()
+            norms = _model_subject_sq(stats, inverse, counts).clamp_(min=0).sqrt_()
             return norms, self._assemble(params, stats, weigh(norms).index_select(0, inverse))
         # consecutive subjects, about per_pass records per pass
         passes = torch.div(torch.cumsum(counts, 0) - counts, per_pass, rounding_mode="floor")
@@ -584,7 +589,7 @@ class GhostClipper:
             rows = torch.nonzero(torch.isin(inverse, members)).flatten()
             local = torch.searchsorted(members, inverse[rows])
             stats = self._capture(params, x[rows], y[rows], scale[rows])
-            sq = _model_subject_sq(stats, _Subjects(local, counts[members]))
+            sq = _model_subject_sq(stats, local, counts[members])
             parts.append((members, local, stats, sq))
         sq_all = torch.zeros(num, dtype=dtype)
         for members, _, _, sq in parts:
@@ -603,12 +608,25 @@ class GhostClipper:
         return norms, total
 
 
-def _model_subject_sq(stats: dict[str, _Stats], subjects: _Subjects) -> torch.Tensor:
+def _small_limit(layers: list[tuple[torch.Tensor, torch.Tensor, bool]]) -> int:
+    """Largest "small" subject for these one-position linear layers: a pair of records costs
+    about ``Σ (p + d)`` (gathered and multiplied), a record in a gradient ``Σ p·d``, so pairs
+    are cheaper up to about ``2·Σ p·d / (3·Σ (p + d))`` records (at least 2, at most
+    :data:`SMALL_SUBJECT`)."""
+    widths = [(g.shape[1], a.shape[1] + int(bias)) for a, g, bias in layers]
+    limit = 2 * sum(p * d for p, d in widths) // (3 * sum(p + d for p, d in widths))
+    return max(2, min(SMALL_SUBJECT, limit))
+
+
+def _model_subject_sq(
+    stats: dict[str, _Stats], inverse: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
     """Squared norms of the per-subject summed gradients of the whole model: one-position
     linear layers together (:func:`_linear_subject_sq`), every other layer (or all of them,
     where that route is too costly) by its own ``subject_sq``."""
     linear = [layer for layer in stats.values() if layer.rows is not None]
     rows = [layer.rows for layer in linear if layer.rows is not None]
+    subjects = _Subjects(inverse, counts, _small_limit(rows) if rows else SMALL_SUBJECT)
     total = None
     if rows:
         sq = _sum_layers([layer.sq for layer in linear])
