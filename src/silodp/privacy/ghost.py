@@ -365,11 +365,13 @@ def _linear_subject_sq(
     if pairs * sum(p + d for p, d in widths) * sq.element_size() > PIECE_BYTES:
         return None
     ones = subjects.ones(layers[0][1])
-    # rows [g_i, a_i, (1)] of every layer side by side
+    # rows [g_i, a_i, (1)] of every layer side by side, then a zero row (chunks' padding)
     columns = []
     for a, g, bias in layers:
         columns += [g, a, ones] if bias else [g, a]
-    rows = torch.cat(columns, dim=1)
+    padded = sq.new_empty(subjects.batch + 1, sum(p + d for p, d in widths))
+    rows = torch.cat(columns, dim=1, out=padded[: subjects.batch])
+    padded[subjects.batch] = 0.0
     inverse, total = subjects.inverse, sq
     if subjects.unbig_rows is not None:  # big subjects' norms come from their gradients
         inverse = inverse.index_select(0, subjects.unbig_rows)
@@ -392,10 +394,8 @@ def _linear_subject_sq(
         cross = (dots[0::2] * dots[1::2]).sum(0)
         out.index_add_(0, subjects.pair_subject, cross)
     if subjects.num_chunks:
-        blocks = (
-            F.pad(rows, (0, 0, 0, 1))
-            .index_select(0, subjects.chunks)
-            .view(subjects.num_chunks, SUBJECT_CHUNK, -1)
+        blocks = padded.index_select(0, subjects.chunks).view(
+            subjects.num_chunks, SUBJECT_CHUNK, -1
         )
         grads = []
         at = 0
