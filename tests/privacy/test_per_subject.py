@@ -183,7 +183,11 @@ def test_vectorised_equals_loop(model_name, epochs, batch_size, chunk_size, meth
 def test_convolutional_chunks_are_sized_by_their_activations() -> None:
     """A CNN's largest stacked tensor is a layer's output for a step, not a parameter: the
     default chunk keeps it under the limit, and every subject is still trained."""
-    from silodp.privacy.per_subject import STACKED_TENSOR_BYTES, largest_activation_bytes
+    from silodp.privacy.per_subject import (
+        ACTIVATION_COPIES,
+        STACKED_TENSOR_BYTES,
+        largest_activation_bytes,
+    )
 
     model = _model("mnist_cnn")
     params = _params(model)
@@ -194,8 +198,11 @@ def test_convolutional_chunks_are_sized_by_their_activations() -> None:
     assert activation == 16 * 8 * 8 * 8
     width = 64
     chunk = default_chunk_size(params, activation_bytes=width * activation)
-    assert chunk * width * activation <= STACKED_TENSOR_BYTES
-    assert (chunk + 1) * width * activation > STACKED_TENSOR_BYTES
+    assert ACTIVATION_COPIES == 3
+    # 16 MiB / (3 copies x 64 records x 8,192 bytes) = 10.67: ten subjects
+    assert chunk == 10
+    assert chunk * ACTIVATION_COPIES * width * activation <= STACKED_TENSOR_BYTES
+    assert (chunk + 1) * ACTIVATION_COPIES * width * activation > STACKED_TENSOR_BYTES
     assert chunk < default_chunk_size(params)  # the activations, not the weights, decide
     plan = subject_batches(subjects, ORDER, epochs=1, batch_size=2, coins=Coins.seeded(0))
     chunks = list(per_subject_deltas(model, params, x, y, plan, lr=0.1))

@@ -48,6 +48,11 @@ CHUNK_BUDGET_BYTES = 256 * 2**20
 #: 16 MiB leaves room under the threshold and measured as fast as any smaller size
 #: (``docs/performance.md``, "Allocation churn").
 STACKED_TENSOR_BYTES = 16 * 2**20
+#: Tensors of one layer's output size alive at once for a chunk in a step (the output, its
+#: gradient, and the copy vmap's grouped convolutions make to lay subjects out as channel
+#: groups): ``uldp_cnn`` on Fashion-MNIST faulted pages in every step with chunks of 25+
+#: subjects (two copies under the limit), not with 15 (three).
+ACTIVATION_COPIES = 3
 
 
 @dataclass(frozen=True)
@@ -114,11 +119,11 @@ def subject_batches(
 def default_chunk_size(params: Params, *, record_bytes: int = 0, activation_bytes: int = 0) -> int:
     """Subjects per chunk: stacked params, grads and updates fit the memory budget, and no
     stacked tensor — one parameter, one step's gathered records (``record_bytes`` per
-    subject) or one layer's output for a step (``activation_bytes`` per subject) — exceeds
-    :data:`STACKED_TENSOR_BYTES`."""
+    subject) or :data:`ACTIVATION_COPIES` of one layer's output for a step
+    (``activation_bytes`` per subject) — exceeds :data:`STACKED_TENSOR_BYTES`."""
     total = sum(p.numel() * p.element_size() for p in params.values())
     sizes = [p.numel() * p.element_size() for p in params.values()]
-    largest = max([*sizes, record_bytes, activation_bytes])
+    largest = max([*sizes, record_bytes, ACTIVATION_COPIES * activation_bytes])
     by_budget = CHUNK_BUDGET_BYTES // (4 * max(total, 1))
     by_tensor = STACKED_TENSOR_BYTES // max(largest, 1)
     return max(1, min(512, by_budget, by_tensor))
