@@ -1,8 +1,9 @@
 """The weighting protocol's arithmetic over BFV: the same steps and the same decrypted sum as
 the Paillier protocol (:mod:`silodp.crypto.protocol`), computed modulo the CRT primes
 ``t_1 .. t_m`` of a :class:`~silodp.crypto.bfv.params.BfvPlan`. Parties are objects called in
-one process (:class:`BfvWeightingSession`); there are no BFV message types or stage checks yet,
-and no config selects this backend.
+one process (:class:`BfvWeightingSession`); there are no BFV message types or stage checks yet.
+``uldp_avg_w`` with ``scheme = "bfv"`` drives it in the in-process simulator through
+:class:`~silodp.crypto.bfv.simulation.BfvProtocol`.
 
 Per prime ``t`` (all parties derive the primes from public values):
 
@@ -72,7 +73,9 @@ __all__ = [
     "BfvServer",
     "BfvSilo",
     "BfvWeightingSession",
+    "authenticated_setup",
     "mulmod",
+    "subject_sample_key",
     "uniform_residues",
 ]
 
@@ -117,6 +120,12 @@ def uniform_residues(source: RandomSource, modulus: int, count: int) -> np.ndarr
     return np.concatenate(parts)[:count]
 
 
+def subject_sample_key(seed: bytes) -> SharedSampleKey:
+    """The key from which every silo derives each round's subject sample (from the shared
+    seed; the server never holds it)."""
+    return SharedSampleKey(derive_key(seed, b"silodp/bfv/subject-sample"))
+
+
 def _stream(key: bytes, label: str) -> ChaCha20Prg:
     return ChaCha20Prg(derive_key(key, label.encode()))
 
@@ -143,7 +152,7 @@ class BfvSilo:
         self._blinds = [
             [random_unit(prg, t) for _ in self.subject_ids] for t in self.plan.plain_moduli
         ]
-        self.sample_key = SharedSampleKey(derive_key(self.seed, b"silodp/bfv/subject-sample"))
+        self.sample_key = subject_sample_key(self.seed)
 
     def subject_sample(self, round_index: int, rate: float) -> frozenset[Hashable]:
         """Round ``round_index``'s Poisson sample of the public subjects at ``rate``, the same
@@ -215,7 +224,10 @@ class BfvSilo:
                 lifted = new_ciphertext(ctx)
                 ev.transform_to_ntt(weights[j][i], lifted)
                 for b in range(plan.blocks):
-                    plain = ctx.plaintext(values[b * n : (b + 1) * n])
+                    chunk = values[b * n : (b + 1) * n]
+                    if not chunk.any():  # adds nothing (and SEAL refuses a zero product)
+                        continue
+                    plain = ctx.plaintext(chunk)
                     ev.transform_to_ntt_inplace(plain, ctx.parms_id)
                     if acc[b] is None:
                         acc[b] = new_ciphertext(ctx)
@@ -331,13 +343,14 @@ class BfvServer:
         )
 
 
-def _authenticated_setup(
+def authenticated_setup(
     silos: Sequence[int], root: RandomSource
 ) -> tuple[dict[int, dict[int, bytes]], dict[int, bytes]]:
     """The Paillier protocol's set-up, played in one process: every silo signs an X25519 key
     share with its Ed25519 identity key, every silo checks every peer's signature and derives
     the pairwise keys, the lowest silo seals a fresh seed for each other silo
     (ChaCha20-Poly1305), which opens it. Returns each silo's pairwise mask keys and seed."""
+    silos = tuple(sorted(silos))
     session_id = root.token_bytes(16)
     sources = {s: ChaCha20Prg(root.token_bytes(32)) for s in silos}
     identities = {s: generate_identity(sources[s]) for s in silos}
@@ -377,7 +390,9 @@ def _authenticated_setup(
 class BfvWeightingSession:
     """Server and silos in one process, BFV arithmetic (tests, benchmarks). The set-up is the
     Paillier protocol's (identity-signed X25519 key shares, pairwise keys, a sealed shared
-    seed: :func:`_authenticated_setup`), played in one process rather than by messages."""
+    seed: :func:`authenticated_setup`), played in one process rather than by messages;
+    ``setup``: that set-up's result when it has already been played (each silo's pairwise
+    mask keys and seed)."""
 
     def __init__(
         self,
@@ -391,6 +406,7 @@ class BfvWeightingSession:
         noise_bound: float = 1e6,
         precision: float = 1e-10,
         source: RandomSource | None = None,
+        setup: tuple[Mapping[int, Mapping[int, bytes]], Mapping[int, bytes]] | None = None,
     ) -> None:
         silos = tuple(sorted(histograms))
         if len(silos) < 2:
@@ -429,7 +445,9 @@ class BfvWeightingSession:
         self.server = BfvServer(self.plan, subjects)
         self._tick("keygen", t0)
         t0 = time.perf_counter()
-        masks, seeds = _authenticated_setup(silos, root)
+        masks, seeds = setup if setup is not None else authenticated_setup(silos, root)
+        if sorted(masks) != list(silos) or sorted(seeds) != list(silos):
+            raise ValueError(f"Expected a set-up for silos {list(silos)}, got {sorted(seeds)}.")
         self._tick("key_exchange", t0)
         t0 = time.perf_counter()
         self.silos = {
