@@ -19,6 +19,7 @@ from silodp.algorithms.base import (
 )
 from silodp.crypto.paillier import check_key_bits
 from silodp.crypto.sampling import SharedSampleKey
+from silodp.errors import InvalidValueError
 from silodp.privacy.gradients import Params
 from silodp.privacy.noise import gaussian_mechanism, grid_exponent
 from silodp.privacy.randomness import Coins
@@ -66,6 +67,10 @@ class UldpConfig(UldpNaiveConfig):
         check_choice(self.key("subject_sampler"), self.subject_sampler, ("silos", "server"))
 
 
+#: encryption schemes of the private weighting protocol (``UldpAvgWConfig.scheme``)
+SCHEMES = ("paillier", "bfv")
+
+
 @dataclass(frozen=True, kw_only=True)
 class UldpAvgWConfig(UldpConfig):
     """``uldp_avg_w``'s hyperparameters.
@@ -73,6 +78,9 @@ class UldpAvgWConfig(UldpConfig):
     Attributes:
       weighting: weights ``n_{s,a}/n_a`` through the private weighting protocol
         (``protocol``; no party sees another silo's histogram) or computed in the clear.
+      scheme: the weighting protocol's encryption: ``paillier`` (the default) or ``bfv``
+        (lattice-based, :mod:`silodp.crypto.bfv`; the in-process simulator only). ``bfv``
+        needs ``weighting = "protocol"``.
       key_bits: Paillier modulus size of the weighting protocol (at least 2048).
       n_max: public bound on one subject's records in the federation (weighting protocol).
     """
@@ -83,12 +91,25 @@ class UldpAvgWConfig(UldpConfig):
         "uldp_avg_w: protocol (the silos do not learn a server-drawn sample) or clear.",
         account=True,
     )
+    scheme: str = hyperparameter(
+        "paillier",
+        "privacy",
+        "uldp_avg_w with weighting = protocol: paillier or bfv (lattice-based; in-process "
+        "simulator only).",
+    )
     key_bits: int = hyperparameter(3072, "privacy", "Paillier modulus bits (>= 2048).")
     n_max: int = hyperparameter(2000, "privacy", "Bound on a subject's records (protocol).")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_choice(self.key("weighting"), self.weighting, ("protocol", "clear"))
+        check_choice(self.key("scheme"), self.scheme, SCHEMES)
+        if self.scheme != "paillier" and self.weighting != "protocol":
+            raise InvalidValueError(
+                f"Expected {self.key('scheme')}={self.scheme!r} only with "
+                f"{self.key('weighting')}='protocol' (the scheme encrypts the weighting "
+                f"protocol; got {self.key('weighting')}={self.weighting!r})."
+            )
         check_key_bits(self.key_bits)  # the protocol's own rule: at least 2048 bits
         check_int(self.key("n_max"), self.n_max, 1)
 
@@ -119,6 +140,12 @@ PROTOCOL_AGGREGATION_NOTE = (
     "registered Ed25519 identity keys); deltas are clipped so that their fixed-point "
     "encodings stay within C, and each silo draws its noise exactly as rounded-Gaussian "
     "integers on the aggregate's grid, a post-processing of the accounted Gaussian mechanism"
+)
+
+#: how the BFV scheme encrypts, in place of "under Paillier encryption" in the note above
+BFV_ENCRYPTION = (
+    "under BFV encryption (lattice-based, 128-bit parameters, CRT over plaintext primes, "
+    "each silo's ciphertexts re-randomised and noise-flooded)"
 )
 
 WEIGHTS_IN_CLEAR_NOTE = (

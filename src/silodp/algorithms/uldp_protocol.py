@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from silodp.algorithms.base import (
 from silodp.algorithms.registry import register
 from silodp.algorithms.uldp_avg import UldpAvg
 from silodp.algorithms.uldp_common import (
+    BFV_ENCRYPTION,
     OWN_NOISE_NOTE,
     PROTOCOL_AGGREGATION_NOTE,
     UldpAvgWConfig,
@@ -39,6 +40,9 @@ from silodp.privacy.gradients import Params
 from silodp.privacy.per_subject import per_subject_deltas, subject_batches
 from silodp.privacy.randomness import Coins
 
+if TYPE_CHECKING:  # importing silodp.crypto.bfv needs tenseal: only with scheme = "bfv"
+    from silodp.crypto.bfv.simulation import BfvProtocol, BfvWeights
+
 NOISE_BOUND_STDS = 40.0
 #: fixed-point precision of the weighting protocol (decimal digits after the point)
 PROTOCOL_PRECISION = 1e-10
@@ -50,7 +54,7 @@ class ProtocolRound:
     weight for every subject when the silos sample; ``Enc(0)`` for those outside the server's
     sample otherwise, which the silos cannot tell apart)."""
 
-    message: EncryptedWeights
+    message: EncryptedWeights | BfvWeights
 
 
 def _rounded_gaussian(n: int, scale: Fraction, coins: Coins) -> np.ndarray:
@@ -103,7 +107,7 @@ class UldpAvgW(UldpAvg):
         config: AlgorithmConfig,
         *,
         weights: np.ndarray | None = None,
-        protocol: WeightingSession | Parties | None = None,
+        protocol: WeightingSession | Parties | BfvProtocol | None = None,
         num_subjects: int | None = None,
         sample_key: SharedSampleKey | None = None,
     ) -> None:
@@ -148,6 +152,12 @@ class UldpAvgW(UldpAvg):
         histograms = {
             s: {a: int(c) for a, c in enumerate(hist[s]) if c} for s in range(train.num_silos)
         }
+        if cfg.scheme == "bfv":
+            return cls(
+                cfg,
+                protocol=cls.bfv_protocol(cfg, histograms, train.num_subjects, root),
+                num_subjects=train.num_subjects,
+            )
         protocol_config = cls.protocol_config(
             cfg,
             num_silos=train.num_silos,
@@ -158,6 +168,38 @@ class UldpAvgW(UldpAvg):
         protocol_config, identities = with_identities(protocol_config, root)
         session = WeightingSession(protocol_config, histograms, source=root, identities=identities)
         return cls(cfg, protocol=session, num_subjects=train.num_subjects)
+
+    @staticmethod
+    def bfv_protocol(
+        config: UldpAvgWConfig,
+        histograms: Mapping[int, Mapping[int, int]],
+        num_subjects: int,
+        source: RandomSource,
+    ) -> BfvProtocol:
+        """The BFV weighting protocol (:mod:`silodp.crypto.bfv`) for these histograms, with
+        the Paillier protocol's bounds; its keys follow once the model's size is known
+        (:meth:`initial_state`)."""
+        from silodp.crypto.bfv.simulation import BfvProtocol, BfvProtocolConfig
+
+        num_silos = len(histograms)
+        std = config.noise_multiplier * config.clip / math.sqrt(num_silos)
+        public = BfvProtocolConfig(
+            silo_ids=tuple(range(num_silos)),
+            subject_ids=tuple(range(num_subjects)),
+            n_max=config.n_max,
+            delta_bound=config.clip,
+            noise_bound=NOISE_BOUND_STDS * std,
+            precision=PROTOCOL_PRECISION,
+        )
+        return BfvProtocol(public, histograms, source=source)
+
+    def initial_state(self, params: Params) -> Any:
+        """None; with the BFV protocol, first sets it up for the model's parameter count
+        (public: every party knows the model's architecture)."""
+        start = getattr(self.protocol, "start", None)
+        if start is not None:
+            start(sum(int(v.numel()) for v in params.values()))
+        return super().initial_state(params)
 
     @staticmethod
     def protocol_config(
@@ -233,7 +275,10 @@ class UldpAvgW(UldpAvg):
     def run_notes(self) -> list[str]:
         if self.protocol is None:
             return super().run_notes()
-        return [PROTOCOL_AGGREGATION_NOTE, *self._sampling_notes(), OWN_NOISE_NOTE]
+        note = PROTOCOL_AGGREGATION_NOTE
+        if self.config.scheme == "bfv":
+            note = note.replace("under Paillier encryption", BFV_ENCRYPTION)
+        return [note, *self._sampling_notes(), OWN_NOISE_NOTE]
 
     def silo_sample(self, round_index: int) -> torch.Tensor:
         """Silo side: round ``round_index``'s subject sample (through the protocol, from the
@@ -271,7 +316,7 @@ class UldpAvgW(UldpAvg):
         if not isinstance(instructions, ProtocolRound):
             raise ValueError(f"{self.name} needs this round's ProtocolRound from configure_round.")
         cfg = self.config
-        party = self.protocol.silos[silo.silo]
+        party: Any = self.protocol.silos[silo.silo]  # Paillier's or BFV's silo party
         names = list(params)
         dim = sum(int(params[k].numel()) for k in names)
         clip = cfg.clip - math.sqrt(dim) * PROTOCOL_PRECISION / 2
@@ -321,11 +366,14 @@ class UldpAvgW(UldpAvg):
         encrypted messages (all silos must answer, else ``SiloDropoutError``)."""
         if self.protocol is None:
             return super().aggregate(params, updates)
-        server = self.protocol.server
+        server: Any = self.protocol.server  # Paillier's or BFV's server party
+        expected = (
+            MaskedWeightedSum if self.config.scheme == "paillier" else _bfv_weighted_sum_type()
+        )
         for update in updates:
-            if not isinstance(update.payload, MaskedWeightedSum):
+            if not isinstance(update.payload, expected):
                 raise ValueError(
-                    f"{self.name}: silo {update.silo} sent no MaskedWeightedSum payload."
+                    f"{self.name}: silo {update.silo} sent no {expected.__name__} payload."
                 )
             server.receive_weighted_sum(update.payload)
         result = server.finish_round()
@@ -333,6 +381,12 @@ class UldpAvgW(UldpAvg):
         total = _unflatten(torch.from_numpy(result.aggregate), params)
         scale = self.config.subject_rate * self.num_subjects
         return apply_total(params, total, self.config.server_lr / scale)
+
+
+def _bfv_weighted_sum_type() -> type:
+    from silodp.crypto.bfv.simulation import BfvWeightedSum
+
+    return BfvWeightedSum
 
 
 def _unflatten(vector: torch.Tensor, like: Params) -> Params:

@@ -286,7 +286,8 @@ def _log_protocol_estimate(
     est = session.estimate_round(dim)
     minutes = est.cpu_seconds / 60
     log(
-        f"{run.name}: private weighting protocol, {est.pairs} (silo, subject) pairs x {dim} "
+        f"{run.name}: private weighting protocol, {est.scheme}, {est.pairs} (silo, subject) "
+        f"pairs x {dim} "
         f"parameters, {est.slots} per ciphertext: about {minutes:.3g} CPU-minutes per round "
         f"of cryptography on this machine ({run.training.rounds} rounds; estimate)"
     )

@@ -21,6 +21,7 @@ class RoundEstimate:
     dim: int
     slots: int  # coordinates per ciphertext
     cpu_seconds: float
+    scheme: str = "Paillier"  # what the estimate models, as the run's log names it
 
 
 def estimate_round(
