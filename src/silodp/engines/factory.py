@@ -8,10 +8,23 @@ from typing import Any
 from silodp.data import FederatedDataset
 from silodp.engines.remote import RemoteEngine, Transport
 from silodp.engines.silo import write_silo_data
+from silodp.errors import InvalidValueError
 from silodp.experiment.record import summary
 from silodp.experiment.run import EngineFactory
 
-__all__ = ["remote_engine_factory", "silo_file", "write_silo_files"]
+__all__ = ["check_weighting_scheme", "remote_engine_factory", "silo_file", "write_silo_files"]
+
+
+def check_weighting_scheme(algorithm: str, scheme: str) -> None:
+    """Refuses a weighting-protocol scheme that only the in-process simulator runs: the
+    engines whose silos run apart exchange the Paillier protocol's messages only (BFV has no
+    message types yet)."""
+    if scheme != "paillier":
+        raise InvalidValueError(
+            f"Expected {algorithm}'s privacy.scheme='paillier' with an engine whose silos run "
+            f"apart (Flower), got {scheme!r}: the {scheme.upper()} weighting protocol runs in "
+            "the in-process simulator only (silodp run --engine inprocess, the default)."
+        )
 
 
 def silo_file(directory: str | Path, silo: int) -> Path:
@@ -34,6 +47,7 @@ def remote_engine_factory(
     """An engine factory whose runs exchange messages with the silos through ``transport``."""
 
     def make(run: Any, data: Any, **kwargs: Any) -> RemoteEngine:
+        check_weighting_scheme(run.name, getattr(run.algorithm.config, "scheme", "paillier"))
         train = data.train
 
         def notes() -> list[str]:

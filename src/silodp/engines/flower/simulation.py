@@ -15,7 +15,11 @@ from flwr.simulation import run_simulation
 
 from silodp.config import ExperimentConfig
 from silodp.data.build import build_federated_data
-from silodp.engines.factory import remote_engine_factory, write_silo_files
+from silodp.engines.factory import (
+    check_weighting_scheme,
+    remote_engine_factory,
+    write_silo_files,
+)
 from silodp.engines.flower.apps import SILO_DIR_ENV, client_app
 from silodp.engines.flower.transport import GridTransport
 from silodp.errors import InvalidValueError, SilodpError
@@ -35,6 +39,8 @@ def check_engine_config(config: ExperimentConfig) -> None:
             "Expected [data] scaling other than 'dp' with a Flower engine: the DP feature "
             "statistics are computed by the in-process engine only."
         )
+    for name in config.algorithms:
+        check_weighting_scheme(name, config.algorithm_settings(name).get("scheme", "paillier"))
 
 
 def simulate(
