@@ -11,7 +11,8 @@ its mechanism ran, one per unit it protects. The accountant then composes, per u
 
 Within one round silodp's silo events differ only in their sampling rate (same noise, steps and
 group bound), so they are ordered by dominance: the one with the largest rates dominates
-(sub-sampling at a smaller rate is a post-processing of sub-sampling at a larger one); where
+(sub-sampling at a smaller rate is a post-processing of sub-sampling at a larger one:
+:func:`_dominating_by_rate`); where
 the events differ otherwise, the largest single-round ε picks the dominating one.
 
 Routes, each a valid upper bound; the smallest is reported with its name:
@@ -191,10 +192,11 @@ def _dominating_by_rate(events: Sequence[dp_event.DpEvent]) -> int | None:
     """Index of an event that dominates all others because they differ only in sub-sampling
     probabilities and its are the largest, each; None when there is no such event.
 
-    Poisson sub-sampling at rate q is a post-processing of sub-sampling at q' >= q (keep the
-    sampled unit with probability q/q'), for both adjacency directions, and so is a known
-    sample (replace the output by ⊥ with probability 1 - q/q'); dominance survives
-    composition. No ε is computed."""
+    Poisson sub-sampling at rate q is a post-processing of sub-sampling at q' >= q: the pair
+    ((1-q)Q + qP, Q) is ((1-q')Q + q'P, Q) with each output kept with probability q/q' and
+    otherwise replaced by a fresh draw from Q (the mechanism without the unit), for both
+    adjacency directions; a known sample likewise (replace the output by ⊥ instead). Dominance
+    survives composition, for PLD and RDP alike. No ε is computed."""
     parts = [_rates_apart(e) for e in events]
     shape = parts[0][0]
     if not parts[0][1] or any(p[0] != shape for p in parts):
