@@ -173,16 +173,20 @@ def plan_bfv_round(
         raise ValueError(f"Expected a ciphertext modulus of >= 100 bits, got {q.bit_length()}.")
     n = params.poly_degree
     blocks = -(-dim // n)
-    probe = WeightingEncoding(
-        modulus=1 << 30000,
-        n_max=n_max,
-        num_subjects=num_subjects,
-        num_silos=num_silos,
-        delta_bound=delta_bound,
-        noise_bound=noise_bound,
-        precision=precision,
-        packing=False,
-    )
+
+    def encoding(modulus: int) -> WeightingEncoding:
+        return WeightingEncoding(
+            modulus=modulus,
+            n_max=n_max,
+            num_subjects=num_subjects,
+            num_silos=num_silos,
+            delta_bound=delta_bound,
+            noise_bound=noise_bound,
+            precision=precision,
+            packing=False,
+        )
+
+    probe = encoding(1 << 30000)
     need = (2 * probe.aggregate_bound) << TAMPER_MARGIN_BITS
     best: tuple[int, int, tuple[int, ...], int, int] | None = None
     for bits in range(MIN_PLAIN_BITS, MAX_PLAIN_BITS + 1):
@@ -211,14 +215,4 @@ def plan_bfv_round(
             f"expected a larger poly_degree or fewer subjects."
         )
     count, _bits, primes, beta, silo = best
-    encoding = WeightingEncoding(
-        modulus=math.prod(primes),
-        n_max=n_max,
-        num_subjects=num_subjects,
-        num_silos=num_silos,
-        delta_bound=delta_bound,
-        noise_bound=noise_bound,
-        precision=precision,
-        packing=False,
-    )
-    return BfvPlan(params, encoding, primes, q, dim, blocks, beta, silo)
+    return BfvPlan(params, encoding(math.prod(primes)), primes, q, dim, blocks, beta, silo)
