@@ -164,6 +164,25 @@ def test_flooding_leaves_the_sum_of_many_silos_decryptable() -> None:
     assert ctx.coefficients(out)[0] == 15
 
 
+def test_secret_polynomials_do_not_stay_in_the_scratch_file() -> None:
+    """Plaintexts (a silo's blinded deltas) and flooding polynomials pass through a scratch file
+    to reach SEAL; it is emptied after every load and save, and removed with the context."""
+    import os
+
+    t = batching_primes(8192, 32, 1, frozenset(PRIMES))[0]
+    ctx = BfvContext(8192, BfvParameters().coeff_bits, t)
+    path = ctx._path
+    plain = ctx.plaintext(np.arange(1, 9, dtype=np.uint64))
+    assert os.path.getsize(path) == 0
+    assert list(ctx.coefficients(plain)[:8]) == list(range(1, 9))
+    ctx.flooding(ChaCha20Prg(bytes(32)), 60)
+    assert os.path.getsize(path) == 0
+    blob = ctx.to_bytes(plain)
+    assert len(blob) > 8 and os.path.getsize(path) == 0
+    del ctx
+    assert not os.path.exists(path)
+
+
 def test_parameter_validation_names_the_value() -> None:
     with pytest.raises(ValueError, match=r"poly_degree=4096 in \[8192, 16384\]"):
         BfvParameters(poly_degree=4096)

@@ -94,10 +94,8 @@ class BfvContext:
         dyn = self._framed(struct.pack("<Q", data.size) + data.tobytes())
         body = struct.pack("<4Q", 0, 0, 0, 0) + struct.pack("<Qd", data.size, 1.0) + dyn
         blob = self._framed(body)
-        with open(self._path, "wb") as fh:
-            fh.write(blob)
         plain = sealapi.Plaintext()
-        plain.load(self.context, self._path)
+        self._load(plain, blob)
         return plain
 
     @staticmethod
@@ -113,16 +111,32 @@ class BfvContext:
         return out
 
     def to_bytes(self, obj: Any) -> bytes:
-        obj.save(self._path)
-        with open(self._path, "rb") as fh:
-            return fh.read()
+        try:
+            obj.save(self._path)
+            with open(self._path, "rb") as fh:
+                return fh.read()
+        finally:
+            self._wipe()
+
+    def _load(self, obj: Any, blob: bytes) -> None:
+        """``obj.load`` from ``blob`` through the scratch file (tenseal's SEAL objects load
+        only from files), emptied again at once: plaintexts and flooding polynomials are
+        secret and must not stay in it."""
+        try:
+            with open(self._path, "wb") as fh:
+                fh.write(blob)
+            obj.load(self.context, self._path)
+        finally:
+            self._wipe()
+
+    def _wipe(self) -> None:
+        with open(self._path, "wb"):
+            pass
 
     def ciphertext_from_bytes(self, blob: bytes) -> Any:
         """Loads a ciphertext, checked valid for this context (SEAL raises otherwise)."""
-        with open(self._path, "wb") as fh:
-            fh.write(blob)
         ct = sealapi.Ciphertext(self.context)
-        ct.load(self.context, self._path)
+        self._load(ct, blob)
         if not sealapi.is_valid_for(ct, self.context):
             raise ValueError("Ciphertext is not valid for this BFV context.")
         return ct
