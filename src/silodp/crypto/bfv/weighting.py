@@ -33,8 +33,9 @@ What each party learns (honest-but-curious, as the Paillier protocol):
   all silos); its ``c1`` is re-randomised by a fresh encryption of zero (pseudorandom under
   RLWE, even to the key holder), and its noise is flooded so that the noise distribution is
   within statistical distance ``2^-(lambda+1)`` of data-independent flooding
-  (:mod:`~silodp.crypto.bfv.params`). So, as with Paillier, the server learns the aggregate
-  and nothing else.
+  (:mod:`~silodp.crypto.bfv.params`). So the server learns the aggregate and nothing else, up
+  to RLWE and that statistical distance per silo message, which adds up over messages
+  (Paillier has no statistical term).
 """
 
 from __future__ import annotations
