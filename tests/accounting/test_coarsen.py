@@ -240,3 +240,25 @@ def test_the_accountant_still_ranks_events_that_differ_otherwise() -> None:
     alone.compose_round([sharp])
     assert both.epsilons()["record"] == alone.epsilons()["record"]
     assert math.isfinite(alone.epsilons()["record"])
+
+
+@pytest.mark.parametrize("factor", [1024, 16384, 262144])
+def test_upper_share_is_never_below_the_exact_one_at_large_factors(factor: int) -> None:
+    """A point at offset o above its lower coarse point sends (1 - e^{-o})/(1 - e^{-c}) of its
+    mass up; computed in float64 it must not fall below the exact value (here from 50-digit
+    decimals), however coarse the grid: less mass up would make δ optimistic."""
+    from decimal import Decimal, getcontext
+
+    from dp_accounting.pld import pld_pmf
+
+    getcontext().prec = 50
+    fine = 1e-3
+    for step in (1, factor // 7, factor // 2, factor - 1):
+        pmf = pld_pmf.DensePLDPmf(fine, step, np.array([1.0]), 0.0, pessimistic_estimate=True)
+        out = coarsen_pmf(pmf, factor)
+        probs = np.asarray(out._probs)  # noqa: SLF001
+        upper = step // factor + 1 - out._lower_loss  # noqa: SLF001
+        up = float(probs[upper]) if 0 <= upper < len(probs) else 0.0
+        o, c = Decimal(step) * Decimal(fine), Decimal(factor) * Decimal(fine)
+        exact = (1 - (-o).exp()) / (1 - (-c).exp())
+        assert Decimal(up) >= exact, (factor, step, up, exact)

@@ -53,7 +53,9 @@ def coarsen_pmf(pmf: pld_pmf.PLDPmf, factor: int) -> pld_pmf.DensePLDPmf:
     offset = (index - lower * factor) * fine  # l - a, in [0, coarse)
     coarse = fine * factor
     # share of a point's mass at the upper neighbour b: keeps p·e^{-l} = p_a e^{-a} + p_b e^{-b}
-    up_share = 1.0 - np.expm1(coarse - offset) / np.expm1(coarse)
+    # (1 - e^{-o}) / (1 - e^{-c}) as a ratio of expm1s: no cancellation at any coarse step
+    # (the form 1 - expm1(c - o)/expm1(c) loses ~1e-11 relative once c reaches ~260)
+    up_share = np.expm1(-offset) / np.expm1(-coarse)
     up_share = np.minimum(1.0, up_share * (1.0 + _UPWARD_MARGIN))
     up = probs * up_share
     down = probs - up
