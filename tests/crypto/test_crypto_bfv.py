@@ -4,6 +4,7 @@ the key holder sees of one silo is masked and flooded."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -279,3 +280,12 @@ def test_set_up_agrees_pairwise_keys_and_one_seed_by_signed_x25519() -> None:
     keys = {k for silo in silos.values() for k in silo.pair_keys.values()}
     assert len(keys) == 4 * 3 // 2  # one key per pair, all distinct
     assert "key_exchange" in session.timings
+
+
+def test_a_silos_repr_shows_no_secret() -> None:
+    """The histogram, pairwise mask keys, shared seed and random source stay out of repr."""
+    from silodp.crypto.bfv.weighting import BfvSilo
+
+    shown = {f.name for f in dataclasses.fields(BfvSilo) if f.repr}
+    assert shown.isdisjoint({"histogram", "pair_keys", "seed", "source", "_blinds"})
+    assert "silo_id" in shown

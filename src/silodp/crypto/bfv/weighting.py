@@ -139,11 +139,11 @@ class BfvSilo:
     plan: BfvPlan
     contexts: tuple[BfvContext, ...]
     public_keys: tuple[Any, ...]
-    histogram: Mapping[Hashable, int]
+    histogram: Mapping[Hashable, int] = field(repr=False)
     subject_ids: tuple[Hashable, ...]
-    pair_keys: Mapping[int, bytes]
-    seed: bytes
-    source: RandomSource
+    pair_keys: Mapping[int, bytes] = field(repr=False)
+    seed: bytes = field(repr=False)
+    source: RandomSource = field(repr=False)
     _blinds: list[list[int]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
