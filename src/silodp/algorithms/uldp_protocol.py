@@ -181,16 +181,7 @@ class UldpAvgW(UldpAvg):
         (:meth:`initial_state`)."""
         from silodp.crypto.bfv.simulation import BfvProtocol, BfvProtocolConfig
 
-        num_silos = len(histograms)
-        std = config.noise_multiplier * config.clip / math.sqrt(num_silos)
-        public = BfvProtocolConfig(
-            silo_ids=tuple(range(num_silos)),
-            subject_ids=tuple(range(num_subjects)),
-            n_max=config.n_max,
-            delta_bound=config.clip,
-            noise_bound=NOISE_BOUND_STDS * std,
-            precision=PROTOCOL_PRECISION,
-        )
+        public = BfvProtocolConfig(**_public_fields(config, len(histograms), num_subjects))
         return BfvProtocol(public, histograms, source=source)
 
     def initial_state(self, params: Params) -> Any:
@@ -211,14 +202,8 @@ class UldpAvgW(UldpAvg):
     ) -> ProtocolConfig:
         """The weighting protocol's public parameters for a federation of ``num_silos`` silos
         and ``num_subjects`` subjects (identity keys not yet registered)."""
-        std = config.noise_multiplier * config.clip / math.sqrt(num_silos)
         return ProtocolConfig(
-            silo_ids=tuple(range(num_silos)),
-            subject_ids=tuple(range(num_subjects)),
-            n_max=config.n_max,
-            delta_bound=config.clip,
-            noise_bound=NOISE_BOUND_STDS * std,
-            precision=PROTOCOL_PRECISION,
+            **_public_fields(config, num_silos, num_subjects),
             key_bits=config.key_bits,
             insecure_test_key_bits=insecure_test_key_bits,
         )
@@ -400,3 +385,16 @@ def _unflatten(vector: torch.Tensor, like: Params) -> Params:
     if start != vector.numel():
         raise ValueError(f"Expected {start} values, got {vector.numel()}.")
     return out
+
+
+def _public_fields(config: UldpAvgWConfig, num_silos: int, num_subjects: int) -> dict[str, Any]:
+    """The public parameters every weighting scheme shares: parties, bounds, precision."""
+    std = config.noise_multiplier * config.clip / math.sqrt(num_silos)
+    return {
+        "silo_ids": tuple(range(num_silos)),
+        "subject_ids": tuple(range(num_subjects)),
+        "n_max": config.n_max,
+        "delta_bound": config.clip,
+        "noise_bound": NOISE_BOUND_STDS * std,
+        "precision": PROTOCOL_PRECISION,
+    }
