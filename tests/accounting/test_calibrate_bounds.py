@@ -87,7 +87,8 @@ def test_hopeless_target_fails_fast(evaluations, algorithm, target, kwargs) -> N
     with pytest.raises(CalibrationError, match="unreachable") as err:
         account_report(algorithm, target_epsilon=target, **kwargs)
     assert f"target_epsilon={target!r}" in str(err.value)
-    assert 1 <= len(evaluations) <= 15
+    assert len(evaluations) >= 1
+    assert len(evaluations) <= 15
 
 
 SMALL = PrivacyPlan(sampling_rates=(0.05, 0.05), rounds=2, silos_per_round=2, span=2, delta=1e-5)
