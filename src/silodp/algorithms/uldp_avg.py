@@ -35,6 +35,7 @@ from silodp.algorithms.uldp_common import (
     UldpConfig,
     apply_total,
     check_weights,
+    deltas_method,
     exact_sum,
     gaussian_share,
     sampling_note,
@@ -47,6 +48,7 @@ from silodp.privacy.ghost import clipper_for
 from silodp.privacy.gradients import Params, clip_factors
 from silodp.privacy.per_subject import per_subject_deltas, subject_batches
 from silodp.privacy.randomness import Coins
+from silodp.privacy.stacked import StackedModel
 
 
 @register
@@ -262,7 +264,7 @@ class UldpAvg(Algorithm):
                 coins=coins,
             )
             for rows, deltas in per_subject_deltas(
-                model, params, silo.x, silo.y, batches, lr=cfg.lr
+                model, params, silo.x, silo.y, batches, lr=cfg.lr, method=deltas_method(cfg)
             ):
                 # per-subject norms parameter by parameter (no concatenated copy of the chunk)
                 norms = [torch.linalg.vector_norm(d.flatten(1), dim=1) for d in deltas.values()]
@@ -284,7 +286,11 @@ class UldpAvg(Algorithm):
         return SiloUpdate(silo.silo, message, silo.num_records, privacy, subjects_per_batch=counts)
 
     def _fast(self, model: nn.Module) -> bool:
-        return self.config.grad_method == "auto" and clipper_for(model).fast
+        """Whether one full-batch step per subject is summed from per-subject gradient norms
+        (no model copies). Not for chains of convolutions, which train their subjects'
+        copies faster as one grouped model (``per_subject_deltas``)."""
+        auto = self.config.grad_method == "auto"
+        return auto and clipper_for(model).fast and StackedModel.trace(model) is None
 
     def _single_step_sum(
         self,

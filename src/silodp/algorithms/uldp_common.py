@@ -188,6 +188,12 @@ def sampling_note(*, rate: float, sampler: str, protocol: bool) -> str | None:
     )
 
 
+def deltas_method(cfg: UldpConfig) -> str:
+    """``per_subject_deltas``' method: the materialised ``vmap`` reference when the config
+    asks for ``grad_method = "vmap"``, else the fastest path for the model."""
+    return "vmap" if cfg.grad_method == "vmap" else "auto"
+
+
 def gaussian_share(
     values: Params, *, noise_multiplier: float, sensitivity: float, coins: Coins, shares: int
 ) -> Params:

@@ -27,6 +27,7 @@ from silodp.algorithms.uldp_common import (
     PROTOCOL_AGGREGATION_NOTE,
     UldpAvgWConfig,
     apply_total,
+    deltas_method,
     record_weights,
 )
 from silodp.crypto.messages import EncryptedWeights, MaskedWeightedSum
@@ -318,7 +319,7 @@ class UldpAvgW(UldpAvg):
                 silo.subject, order, epochs=cfg.local_epochs, batch_size=cfg.batch_size, coins=coins
             )
             for rows, deltas in per_subject_deltas(
-                model, params, silo.x, silo.y, batches, lr=cfg.lr
+                model, params, silo.x, silo.y, batches, lr=cfg.lr, method=deltas_method(cfg)
             ):
                 flat = torch.cat([deltas[k].reshape(deltas[k].shape[0], -1) for k in names], dim=1)
                 factors = torch.clamp(clip / (flat.norm(dim=1) + 1e-12), max=1.0)

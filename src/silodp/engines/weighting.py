@@ -80,6 +80,8 @@ def server_setup(
     """
     assert algorithm.protocol is not None
     planned = algorithm.protocol.config
+    # the engines refuse scheme = "bfv" before any message: only Paillier's protocol runs here
+    assert isinstance(planned, ProtocolConfig)
     registry = tuple(sorted((int(s), bytes(k)) for s, k in identities.items()))
     config = dataclasses.replace(planned, identity_keys=registry)
     server = Server(config)

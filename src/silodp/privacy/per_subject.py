@@ -17,7 +17,7 @@ loop :func:`per_subject_deltas_loop` trains one subject at a time on exactly the
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +28,7 @@ from torch.nn import functional as F
 from silodp._validation import check_choice, check_int, check_positive
 from silodp.privacy.gradients import Params
 from silodp.privacy.randomness import Coins
+from silodp.privacy.stacked import StackedModel
 
 __all__ = [
     "SubjectBatches",
@@ -172,12 +173,15 @@ def per_subject_deltas(
     ``deltas[name]`` has a leading dimension of those subjects. Each step's batches are cut
     to the chunk's longest real batch, so small subjects do not pay for large ones.
 
-    ``method``: ``vmap`` (subjects of a chunk trained together; ``auto`` is the same) or
-    ``loop`` (one after another). By default a chunk's size keeps every stacked parameter,
-    gathered batch and activation of a step under :data:`STACKED_TENSOR_BYTES`.
+    ``method``: ``vmap`` (subjects of a chunk trained together), ``stacked`` (the same, as one
+    grouped channels-last model: :class:`~silodp.privacy.stacked.StackedModel`, for chains of
+    convolutions, linear layers, ReLU, max-pooling and flatten), ``auto`` (``stacked`` where
+    the model is such a chain with a convolution, else ``vmap``) or ``loop`` (one after
+    another). By default a chunk's size keeps every stacked parameter, gathered batch and
+    activation of a step under :data:`STACKED_TENSOR_BYTES`.
     """
     check_positive("lr", lr)
-    check_choice("method", method, ("auto", "vmap", "loop"))
+    check_choice("method", method, ("auto", "vmap", "stacked", "loop"))
     epochs, steps, _, width_max = batches.index.shape
     record_bytes = width_max * (x[:1].numel() * x.element_size() + y.element_size())
 
@@ -189,7 +193,13 @@ def per_subject_deltas(
         weights = mb.to(losses.dtype)
         return (losses * weights).sum() / weights.sum().clamp(min=1.0)
 
-    subject_grad = vmap(grad(masked_loss))
+    stacked = StackedModel.trace(model) if method in ("auto", "stacked") else None
+    if method == "stacked" and stacked is None:
+        raise ValueError(
+            f"Expected a chain of Conv2d, Linear, ReLU, MaxPool2d and flatten for "
+            f"method='stacked', got {type(model).__name__}."
+        )
+    subject_grad = vmap(grad(masked_loss)) if stacked is None else _stacked_grad(stacked)
     # real records per (epoch, step, subject): a prefix of each padded batch
     real = batches.mask.sum(dim=3)
     by_size = torch.argsort(real[0].sum(dim=0), stable=True)
@@ -228,6 +238,26 @@ def per_subject_deltas(
         for k, v in local.items():
             v.sub_(params[k])
         yield rows, local
+
+
+def _stacked_grad(
+    stacked: StackedModel,
+) -> Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor], Params]:
+    """``vmap(grad(masked_loss))`` computed by ``stacked``: each subject's gradient of its
+    masked mean loss (the subjects are independent, so one backward pass of the sum of
+    their losses gives every subject's gradient)."""
+
+    def subject_grad(local: Params, xb: torch.Tensor, yb: torch.Tensor, mb: torch.Tensor) -> Params:
+        leaves = {k: v.detach().requires_grad_(True) for k, v in local.items()}
+        logits = stacked(leaves, xb)
+        losses = F.cross_entropy(logits.flatten(0, 1), yb.reshape(-1), reduction="none")
+        weights = mb.to(losses.dtype)
+        per_subject = (losses.view(yb.shape) * weights).sum(dim=1)
+        total = (per_subject / weights.sum(dim=1).clamp(min=1.0)).sum()
+        grads = torch.autograd.grad(total, list(leaves.values()))
+        return dict(zip(leaves, grads, strict=True))
+
+    return subject_grad
 
 
 def _one_subject(
