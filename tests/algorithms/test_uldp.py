@@ -437,6 +437,49 @@ def test_message_is_weighted_sum_of_clipped_per_subject_deltas(name) -> None:
     assert got.subjects_per_batch == [len(order)]
 
 
+@pytest.mark.parametrize(("records", "stacked"), [(4, True), (1, False)])
+def test_uldp_sgd_on_a_cnn_takes_the_cheaper_path_with_the_same_message(
+    records: int, stacked: bool
+) -> None:
+    """A CNN's subjects with STACKED_MIN_RECORDS or more records on average train as stacked
+    copies, fewer from per-example norms at the shared weights; σ = 0, either way the
+    message is Σ_a w_a clip(-η G_a) with G_a from the naive loop."""
+    from silodp.algorithms.uldp_avg import STACKED_MIN_RECORDS
+    from silodp.models import MnistCNN
+
+    torch.manual_seed(0)
+    model = MnistCNN(num_classes=3, in_channels=1, side=8).double()
+    rng = np.random.default_rng(5)
+    subjects = np.repeat(np.arange(6), records)
+    n = len(subjects)
+    train = FederatedDataset(
+        x=rng.normal(size=(n, 1, 8, 8)),
+        y=rng.integers(0, 3, n),
+        silo=np.zeros(n, dtype=int),
+        subject=subjects,
+        num_classes=3,
+    )
+    silo = _float64(silo_tensors(train)[0])
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    order = torch.unique(silo.subject)
+    plan = subject_batches(silo.subject, order, epochs=1, batch_size=None, coins=Coins.seeded(1))
+    deltas = per_subject_deltas_loop(model, params, silo.x, silo.y, plan, lr=0.4)
+    norms = [float(tree_norm(d)) for d in deltas]
+    clip = float(np.median(norms))
+    algo = make_algorithm("uldp_sgd", dict(noise_multiplier=0.0, lr=0.4, clip=clip), train)
+    assert (records >= STACKED_MIN_RECORDS) == stacked
+    assert algo._fast(model, silo.subject, order) is not stacked
+    instr = algo.configure_round(1, Coins.seeded(0))
+    got = algo.local_update(model, params, silo, Coins.seeded(2), instr)
+    weight = 1.0 / train.num_silos  # uniform weights: one silo holds every subject
+    expected = {k: torch.zeros_like(v) for k, v in params.items()}
+    for d, norm in zip(deltas, norms, strict=True):
+        for k in expected:
+            expected[k] += weight * min(1.0, clip / norm) * d[k]
+    assert _distance(got.params, expected) < 1e-9
+    assert _distance(expected, {k: torch.zeros_like(v) for k, v in expected.items()}) > 1e-3
+
+
 def test_uldp_sgd_step_is_gradient_descent_on_the_subjects_loss() -> None:
     """One subject, σ = 0, C large: the round moves the model by -lr·∇(mean loss) and lowers
     the subject's training loss (a public implementation did gradient ascent here)."""

@@ -87,6 +87,7 @@ def test_uldp_vectorised_matches_loop() -> None:
     assert {r["algorithm"] for r in rows} == {"uldp_avg", "uldp_sgd"}
     for row in rows:
         assert row["subjects"] == 20 and row["silo_subject_pairs"] > 0
+        assert row["path"] == "vmap"  # the mlp has no convolution
         for key in ("vectorised_s", "loop_s", "speedup", "local_update_s"):
             assert isinstance(row[key], float) and row[key] > 0, key
         assert row["max_abs_diff"] < 1e-4

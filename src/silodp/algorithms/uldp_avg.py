@@ -50,6 +50,11 @@ from silodp.privacy.per_subject import per_subject_deltas, subject_batches
 from silodp.privacy.randomness import Coins
 from silodp.privacy.stacked import StackedModel
 
+#: ULDP-SGD on a CNN: below this many records per subject on average, the norms of
+#: per-example gradients at the shared weights are cheaper than stacked per-subject copies
+#: (measured crossover about 2.5 on uldp_cnn and mnist_cnn: docs/performance.md).
+STACKED_MIN_RECORDS = 3
+
 
 @register
 class UldpAvg(Algorithm):
@@ -253,7 +258,7 @@ class UldpAvg(Algorithm):
         present = torch.unique(silo.subject)
         order = present[row[present] > 0]
         total = {k: torch.zeros_like(v) for k, v in params.items()}
-        if order.numel() and self.single_step and self._fast(model):
+        if order.numel() and self.single_step and self._fast(model, silo.subject, order):
             total = self._single_step_sum(model, params, silo, order, row)
         elif order.numel():
             batches = subject_batches(
@@ -285,12 +290,17 @@ class UldpAvg(Algorithm):
         counts = [] if self._samples_at_silos() else [int(order.numel())]
         return SiloUpdate(silo.silo, message, silo.num_records, privacy, subjects_per_batch=counts)
 
-    def _fast(self, model: nn.Module) -> bool:
+    def _fast(self, model: nn.Module, subjects: torch.Tensor, order: torch.Tensor) -> bool:
         """Whether one full-batch step per subject is summed from per-subject gradient norms
-        (no model copies). Not for chains of convolutions, which train their subjects'
-        copies faster as one grouped model (``per_subject_deltas``)."""
-        auto = self.config.grad_method == "auto"
-        return auto and clipper_for(model).fast and StackedModel.trace(model) is None
+        (no model copies). Chains of convolutions train their subjects' copies as one
+        grouped model instead (``per_subject_deltas``) when the subjects ``order`` hold
+        :data:`STACKED_MIN_RECORDS` or more records on average."""
+        if self.config.grad_method != "auto" or not clipper_for(model).fast:
+            return False
+        if StackedModel.trace(model) is None:
+            return True
+        records = int(torch.isin(subjects, order).sum())
+        return records < STACKED_MIN_RECORDS * order.numel()
 
     def _single_step_sum(
         self,

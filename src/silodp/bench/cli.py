@@ -50,6 +50,7 @@ ULDP_COLUMNS = (
     "silo_subject_pairs",
     "fill",
     "algorithm",
+    "path",
     "vectorised_s",
     "loop_s",
     "speedup",
@@ -213,10 +214,11 @@ def uldp(
     _say(
         f"silodp bench uldp: torch threads = {used}; 5 silos, uldp_uniform allocation; seconds "
         f"per round (all silos), median of {repeats} interleaved repeats; speedup = loop / "
-        "vectorised (per_subject_deltas: the subjects of a chunk trained together with vmap; "
-        "convolutions become grouped convolutions); local_update_speedup = "
-        "loop / the algorithm's local_update (clipping, weighting and noise included; "
-        "uldp_sgd: per-subject norms without model copies); peak_rss_mb = extra peak RSS of "
+        "vectorised (per_subject_deltas: the subjects of a chunk trained together; path = "
+        "stacked: a CNN's copies as one grouped channels-last model, vmap: torch.func.vmap); "
+        "local_update_speedup = loop / the algorithm's local_update (clipping, weighting and "
+        "noise included; uldp_sgd: per-subject norms without model copies, except on the "
+        "stacked path, which is faster there); peak_rss_mb = extra peak RSS of "
         "one round of the algorithm's "
         "local_update (vectorised) in a fresh process, loop_peak_rss_mb the same for the loop; "
         "fill = share of the vectorised batch slots holding a real record; local_update_user_s, "

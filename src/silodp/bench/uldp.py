@@ -272,6 +272,7 @@ def run_uldp_bench(
                         "fill": real / max(slots, 1),
                         "records": int(sum(s.num_records for s in fed.silos)),
                         "algorithm": algorithm,
+                        "path": _path(fed.model),
                         "threads": threads,
                         "vectorised_s": medians["vectorised"],
                         "loop_s": medians["loop"],
@@ -293,6 +294,13 @@ def run_uldp_bench(
     if measure_rss:
         _add_rss(rows, threads=threads, jobs=rss_jobs)
     return rows
+
+
+def _path(model: nn.Module) -> str:
+    """How ``per_subject_deltas`` trains the subjects of a chunk together on ``model``."""
+    from silodp.privacy.stacked import StackedModel
+
+    return "vmap" if StackedModel.trace(model) is None else "stacked"
 
 
 def _cpu_columns(usage: dict[str, Usage]) -> Row:

@@ -2,10 +2,12 @@
 
 For every subject of a silo: start from the global model, train on that subject's records
 only (``epochs`` epochs of mini-batch SGD, or one full-batch gradient step), and return the
-model delta. Subjects are trained together with ``torch.func.vmap`` over stacked parameter
-copies (convolutions become grouped convolutions, one group per subject); subjects are
-processed in chunks so memory stays bounded for thousands of subjects, and so a chunk's
-activations stay small enough to be reused from step to step rather than mapped afresh.
+model delta. Subjects are trained together on stacked parameter copies: CNNs that are chains
+of convolutions, linear layers, ReLU and max-pooling as one grouped channels-last model
+(:mod:`silodp.privacy.stacked`, one group per subject), other models with
+``torch.func.vmap``; subjects are processed in chunks so memory stays bounded for thousands
+of subjects, and so a chunk's activations stay small enough to be reused from step to step
+rather than mapped afresh.
 
 Batching: each epoch, every subject's records are shuffled (one draw of distinct random ranks
 for all subjects from a :class:`~silodp.privacy.randomness.Coins`, so each subject's order is
