@@ -229,12 +229,13 @@ def test_vectorised_does_not_modify_params_and_default_chunk_is_positive() -> No
     assert default_chunk_size(params) >= 1
 
 
-def test_full_batch_delta_depends_only_on_the_subjects_own_records() -> None:
+@pytest.mark.parametrize("model_name", ["mlp", "mnist_cnn"])  # vmap and stacked paths
+def test_full_batch_delta_depends_only_on_the_subjects_own_records(model_name) -> None:
     """With full batches, a subject's delta is the same whether it is trained alone or with
     others (padding is masked), and does not move when other subjects' records change."""
     subjects = _subjects(COUNTS)
-    x, y = _features("mlp", len(subjects))
-    model = _model("mlp")
+    x, y = _features(model_name, len(subjects))
+    model = _model(model_name)
     params = _params(model)
 
     def deltas(order, xx):
