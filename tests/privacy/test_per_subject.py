@@ -252,6 +252,13 @@ def test_full_batch_delta_depends_only_on_the_subjects_own_records(model_name) -
         assert _max_abs_diff(together[row], alone) <= TOL
     assert _max_abs_diff(together[1], changed[1]) <= TOL  # subject 3 is row 1
     assert _max_abs_diff(together[0], changed[0]) > 1e-3  # subject 12 did see the change
+    # others' records non-finite (as their activations would be if they overflowed):
+    # subject 3's padding slots, which point at a record of the silo (here subject 12's),
+    # must not turn its delta into NaN
+    x_bad = x.clone()
+    x_bad[others] = float("inf")
+    assert int(subjects[0]) != 3  # padding points at record 0
+    assert _max_abs_diff(together[1], deltas(ORDER, x_bad)[1]) <= TOL
 
 
 @pytest.mark.parametrize("model_name", ["mlp", "mnist_cnn"])

@@ -85,7 +85,7 @@ def test_each_copy_gets_its_own_logits_and_gradients(name: str) -> None:
             assert float(g_own.abs().max()) > 0 or k.endswith("bias"), k  # the copy trained
 
 
-def test_relu_before_pooling_is_run_after_it() -> None:
+def test_relu_before_pooling_is_run_after_it_unless_the_pooling_pads() -> None:
     stacked = StackedModel.trace(UldpCNN(num_classes=10))
     assert stacked is not None
     kinds = [op.kind for op in stacked.ops]
@@ -93,6 +93,17 @@ def test_relu_before_pooling_is_run_after_it() -> None:
         "conv", "maxpool", "relu", "conv", "maxpool", "relu",
         "flatten", "linear", "relu", "linear",
     ]  # fmt: skip
+    padded = StackedModel.trace(_sequential())  # MaxPool2d(2, stride=1, padding=1)
+    assert padded is not None
+    assert [op.kind for op in padded.ops][:3] == ["conv", "relu", "maxpool"]
+
+
+def test_records_must_be_stacked_images() -> None:
+    stacked = StackedModel.trace(MnistCNN(num_classes=3, side=8))
+    assert stacked is not None
+    params = {k: v.detach().expand(2, *v.shape) for k, v in MnistCNN(3, side=8).named_parameters()}
+    with pytest.raises(ValueError, match=r"\(S, n, C, H, W\), got \(2, 4, 64\)"):
+        stacked(params, torch.zeros(2, 4, 64))
 
 
 class _ConvHead(nn.Module):
@@ -128,7 +139,17 @@ CASES = {
         nn.Conv2d(1, 1, 3), nn.MaxPool2d(2, return_indices=True)
     ),
     "ends with images": lambda: nn.Sequential(nn.Conv2d(1, 1, 3), nn.ReLU()),
+    "linear on images": lambda: nn.Sequential(nn.Conv2d(1, 1, 3), nn.Linear(2, 2), nn.Flatten()),
+    "pooling after flatten": lambda: nn.Sequential(
+        nn.Conv2d(1, 1, 3), nn.Flatten(), nn.MaxPool2d(2), nn.Linear(2, 2)
+    ),
+    "forward hook": lambda: _hooked(_ConvHead(lambda x, conv: torch.relu(conv(x)))),
 }
+
+
+def _hooked(model: nn.Module) -> nn.Module:
+    model.conv.register_forward_hook(lambda _m, _i, out: out * 2)
+    return model
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -139,11 +160,4 @@ def test_models_outside_the_supported_chains_are_refused(name: str) -> None:
         assert stacked is not None
         assert [op.kind for op in stacked.ops] == ["conv", "relu", "flatten", "linear"]
         return
-    if name != "ends with images":
-        assert stacked is None
-        return
-    # a chain of supported layers that never flattens: traced, refused when run
-    assert stacked is not None
-    params = {k: v.detach().expand(2, *v.shape) for k, v in model.named_parameters()}
-    with pytest.raises(ValueError, match="flat logits"):
-        stacked(params, torch.zeros(2, 1, 1, 5, 5))
+    assert stacked is None

@@ -231,6 +231,10 @@ def per_subject_deltas(
                 xb = torch.index_select(x, 0, idx, out=x_buf[: idx.numel()])
                 yb = torch.index_select(y, 0, idx, out=y_buf[: idx.numel()])
                 mb = batches.mask[e, j, rows, :size]
+                # padding slots hold some record of the silo: zeroed, so that no subject's
+                # arithmetic touches another's data (a record whose activations overflow
+                # would otherwise turn the masked-out terms into NaN)
+                xb[~mb.reshape(-1)] = 0
                 grads = subject_grad(
                     local, xb.view(width, size, *x.shape[1:]), yb.view(width, size), mb
                 )

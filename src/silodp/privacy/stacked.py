@@ -18,7 +18,8 @@ One rewrite: a ReLU followed by a max-pooling is run as the pooling followed by 
 a quarter of the elements (2×2 pooling). Both the values and the gradients are the same:
 ReLU is non-decreasing, so the maximum of the rectified window is the rectified maximum and
 sits at the same (first) position when it is positive; when it is not, the ReLU's gradient
-is 0 either way (``threshold_backward`` passes a gradient only where its input is > 0).
+is 0 either way (``threshold_backward`` passes a gradient only where its input is > 0). Only
+for poolings without padding: a padded window can hold no element of the image.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class StackedModel:
     @classmethod
     def trace(cls, model: nn.Module) -> StackedModel | None:
         """The chain of ``model``'s forward, or ``None`` if it has no convolution, is not a
-        chain of the supported operations, or cannot be traced."""
+        chain of the supported operations (images, one flatten, then linear layers), has
+        hooks or parametrizations, or cannot be traced."""
         if not any(isinstance(m, nn.Conv2d) for m in model.modules()):
             return None  # no convolution: vmap is as fast, and tracing costs ~2 ms
         try:
@@ -86,13 +88,15 @@ class StackedModel:
                 return None
             ops.append(op)
             current = node
-        if not any(op.kind == "conv" for op in ops):
+        if not _in_order(ops) or any(_hooked(m) for m in modules.values()):
             return None
         return cls(_pool_before_relu(ops))
 
     def __call__(self, params: Params, x: torch.Tensor) -> torch.Tensor:
         """Logits ``(S, n, classes)`` of copy ``s`` on records ``x[s]`` (``x``: ``(S, n, C,
         H, W)``), a differentiable function of the stacked ``params``."""
+        if x.dim() != 5:
+            raise ValueError(f"Expected records of shape (S, n, C, H, W), got {tuple(x.shape)}.")
         copies, n = x.shape[:2]
         # activations: (n, S·C, H, W) channels-last while spatial, (S, n, F) once flat
         h = x.transpose(0, 1).reshape(n, copies * x.shape[2], *x.shape[3:])
@@ -102,7 +106,7 @@ class StackedModel:
             if op.kind == "conv":
                 assert isinstance(op.module, nn.Conv2d)
                 weight = params[op.prefix + "weight"]
-                bias = params.get(op.prefix + "bias")
+                bias = None if op.module.bias is None else params[op.prefix + "bias"]
                 h = F.conv2d(
                     h,
                     weight.reshape(-1, *weight.shape[2:]),
@@ -125,8 +129,9 @@ class StackedModel:
                     h = h.unflatten(1, (copies, -1)).transpose(0, 1).reshape(copies, n, -1)
                     flat = True
             else:  # linear
+                assert isinstance(op.module, nn.Linear)
                 weight = params[op.prefix + "weight"]
-                bias = params.get(op.prefix + "bias")
+                bias = None if op.module.bias is None else params[op.prefix + "bias"]
                 h = torch.bmm(h, weight.transpose(1, 2))
                 if bias is not None:
                     h = h + bias.unsqueeze(1)
@@ -167,11 +172,32 @@ def _op_of(node: fx.Node, modules: dict[str, nn.Module]) -> _Op | None:
     return None
 
 
+def _in_order(ops: list[_Op]) -> bool:
+    """Convolutions and poolings on images, then one flatten, then linear layers; at least
+    one convolution."""
+    kinds = [op.kind for op in ops]
+    if "conv" not in kinds or "flatten" not in kinds:
+        return False
+    cut = kinds.index("flatten")
+    images, flat = kinds[:cut], kinds[cut:]
+    return "linear" not in images and "conv" not in flat and "maxpool" not in flat
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether ``module`` has hooks or parametrizations, which tracing would not keep."""
+    hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks)
+    return any(hooks) or hasattr(module, "parametrizations")
+
+
 def _pool_before_relu(ops: list[_Op]) -> list[_Op]:
-    """Each ReLU directly followed by a max-pooling swapped with it (same values and
-    gradients; the module docstring says why)."""
+    """Each ReLU directly followed by a max-pooling without padding swapped with it (same
+    values and gradients; the module docstring says why). With padding, a window can lie
+    wholly in the padding, where the pooling of the ReLU gives -inf and the ReLU of the
+    pooling 0: those are left as they are."""
     out = list(ops)
     for i in range(len(out) - 1):
-        if out[i].kind == "relu" and out[i + 1].kind == "maxpool":
+        pool = out[i + 1].module
+        unpadded = isinstance(pool, nn.MaxPool2d) and pool.padding in (0, (0, 0))
+        if out[i].kind == "relu" and out[i + 1].kind == "maxpool" and unpadded:
             out[i], out[i + 1] = out[i + 1], out[i]
     return out
