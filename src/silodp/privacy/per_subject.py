@@ -234,7 +234,7 @@ def per_subject_deltas(
                 # padding slots hold some record of the silo: zeroed, so that no subject's
                 # arithmetic touches another's data (a record whose activations overflow
                 # would otherwise turn the masked-out terms into NaN)
-                xb[~mb.reshape(-1)] = 0
+                xb.masked_fill_(~mb.reshape(-1, *[1] * (x.dim() - 1)), 0)
                 grads = subject_grad(
                     local, xb.view(width, size, *x.shape[1:]), yb.view(width, size), mb
                 )
