@@ -43,9 +43,9 @@ from silodp.privacy.ghost import clipper_for
 from silodp.privacy.gradients import (
     Params,
     clip_factors,
+    clipped_weighted_sum,
     per_example_gradients,
     per_example_norms,
-    weighted_sum,
 )
 from silodp.privacy.noise import gaussian_mechanism
 from silodp.privacy.randomness import Coins
@@ -98,8 +98,10 @@ def clipped_sum(
         x, y = silo.x[idx], silo.y[idx]
         if config.grad_method == "vmap" or not clipper_for(model).fast:
             grads = per_example_gradients(model, params, x, y)
-            factors = clip_factors(per_example_norms(grads), config.clip)
-            summed = weighted_sum(grads, factors if as_weights is None else as_weights(factors))
+            norms = per_example_norms(grads)
+            factors = clip_factors(norms, config.clip)
+            weights = factors if as_weights is None else as_weights(factors)
+            summed = clipped_weighted_sum(grads, norms, weights)
         else:
             _, summed = clipper_for(model).norms_and_sum(
                 params, x, y, clip=config.clip, weigh=as_weights

@@ -68,9 +68,9 @@ from silodp.privacy.ghost import clipper_for
 from silodp.privacy.gradients import (
     Params,
     clip_factors,
+    clipped_weighted_sum,
     per_example_gradients,
     per_example_norms,
-    weighted_sum,
 )
 from silodp.privacy.randomness import Coins
 
@@ -157,7 +157,8 @@ def noisy_gradient(
     x, y = silo.x[idx], silo.y[idx]
     if config.grad_method == "vmap" or not clipper_for(model).fast:
         grads = per_example_gradients(model, params, x, y)
-        summed = weighted_sum(grads, clip_factors(per_example_norms(grads), config.clip))
+        norms = per_example_norms(grads)
+        summed = clipped_weighted_sum(grads, norms, clip_factors(norms, config.clip))
     else:
         _, summed = clipper_for(model).norms_and_sum(params, x, y, clip=config.clip)
     noisy = noisy_sum(

@@ -45,7 +45,7 @@ from silodp.algorithms.uldp_common import (
 from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
 from silodp.privacy.ghost import clipper_for
-from silodp.privacy.gradients import Params, clip_factors
+from silodp.privacy.gradients import Params, clip_factors, drop_non_finite
 from silodp.privacy.per_subject import per_subject_deltas, subject_batches
 from silodp.privacy.randomness import Coins
 from silodp.privacy.stacked import StackedModel
@@ -277,7 +277,7 @@ class UldpAvg(Algorithm):
                 factors = clip_factors(total_norms, cfg.clip)
                 coeff = factors * row[order[rows]].to(factors.dtype)
                 for k, d in deltas.items():
-                    total[k] += torch.tensordot(coeff, d, dims=1)
+                    total[k] += torch.tensordot(coeff, drop_non_finite(d, total_norms), dims=1)
         message = gaussian_share(
             total,
             noise_multiplier=cfg.noise_multiplier,

@@ -37,7 +37,7 @@ from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
 from silodp.data.bounds import check_records_per_subject
 from silodp.errors import InvalidValueError
-from silodp.privacy.gradients import Params
+from silodp.privacy.gradients import Params, clip_factors, drop_non_finite
 from silodp.privacy.per_subject import per_subject_deltas, subject_batches
 from silodp.privacy.randomness import Coins
 
@@ -322,8 +322,10 @@ class UldpAvgW(UldpAvg):
                 model, params, silo.x, silo.y, batches, lr=cfg.lr, method=deltas_method(cfg)
             ):
                 flat = torch.cat([deltas[k].reshape(deltas[k].shape[0], -1) for k in names], dim=1)
-                factors = torch.clamp(clip / (flat.norm(dim=1) + 1e-12), max=1.0)
-                clipped = (flat * factors[:, None]).detach().cpu().numpy().astype(np.float64)
+                norms = flat.norm(dim=1)
+                factors = clip_factors(norms, clip)
+                clipped = drop_non_finite(flat * factors[:, None], norms)
+                clipped = clipped.detach().cpu().numpy().astype(np.float64)
                 for a, vector in zip(order[rows].tolist(), clipped, strict=True):
                     vectors[int(a)] = vector
         scale = party.encoding.silo_noise_scale(

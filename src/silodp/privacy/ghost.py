@@ -37,9 +37,9 @@ from torch.nn.grad import conv2d_weight
 from silodp.privacy.gradients import (
     Params,
     clip_factors,
+    clipped_weighted_sum,
     per_example_gradients,
     per_example_norms,
-    weighted_sum,
 )
 
 __all__ = ["GhostClipper", "clipper_for", "supported"]
@@ -539,12 +539,19 @@ class GhostClipper:
             grads = per_example_gradients(self.model, params, x, y)
             norms = per_example_norms(grads)
             factors = clip_factors(norms, clip)
-            return norms, weighted_sum(grads, factors if weigh is None else weigh(factors))
+            weights = factors if weigh is None else weigh(factors)
+            return norms, clipped_weighted_sum(grads, norms, weights)
         stats = self._capture(params, x, y, None)
         sq = torch.stack([layer.sq for layer in stats.values()]).sum(0)
         norms = sq.clamp(min=0).sqrt()
         factors = clip_factors(norms, clip)
-        return norms, self._assemble(params, stats, factors if weigh is None else weigh(factors))
+        weights = factors if weigh is None else weigh(factors)
+        bad = ~torch.isfinite(norms)
+        if bool(bad.any()):  # a non-finite gradient would make every contraction NaN (0·inf):
+            keep = torch.nonzero(~bad).flatten()  # the others' sum, without those examples
+            stats = self._capture(params, x[keep], y[keep], None)
+            weights = weights[keep]
+        return norms, self._assemble(params, stats, weights)
 
     def subject_norms_and_sum(
         self,
@@ -571,6 +578,36 @@ class GhostClipper:
             raise ValueError(
                 f"Per-subject norms need every layer supported; unsupported: {self.unsupported}."
             )
+        norms, total, coefficients = self._subject_norms_and_sum(
+            params, x, y, subjects, weigh=weigh, max_batch=max_batch
+        )
+        bad = ~torch.isfinite(norms)
+        if not bool(bad.any()):
+            return norms, total
+        # a subject whose gradient is not finite would make every contraction NaN (0·inf):
+        # the others' sum, without its records, with the weights computed above
+        ids = torch.unique(subjects)
+        keep = ~torch.isin(subjects, ids[bad])
+        if not bool(keep.any()):
+            return norms, {k: torch.zeros_like(v) for k, v in params.items()}
+        kept = coefficients[~bad]
+        _, total, _ = self._subject_norms_and_sum(
+            params, x[keep], y[keep], subjects[keep], weigh=lambda _: kept, max_batch=max_batch
+        )
+        return norms, total
+
+    def _subject_norms_and_sum(
+        self,
+        params: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        subjects: torch.Tensor,
+        *,
+        weigh: Callable[[torch.Tensor], torch.Tensor],
+        max_batch: int,
+    ) -> tuple[torch.Tensor, Params, torch.Tensor]:
+        """:meth:`subject_norms_and_sum` without the non-finite check; also returns the
+        per-subject weights ``weigh(norms)``."""
         _, inverse, counts = torch.unique(subjects, return_inverse=True, return_counts=True)
         dtype = next(iter(params.values())).dtype
         scale = counts.to(dtype).reciprocal_().index_select(0, inverse)
@@ -580,7 +617,12 @@ class GhostClipper:
         if inverse.numel() <= per_pass:  # one pass over the whole batch
             stats = self._capture(params, x, y, scale)
             norms = _model_subject_sq(stats, inverse, counts).clamp_(min=0).sqrt_()
-            return norms, self._assemble(params, stats, weigh(norms).index_select(0, inverse))
+            coefficients = weigh(norms)
+            return (
+                norms,
+                self._assemble(params, stats, coefficients.index_select(0, inverse)),
+                coefficients,
+            )
         # consecutive subjects, about per_pass records per pass
         passes = torch.div(torch.cumsum(counts, 0) - counts, per_pass, rounding_mode="floor")
         parts = []
@@ -605,7 +647,7 @@ class GhostClipper:
                 for k, v in summed.items():
                     total[k].add_(v)
         assert total is not None
-        return norms, total
+        return norms, total, coefficients
 
 
 def _small_limit(layers: list[tuple[torch.Tensor, torch.Tensor, bool]]) -> int:

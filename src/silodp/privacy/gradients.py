@@ -18,6 +18,8 @@ __all__ = [
     "Params",
     "batch_gradient",
     "clip_factors",
+    "clipped_weighted_sum",
+    "drop_non_finite",
     "per_example_gradients",
     "per_example_norms",
     "subject_average_weights",
@@ -63,8 +65,21 @@ def tree_norm(tensors: Params) -> torch.Tensor:
 
 
 def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """``min(1, C / ||g||)``: scaling that brings each norm to at most ``clip``."""
-    return torch.clamp(clip / (norms + 1e-12), max=1.0)
+    """``min(1, C / ||g||)``: scaling that brings each norm to at most ``clip``; 0 where the
+    norm is not finite (callers also drop that gradient, see :func:`drop_non_finite`)."""
+    factors = torch.clamp(clip / (norms + 1e-12), max=1.0)
+    return factors.masked_fill_(~torch.isfinite(norms), 0.0)
+
+
+def drop_non_finite(values: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+    """``values`` (a leading dimension of one row per norm) with the rows whose norm is not
+    finite set to 0: such a row (a record's gradient, a subject's delta) then contributes
+    nothing, rather than turning every weighted sum it enters into NaN (``0·inf``) — the
+    whole message would otherwise depend on one record or subject."""
+    bad = ~torch.isfinite(norms)
+    if not bool(bad.any()):
+        return values
+    return values.masked_fill(bad.view(-1, *[1] * (values.dim() - 1)), 0.0)
 
 
 def subject_average_weights(factors: torch.Tensor, subjects: torch.Tensor) -> torch.Tensor:
@@ -83,3 +98,11 @@ def subject_average_weights(factors: torch.Tensor, subjects: torch.Tensor) -> to
 def weighted_sum(grads: Params, weights: torch.Tensor) -> Params:
     """``sum_i w_i g_i`` for each parameter tensor."""
     return {name: torch.tensordot(weights, g, dims=1) for name, g in grads.items()}
+
+
+def clipped_weighted_sum(grads: Params, norms: torch.Tensor, weights: torch.Tensor) -> Params:
+    """``sum_i w_i g_i`` over the rows whose norm is finite (:func:`drop_non_finite`)."""
+    return {
+        name: torch.tensordot(weights, drop_non_finite(g, norms), dims=1)
+        for name, g in grads.items()
+    }
