@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 from silodp.models import MLP, MnistCNN
 from silodp.privacy.gradients import batch_gradient
@@ -324,3 +325,29 @@ def test_default_chunk_keeps_every_stacked_tensor_under_the_limit() -> None:
     assert (chunk + 1) * largest > STACKED_TENSOR_BYTES  # as many subjects as fit
     huge = {"w": torch.zeros(STACKED_TENSOR_BYTES // 2)}  # 2x the limit per subject in float32
     assert default_chunk_size(huge) == 1
+
+
+class _InPlaceInput(nn.Module):
+    """Adds 1 to its input in place before a linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.add_(1.0))
+
+
+def test_per_subject_deltas_leave_the_silo_records_untouched() -> None:
+    """Sizing a chunk runs the model on one record: on a copy, so a model that writes to its
+    input cannot change the silo's data from round to round."""
+    model = _InPlaceInput().double()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x = torch.randn(6, 4, dtype=torch.float64)
+    before = x.clone()
+    subjects = torch.tensor([0, 0, 1, 1, 2, 2])
+    plan = subject_batches(
+        subjects, torch.tensor([0, 1, 2]), epochs=1, batch_size=None, coins=Coins.seeded(0)
+    )
+    list(per_subject_deltas(model, params, x, torch.tensor([0, 1, 2, 0, 1, 2]), plan, lr=0.1))
+    assert torch.equal(x, before)

@@ -144,11 +144,42 @@ CASES = {
         nn.Conv2d(1, 1, 3), nn.Flatten(), nn.MaxPool2d(2), nn.Linear(2, 2)
     ),
     "forward hook": lambda: _hooked(_ConvHead(lambda x, conv: torch.relu(conv(x)))),
+    "backward pre-hook": lambda: _backward_pre_hooked(
+        _ConvHead(lambda x, conv: torch.relu(conv(x)))
+    ),
+    "subclassed conv": lambda: _conv_then_linear(_ScaledConv(1, 1, 3, padding=1)),
+    "patched forward": lambda: _patched(_conv_then_linear(nn.Conv2d(1, 1, 3, padding=1))),
+    "tied weights": lambda: _tied(),
 }
+
+
+class _ScaledConv(nn.Conv2d):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 3 * super().forward(x)
 
 
 def _hooked(model: nn.Module) -> nn.Module:
     model.conv.register_forward_hook(lambda _m, _i, out: out * 2)
+    return model
+
+
+def _backward_pre_hooked(model: nn.Module) -> nn.Module:
+    model.conv.register_full_backward_pre_hook(lambda _m, grad: (grad[0] * 10,))
+    return model
+
+
+def _patched(model: nn.Module) -> nn.Module:
+    conv = model[0]
+    original = conv.forward
+    conv.forward = lambda x: 3 * original(x)
+    return model
+
+
+def _tied() -> nn.Module:
+    model = nn.Sequential(
+        nn.Conv2d(1, 1, 3, padding=1), nn.Conv2d(1, 1, 3, padding=1), nn.Flatten(), nn.Linear(16, 2)
+    )
+    model[1].weight = model[0].weight
     return model
 
 
@@ -161,3 +192,14 @@ def test_models_outside_the_supported_chains_are_refused(name: str) -> None:
         assert [op.kind for op in stacked.ops] == ["conv", "relu", "flatten", "linear"]
         return
     assert stacked is None
+
+
+def test_global_module_hooks_are_refused() -> None:
+    model = _ConvHead(lambda x, conv: torch.relu(conv(x)))
+    assert StackedModel.trace(model) is not None
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda _m, _i, out: out)
+    try:
+        assert StackedModel.trace(model) is None
+    finally:
+        handle.remove()
+    assert StackedModel.trace(model) is not None

@@ -211,7 +211,7 @@ def per_subject_deltas(
         return
     chunk = chunk_size
     if chunk is None:
-        activation = largest_activation_bytes(model, params, x[:1]) if len(x) else 0
+        activation = largest_activation_bytes(model, params, x[:1].clone()) if len(x) else 0
         chunk = default_chunk_size(
             params, record_bytes=record_bytes, activation_bytes=width_max * activation
         )

@@ -57,7 +57,8 @@ class StackedModel:
     def trace(cls, model: nn.Module) -> StackedModel | None:
         """The chain of ``model``'s forward, or ``None`` if it has no convolution, is not a
         chain of the supported operations (images, one flatten, then linear layers), has
-        hooks or parametrizations, or cannot be traced."""
+        hooks (its own or global ones), parametrizations, tied weights or subclassed or
+        patched layers, or cannot be traced."""
         if not any(isinstance(m, nn.Conv2d) for m in model.modules()):
             return None  # no convolution: vmap is as fast, and tracing costs ~2 ms
         try:
@@ -88,8 +89,15 @@ class StackedModel:
                 return None
             ops.append(op)
             current = node
-        if not _in_order(ops) or any(_hooked(m) for m in modules.values()):
+        if not _in_order(ops) or any(_hooked(m) for m in modules.values()) or _global_hooks():
             return None
+        named = dict(model.named_parameters())  # tied weights appear once: not a chain of
+        for op in ops:  # independent layers
+            if op.prefix and any(
+                getattr(op.module, p, None) is not None and f"{op.prefix}{p}" not in named
+                for p in ("weight", "bias")
+            ):
+                return None
         return cls(_pool_before_relu(ops))
 
     def __call__(self, params: Params, x: torch.Tensor) -> torch.Tensor:
@@ -145,6 +153,8 @@ def _op_of(node: fx.Node, modules: dict[str, nn.Module]) -> _Op | None:
     if node.op == "call_module":
         module = modules[str(node.target)]
         prefix = f"{node.target}."
+        if type(module) not in _STOCK or "forward" in vars(module):
+            return None  # a subclass or an overridden forward may compute something else
         if isinstance(module, nn.Conv2d):
             plain = module.groups == 1 and module.padding_mode == "zeros"
             if plain and not isinstance(module.padding, str):
@@ -183,10 +193,32 @@ def _in_order(ops: list[_Op]) -> bool:
     return "linear" not in images and "conv" not in flat and "maxpool" not in flat
 
 
+#: the module types the stacked model reimplements (exactly these, not subclasses)
+_STOCK = (nn.Conv2d, nn.Linear, nn.ReLU, nn.MaxPool2d, nn.Flatten)
+
+
 def _hooked(module: nn.Module) -> bool:
     """Whether ``module`` has hooks or parametrizations, which tracing would not keep."""
-    hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks)
+    hooks = (
+        module._forward_hooks,
+        module._forward_pre_hooks,
+        module._backward_hooks,
+        module._backward_pre_hooks,
+    )
     return any(hooks) or hasattr(module, "parametrizations")
+
+
+def _global_hooks() -> bool:
+    """Whether hooks registered for every module (``register_module_*_hook``) are active."""
+    from torch.nn.modules import module as base
+
+    names = (
+        "_global_forward_hooks",
+        "_global_forward_pre_hooks",
+        "_global_backward_hooks",
+        "_global_backward_pre_hooks",
+    )
+    return any(getattr(base, name, None) for name in names)
 
 
 def _pool_before_relu(ops: list[_Op]) -> list[_Op]:
