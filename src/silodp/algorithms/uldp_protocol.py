@@ -324,8 +324,8 @@ class UldpAvgW(UldpAvg):
                 flat = torch.cat([deltas[k].reshape(deltas[k].shape[0], -1) for k in names], dim=1)
                 norms = flat.norm(dim=1)
                 factors = clip_factors(norms, clip)
-                clipped = drop_non_finite(flat * factors[:, None], norms)
-                clipped = clipped.detach().cpu().numpy().astype(np.float64)
+                kept = drop_non_finite(flat * factors[:, None], norms)
+                clipped = kept.detach().cpu().numpy().astype(np.float64)
                 for a, vector in zip(order[rows].tolist(), clipped, strict=True):
                     vectors[int(a)] = vector
         scale = party.encoding.silo_noise_scale(
