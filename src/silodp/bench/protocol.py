@@ -552,6 +552,12 @@ def register(bench_app: typer.Typer) -> None:
             "--bfv-round",
             help="Also run one whole BFV round at uldp_fmnist_uniform's shape (~5-10 CPU-min).",
         ),
+        zipf_route: bool = typer.Option(
+            False,
+            "--zipf-route",
+            help="Also measure the fixed-point weight route (not built) at uldp_fmnist_zipf's "
+            "shape (~10 s).",
+        ),
     ) -> None:
         """Private weighting protocol: time per phase and speed-up over python-paillier, then
         each paper-scale target's BFV cost beside today's Paillier cost."""
@@ -563,3 +569,8 @@ def register(bench_app: typer.Typer) -> None:
         if bfv_round:
             row = run_bfv_round()
             typer.echo(format_rows([row], list(row), as_json=as_json))
+        if zipf_route:
+            from silodp.bench.zipf_route import ZIPF_COLUMNS, run_zipf_route
+
+            echo("zipf route: one subject's weight under BFV, extrapolated (SEAL noise budgets)")
+            typer.echo(format_rows([run_zipf_route()], ZIPF_COLUMNS, as_json=as_json))

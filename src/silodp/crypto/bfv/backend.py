@@ -225,3 +225,45 @@ def new_ciphertext(ctx: BfvContext) -> Any:
 
 def new_plaintext() -> Any:
     return sealapi.Plaintext()
+
+
+def evaluation_keys(ctx: BfvContext, secret_key: Any, galois_elements: Sequence[int]) -> Any:
+    """Relinearisation keys and Galois keys for ``galois_elements`` (odd, below ``2N``) under
+    ``secret_key``: what ciphertext products and automorphisms need (the key holder makes
+    them; they reveal nothing of the key under RLWE with circular security)."""
+    keygen = sealapi.KeyGenerator(ctx.context, secret_key)
+    relin = sealapi.RelinKeys()
+    keygen.create_relin_keys(relin)
+    galois = sealapi.GaloisKeys()
+    keygen.create_galois_keys([int(g) for g in galois_elements], galois)
+    return relin, galois
+
+
+def multiply_relinearize(ctx: BfvContext, a: Any, b: Any, relin: Any) -> Any:
+    """``a·b``, relinearised back to two components."""
+    out = sealapi.Ciphertext(ctx.context)
+    ctx.evaluator.multiply(a, b, out)
+    ctx.evaluator.relinearize_inplace(out, relin)
+    return out
+
+
+def apply_galois(ctx: BfvContext, ct: Any, element: int, galois: Any) -> Any:
+    """The automorphism ``X -> X^element`` applied to ``ct``'s plaintext."""
+    out = sealapi.Ciphertext(ctx.context)
+    ctx.evaluator.apply_galois(ct, int(element), galois, out)
+    return out
+
+
+def mod_switch_next(ctx: BfvContext, ct: Any) -> Any | None:
+    """``ct`` with the last prime of its modulus dropped, or ``None`` at the last level."""
+    if ct.parms_id() == ctx.context.last_parms_id():
+        return None
+    out = sealapi.Ciphertext(ctx.context)
+    ctx.evaluator.mod_switch_to_next(ct, out)
+    return out
+
+
+def noise_budget(ctx: BfvContext, secret_key: Any, ct: Any) -> int:
+    """SEAL's invariant noise budget of ``ct`` in bits (0: it no longer decrypts correctly).
+    An empirical measure for benchmarks, not a worst-case bound."""
+    return int(sealapi.Decryptor(ctx.context, secret_key).invariant_noise_budget(ct))
