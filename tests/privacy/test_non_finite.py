@@ -120,6 +120,20 @@ def _federation(kind: str, records: int) -> FederatedDataset:
     )
 
 
+#: σ = 0 and one batch per epoch: the message is a deterministic sum over the subjects
+ULDP_CONFIG = dict(noise_multiplier=0.0, lr=0.3, clip=0.2, local_epochs=2, batch_size=100)
+
+
+def _first_silo(train: FederatedDataset) -> SiloData:
+    own = train.silo_indices(0)
+    return SiloData(
+        0,
+        torch.from_numpy(np.ascontiguousarray(train.x[own])).double(),
+        torch.from_numpy(train.y[own]),
+        torch.from_numpy(train.subject[own]),
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "kind", "records"),
     [
@@ -136,16 +150,10 @@ def test_uldp_message_skips_a_subject_with_a_non_finite_delta(name, kind, record
     train = _federation(kind, records)
     model = _model(kind)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    cfg = dict(noise_multiplier=0.0, lr=0.3, clip=0.2, local_epochs=2, batch_size=100)
+    cfg = dict(ULDP_CONFIG)
     algo = make_algorithm(name, cfg, train)
     instr = algo.configure_round(1, Coins.seeded(0))
-    own = train.silo_indices(0)
-    silo = SiloData(
-        0,
-        torch.from_numpy(np.ascontiguousarray(train.x[own])).double(),
-        torch.from_numpy(train.y[own]),
-        torch.from_numpy(train.subject[own]),
-    )
+    silo = _first_silo(train)
     rows = torch.nonzero(silo.subject == 4).flatten()
     got = algo.local_update(model, params, _poisoned(silo, rows[:1], value), Coins.seeded(2), instr)
     want = algo.local_update(model, params, _drop(silo, rows), Coins.seeded(2), instr)
@@ -163,14 +171,8 @@ def test_protocol_silo_sends_a_zero_vector_for_a_subject_with_a_non_finite_delta
     train = _federation("mlp", 3)
     model = _model("mlp")
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    cfg = dict(noise_multiplier=0.0, lr=0.3, clip=0.2, local_epochs=2, batch_size=100)
-    own = train.silo_indices(0)
-    silo = SiloData(
-        0,
-        torch.from_numpy(np.ascontiguousarray(train.x[own])).double(),
-        torch.from_numpy(train.y[own]),
-        torch.from_numpy(train.subject[own]),
-    )
+    cfg = dict(ULDP_CONFIG)
+    silo = _first_silo(train)
     rows = torch.nonzero(silo.subject == 4).flatten()
     sent = []
     for data in (_poisoned(silo, rows[:1], value), _drop(silo, rows)):
