@@ -351,3 +351,35 @@ def test_per_subject_deltas_leave_the_silo_records_untouched() -> None:
     )
     list(per_subject_deltas(model, params, x, torch.tensor([0, 1, 2, 0, 1, 2]), plan, lr=0.1))
     assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("chunk_size", [0, -3])
+def test_chunk_size_below_one_is_refused_naming_it(chunk_size) -> None:
+    from silodp.errors import InvalidValueError
+
+    model = _InPlaceInput().double()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    subjects = torch.tensor([0, 1])
+    plan = subject_batches(
+        subjects, torch.tensor([0, 1]), epochs=1, batch_size=None, coins=Coins.seeded(0)
+    )
+    x = torch.zeros(2, 4, dtype=torch.float64)
+    with pytest.raises(InvalidValueError, match=rf"chunk_size={chunk_size}"):
+        list(per_subject_deltas(model, params, x, subjects, plan, lr=0.1, chunk_size=chunk_size))
+
+
+@pytest.mark.parametrize(("name", "method"), [("mlp", "vmap"), ("cnn", "stacked")])
+def test_padding_slots_carry_no_other_record_label(name, method) -> None:
+    """Padding slots are filled from record 0; here it belongs to a subject not trained, with
+    a label no model accepts: the padded paths never read it (features and label zeroed)."""
+    model = _model(name)
+    params = _params(model)
+    subjects = torch.tensor([9, 0, 0, 0, 1, 2, 2])  # uneven: padding in every step
+    x, y = _features(name, len(subjects))
+    y[0] = 99
+    order = torch.tensor([0, 1, 2])
+    plan = subject_batches(subjects, order, epochs=2, batch_size=2, coins=Coins.seeded(3))
+    fast = _gather(per_subject_deltas(model, params, x, y, plan, lr=0.3, method=method), 3)
+    slow = per_subject_deltas_loop(model, params, x, y, plan, lr=0.3)
+    for a, b in zip(fast, slow, strict=True):
+        assert _max_abs_diff(a, b) < 1e-12

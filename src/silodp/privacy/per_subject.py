@@ -184,6 +184,8 @@ def per_subject_deltas(
     """
     check_positive("lr", lr)
     check_choice("method", method, ("auto", "vmap", "stacked", "loop"))
+    if chunk_size is not None:
+        check_int("chunk_size", chunk_size, 1)
     epochs, steps, _, width_max = batches.index.shape
     record_bytes = width_max * (x[:1].numel() * x.element_size() + y.element_size())
 
@@ -231,10 +233,11 @@ def per_subject_deltas(
                 xb = torch.index_select(x, 0, idx, out=x_buf[: idx.numel()])
                 yb = torch.index_select(y, 0, idx, out=y_buf[: idx.numel()])
                 mb = batches.mask[e, j, rows, :size]
-                # padding slots hold some record of the silo: zeroed, so that no subject's
-                # arithmetic touches another's data (a record whose activations overflow
-                # would otherwise turn the masked-out terms into NaN)
+                # padding slots hold some record of the silo: zeroed (features and label),
+                # so that no subject's arithmetic touches another's data (a record whose
+                # activations overflow would otherwise turn the masked-out terms into NaN)
                 xb.masked_fill_(~mb.reshape(-1, *[1] * (x.dim() - 1)), 0)
+                yb.masked_fill_(~mb.reshape(-1), 0)
                 grads = subject_grad(
                     local, xb.view(width, size, *x.shape[1:]), yb.view(width, size), mb
                 )
