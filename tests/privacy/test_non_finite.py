@@ -194,3 +194,28 @@ def test_protocol_silo_sends_a_zero_vector_for_a_subject_with_a_non_finite_delta
         assert np.isfinite(poisoned[a]).all()
         assert np.allclose(poisoned[a], clean[a], atol=1e-12, rtol=0)
     assert any(np.abs(v).sum() > 1e-3 for v in clean.values())
+
+
+@pytest.mark.parametrize("name", ["uldp_naive", "user_ldp"])
+@pytest.mark.parametrize("value", BAD)
+def test_whole_vector_clipping_sends_zeros_for_a_non_finite_vector(name, value) -> None:
+    """uldp_naive clips the silo's delta, user_ldp each step's mean gradient, as one vector:
+    a non-finite one becomes zeros (σ = 0 here), not a NaN message or an error."""
+    from silodp.privacy.gradients import clip_tree
+
+    vector = {"w": torch.tensor([1.0, value]), "b": torch.tensor([3.0])}
+    assert all(not v.any() for v in clip_tree(vector, 1.0).values())
+    finite = clip_tree({"w": torch.tensor([3.0, 0.0]), "b": torch.tensor([4.0])}, 1.0)
+    assert torch.allclose(finite["w"], torch.tensor([0.6, 0.0]))
+    train = _federation("mlp", 3)
+    model = _model("mlp")
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    cfg = dict(noise_multiplier=0.0, lr=0.3, clip=0.2, local_epochs=1, batch_size=100)
+    algo = make_algorithm(name, cfg, train)
+    silo = _first_silo(train)
+    poisoned = _poisoned(silo, torch.tensor([0]), value)  # in every (full) batch
+    update = algo.local_update(model, params, poisoned, Coins.seeded(2))
+    for k, v in update.params.items():
+        assert torch.isfinite(v).all()
+        baseline = torch.zeros_like(v) if name == "uldp_naive" else params[k]
+        assert torch.equal(v.to(baseline.dtype), baseline), k

@@ -6,7 +6,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import nn
 
 from silodp.accounting import SiloPrivacy
@@ -31,7 +30,7 @@ from silodp.algorithms.uldp_common import (
     share_grid,
 )
 from silodp.data import FederatedDataset
-from silodp.privacy.gradients import Params, tree_norm
+from silodp.privacy.gradients import Params, clip_tree
 from silodp.privacy.randomness import Coins
 
 #: ULDP-NAIVE's threat model: secure aggregation as the rest of the family, without a subject
@@ -112,9 +111,8 @@ class UldpNaive(Algorithm):
             idx = coins.permutation(silo.num_records)[:size]
             local = sgd_step(model, local, silo, idx, lr=cfg.lr)
         delta = {k: local[k] - params[k] for k in params}
-        factor = torch.clamp(cfg.clip / (tree_norm(delta) + 1e-12), max=1.0)
         message = gaussian_share(
-            {k: v * factor for k, v in delta.items()},
+            clip_tree(delta, cfg.clip),
             noise_multiplier=cfg.noise_multiplier / 2.0,
             sensitivity=2.0 * self.num_silos * cfg.clip,
             coins=coins,

@@ -28,7 +28,7 @@ from silodp.accounting.events import gaussian_steps
 from silodp.algorithms.base import Algorithm, SiloData, SiloUpdate, uniform_batch
 from silodp.algorithms.dp_sgd import noisy_sum
 from silodp.algorithms.registry import register
-from silodp.privacy.gradients import Params, batch_gradient, tree_norm
+from silodp.privacy.gradients import Params, batch_gradient, clip_tree
 from silodp.privacy.randomness import Coins
 
 __all__ = ["UserLDP"]
@@ -65,8 +65,7 @@ class UserLDP(Algorithm):
 
         def step(local: Params, idx: torch.Tensor) -> Params:
             grads = batch_gradient(model, local, silo.x[idx], silo.y[idx])
-            factor = torch.clamp(cfg.clip / (tree_norm(grads) + 1e-12), max=1.0)
-            clipped = {name: g.mul(factor) for name, g in grads.items()}
+            clipped = clip_tree(grads, cfg.clip)
             noisy = noisy_sum(
                 clipped,
                 noise_multiplier=cfg.noise_multiplier / REPLACEMENT_FACTOR,

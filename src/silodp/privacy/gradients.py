@@ -18,6 +18,7 @@ __all__ = [
     "Params",
     "batch_gradient",
     "clip_factors",
+    "clip_tree",
     "clipped_weighted_sum",
     "drop_non_finite",
     "per_example_gradients",
@@ -98,6 +99,16 @@ def subject_average_weights(factors: torch.Tensor, subjects: torch.Tensor) -> to
 def weighted_sum(grads: Params, weights: torch.Tensor) -> Params:
     """``sum_i w_i g_i`` for each parameter tensor."""
     return {name: torch.tensordot(weights, g, dims=1) for name, g in grads.items()}
+
+
+def clip_tree(tensors: Params, clip: float) -> Params:
+    """``tensors`` (one vector) scaled to L2 norm at most ``clip``; all zeros when its norm is
+    not finite (see :func:`drop_non_finite`)."""
+    norm = tree_norm(tensors)
+    if not bool(torch.isfinite(norm)):
+        return {name: torch.zeros_like(t) for name, t in tensors.items()}
+    factor = clip_factors(norm, clip)
+    return {name: t * factor for name, t in tensors.items()}
 
 
 def clipped_weighted_sum(grads: Params, norms: torch.Tensor, weights: torch.Tensor) -> Params:
