@@ -219,3 +219,50 @@ def test_whole_vector_clipping_sends_zeros_for_a_non_finite_vector(name, value) 
         assert torch.isfinite(v).all()
         baseline = torch.zeros_like(v) if name == "uldp_naive" else params[k]
         assert torch.equal(v.to(baseline.dtype), baseline), k
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.parametrize("grad_method", ["auto", "vmap"])
+def test_a_batch_of_only_non_finite_records_sums_to_zero(kind, grad_method) -> None:
+    model = _model(kind)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    silo = _silo(kind)
+    config = make_algorithm(
+        "local_item_dp", dict(clip=0.5, grad_method=grad_method, noise_multiplier=1.0)
+    ).config
+    bad = _poisoned(silo, torch.arange(18), math.nan)
+    for idx in (torch.arange(18), torch.tensor([3])):
+        got = clipped_sum(model, params, bad, idx, config=config)
+        assert all(torch.equal(v, torch.zeros_like(v)) for v in got.values())
+
+
+class _ScalesItsInput(torch.nn.Module):
+    """Multiplies its input by 10 in place, then a linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.mul_(10.0))
+
+
+def test_dropping_a_record_does_not_run_the_model_again() -> None:
+    """The kept records' clip factors and gradients come from one pass: a model writing to
+    its input still gets every kept contribution clipped to C."""
+    torch.manual_seed(0)
+    model = _ScalesItsInput().double()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    clipper = ghost.clipper_for(model)
+    x = torch.randn(3, 5, dtype=torch.float64)
+    x[0, 0] = math.inf
+    y = torch.tensor([0, 1, 2])
+    _, summed = clipper.norms_and_sum(params, x.clone(), y, clip=0.1)
+    norm = math.sqrt(sum(float(v.pow(2).sum()) for v in summed.values()))
+    assert norm <= 2 * 0.1 + 1e-12  # two kept records, each clipped to 0.1
+    subjects = torch.tensor([0, 1, 1])
+    _, summed = clipper.subject_norms_and_sum(
+        params, x.clone(), y, subjects, weigh=lambda n: clip_factors(n, 0.1)
+    )
+    norm = math.sqrt(sum(float(v.pow(2).sum()) for v in summed.values()))
+    assert norm <= 0.1 + 1e-12  # one kept subject

@@ -478,8 +478,10 @@ class GhostClipper:
 
     def _capture(
         self, params: Params, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | None
-    ) -> dict[str, _Stats]:
-        """One forward and backward pass of ``Σ_i scale_i · loss_i``; every layer's stats."""
+    ) -> tuple[dict[str, _Stats], Callable[[torch.Tensor], dict[str, _Stats]]]:
+        """One forward and backward pass of ``Σ_i scale_i · loss_i``: every layer's stats, and
+        a function giving them again with some examples' rows zeroed (``zero``: a mask over
+        the batch), from the same captured tensors (the model does not run again)."""
         calls = {name: _Calls(module) for name, module in self._layers.items()}
         handles = []
         for name, module in self._layers.items():
@@ -500,18 +502,31 @@ class GhostClipper:
         finally:
             for h in handles:
                 h.remove()
-        captured = sum(
-            t.numel() * t.element_size() for c in calls.values() for t in (*c.inputs, *c.outputs)
-        )
-        self._record_bytes[tuple(x.shape[1:])] = max(1, captured // max(1, x.shape[0]))
-        stats: dict[str, _Stats] = {}
+        if x.shape[0]:
+            captured = sum(
+                t.numel() * t.element_size()
+                for c in calls.values()
+                for t in (*c.inputs, *c.outputs)
+            )
+            self._record_bytes[tuple(x.shape[1:])] = max(1, captured // x.shape[0])
+        layers = []
         pos = 0
         for name, c in calls.items():
             gs = list(grads_out[pos : pos + len(c.outputs)])
             pos += len(c.outputs)
             if gs:
-                stats[name] = _layer_stats(c.module, c.inputs, gs)
-        return stats
+                layers.append((name, c.module, c.inputs, gs))
+
+        def build(zero: torch.Tensor | None = None) -> dict[str, _Stats]:
+            stats: dict[str, _Stats] = {}
+            for name, module, inputs, gs in layers:
+                if zero is not None:  # every supported layer has the batch first
+                    inputs = [_zero_rows(t, zero) for t in inputs]
+                    gs = [_zero_rows(t, zero) for t in gs]
+                stats[name] = _layer_stats(module, inputs, gs)
+            return stats
+
+        return build(), build
 
     @staticmethod
     def _assemble(params: Params, stats: dict[str, _Stats], weights: torch.Tensor) -> Params:
@@ -541,16 +556,14 @@ class GhostClipper:
             factors = clip_factors(norms, clip)
             weights = factors if weigh is None else weigh(factors)
             return norms, clipped_weighted_sum(grads, norms, weights)
-        stats = self._capture(params, x, y, None)
+        stats, rebuild = self._capture(params, x, y, None)
         sq = torch.stack([layer.sq for layer in stats.values()]).sum(0)
         norms = sq.clamp(min=0).sqrt()
         factors = clip_factors(norms, clip)
         weights = factors if weigh is None else weigh(factors)
         bad = ~torch.isfinite(norms)
         if bool(bad.any()):  # a non-finite gradient would make every contraction NaN (0·inf):
-            keep = torch.nonzero(~bad).flatten()  # the others' sum, without those examples
-            stats = self._capture(params, x[keep], y[keep], None)
-            weights = weights[keep]
+            stats = rebuild(bad)  # the same pass with those examples' rows zeroed
         return norms, self._assemble(params, stats, weights)
 
     def subject_norms_and_sum(
@@ -578,36 +591,6 @@ class GhostClipper:
             raise ValueError(
                 f"Per-subject norms need every layer supported; unsupported: {self.unsupported}."
             )
-        norms, total, coefficients = self._subject_norms_and_sum(
-            params, x, y, subjects, weigh=weigh, max_batch=max_batch
-        )
-        bad = ~torch.isfinite(norms)
-        if not bool(bad.any()):
-            return norms, total
-        # a subject whose gradient is not finite would make every contraction NaN (0·inf):
-        # the others' sum, without its records, with the weights computed above
-        ids = torch.unique(subjects)
-        keep = ~torch.isin(subjects, ids[bad])
-        if not bool(keep.any()):
-            return norms, {k: torch.zeros_like(v) for k, v in params.items()}
-        kept = coefficients[~bad]
-        _, total, _ = self._subject_norms_and_sum(
-            params, x[keep], y[keep], subjects[keep], weigh=lambda _: kept, max_batch=max_batch
-        )
-        return norms, total
-
-    def _subject_norms_and_sum(
-        self,
-        params: Params,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        subjects: torch.Tensor,
-        *,
-        weigh: Callable[[torch.Tensor], torch.Tensor],
-        max_batch: int,
-    ) -> tuple[torch.Tensor, Params, torch.Tensor]:
-        """:meth:`subject_norms_and_sum` without the non-finite check; also returns the
-        per-subject weights ``weigh(norms)``."""
         _, inverse, counts = torch.unique(subjects, return_inverse=True, return_counts=True)
         dtype = next(iter(params.values())).dtype
         scale = counts.to(dtype).reciprocal_().index_select(0, inverse)
@@ -615,14 +598,10 @@ class GhostClipper:
         records = self._record_bytes.get(tuple(x.shape[1:]))
         per_pass = max_batch if records is None else max(max_batch, PASS_BYTES // records)
         if inverse.numel() <= per_pass:  # one pass over the whole batch
-            stats = self._capture(params, x, y, scale)
+            stats, rebuild = self._capture(params, x, y, scale)
             norms = _model_subject_sq(stats, inverse, counts).clamp_(min=0).sqrt_()
-            coefficients = weigh(norms)
-            return (
-                norms,
-                self._assemble(params, stats, coefficients.index_select(0, inverse)),
-                coefficients,
-            )
+            stats = _without_non_finite(stats, rebuild, norms, inverse)
+            return norms, self._assemble(params, stats, weigh(norms).index_select(0, inverse))
         # consecutive subjects, about per_pass records per pass
         passes = torch.div(torch.cumsum(counts, 0) - counts, per_pass, rounding_mode="floor")
         parts = []
@@ -630,8 +609,9 @@ class GhostClipper:
             members = torch.nonzero(passes == part).flatten()
             rows = torch.nonzero(torch.isin(inverse, members)).flatten()
             local = torch.searchsorted(members, inverse[rows])
-            stats = self._capture(params, x[rows], y[rows], scale[rows])
+            stats, rebuild = self._capture(params, x[rows], y[rows], scale[rows])
             sq = _model_subject_sq(stats, local, counts[members])
+            stats = _without_non_finite(stats, rebuild, sq, local)
             parts.append((members, local, stats, sq))
         sq_all = torch.zeros(num, dtype=dtype)
         for members, _, _, sq in parts:
@@ -647,7 +627,26 @@ class GhostClipper:
                 for k, v in summed.items():
                     total[k].add_(v)
         assert total is not None
-        return norms, total, coefficients
+        return norms, total
+
+
+def _zero_rows(t: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    return t.masked_fill(zero.view(-1, *[1] * (t.dim() - 1)), 0)
+
+
+def _without_non_finite(
+    stats: dict[str, _Stats],
+    rebuild: Callable[[torch.Tensor], dict[str, _Stats]],
+    sq: torch.Tensor,
+    inverse: torch.Tensor,
+) -> dict[str, _Stats]:
+    """``stats``, or, where some subject's squared norm ``sq`` is not finite, the same pass
+    with that subject's records zeroed: its weight is 0, but ``0·inf`` would turn every
+    contraction into NaN."""
+    bad = ~torch.isfinite(sq)
+    if not bool(bad.any()):
+        return stats
+    return rebuild(bad.index_select(0, inverse))
 
 
 def _small_limit(layers: list[tuple[torch.Tensor, torch.Tensor, bool]]) -> int:
