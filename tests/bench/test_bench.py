@@ -221,3 +221,16 @@ def test_cli_step_json() -> None:
     assert {r["method"] for r in step} == set(METHODS)
     for row in step:
         assert set(STEP_KEYS) | {"examples_per_s", "ratio_to_plain", "peak_rss_mb"} <= set(row)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch", "0"], "0 is not in the range x>=1"),
+        (["--model", "nosuchmodel"], "Expected --model in ['femnist_cnn', 'mlp'"),
+    ],
+)
+def test_cli_step_refuses_bad_models_and_batches_naming_them(args, message) -> None:
+    result = CliRunner().invoke(app, ["bench", "step", "--no-rss", *args])
+    assert result.exit_code == 2
+    assert message in result.output

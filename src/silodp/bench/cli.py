@@ -119,7 +119,7 @@ def step(
         list[str] | None, typer.Option("--model", help="Models (repeatable); default all.")
     ] = None,
     batch: Annotated[
-        list[int] | None, typer.Option("--batch", help="Batch sizes (repeatable).")
+        list[int] | None, typer.Option("--batch", min=1, help="Batch sizes (repeatable).")
     ] = None,
     lstm: Annotated[bool, typer.Option(help="Also the shakespeare_lstm rows (B=32).")] = True,
     rss: Annotated[bool, typer.Option(help="Measure peak RSS in fresh worker processes.")] = True,
@@ -130,8 +130,12 @@ def step(
     """Examples/s of one training step: plain SGD, Opacus (hooks, ghost) and silodp's DP steps."""
     _quiet()
     from silodp.bench.step import DEFAULT_BATCHES, DEFAULT_MODELS, run_step_bench, step_checks
+    from silodp.bench.step_methods import SPECS
 
     models = tuple(model) if model else (("femnist_cnn",) if quick else DEFAULT_MODELS)
+    unknown = [m for m in models if m not in SPECS]
+    if unknown:
+        raise typer.BadParameter(f"Expected --model in {sorted(SPECS)}, got {unknown}.")
     batches = tuple(batch) if batch else ((256,) if quick else DEFAULT_BATCHES)
     repeats = repeats or 3
     started = time.perf_counter()
@@ -182,8 +186,9 @@ def uldp(
         list[str] | None,
         typer.Option(
             "--source",
-            help="Setting to run (repeatable): digits, fashion_mnist (mnist_cnn) or "
-            "fashion_mnist_mlp (30,000 records); default all, --quick digits.",
+            help="Setting to run (repeatable): digits, fashion_mnist (mnist_cnn), "
+            "fashion_mnist_mlp (30,000 records) or fashion_mnist_uldp_cnn (the ULDP-FL "
+            "paper's CNN and setting); default all, --quick digits.",
         ),
     ] = None,
     subjects: Annotated[
