@@ -96,3 +96,11 @@ def test_run_bfv_round_reports_a_whole_round_and_its_error() -> None:
     assert row["pairs"] > 0 and row["moduli"] >= 1
     assert row["round_cpu_s"] > 0 and row["silo_weighting_s"] > 0
     assert row["max_abs_error"] < 1e-9
+
+
+def test_format_rows_tags_json_rows_with_their_table_and_aligns_text_left() -> None:
+    rows = [{"target": "uniform", "ratio": 55.1}, {"target": "zipf", "ratio": None}]
+    lines = format_rows(rows, ["target", "ratio"], as_json=True, table="targets").splitlines()
+    assert [json.loads(line)["table"] for line in lines] == ["targets", "targets"]
+    text = format_rows(rows, ["target", "ratio"], as_json=False).splitlines()
+    assert text[2].startswith("| uniform |") and text[3].startswith("| zipf    |")

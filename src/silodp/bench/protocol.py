@@ -523,18 +523,37 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def format_rows(rows: Sequence[Row], columns: Sequence[str], *, as_json: bool) -> str:
-    """One JSON object per line, or a Markdown table of ``columns``."""
+def format_rows(
+    rows: Sequence[Row], columns: Sequence[str], *, as_json: bool, table: str | None = None
+) -> str:
+    """One JSON object per line (with a ``table`` key when given), or a Markdown table of
+    ``columns`` (numbers right-aligned, text left-aligned)."""
     if as_json:
-        return "\n".join(json.dumps(row) for row in rows)
+        extra = {} if table is None else {"table": table}
+        return "\n".join(json.dumps({**extra, **row}) for row in rows)
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)) + " |"]
-    lines.append("|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    lines.extend(
-        "| " + " | ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) + " |" for r in cells
+    numeric = [
+        all(isinstance(row.get(c), int | float) or row.get(c) is None for row in rows)
+        for c in columns
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ]
+        return "| " + " | ".join(parts) + " |"
+
+    rule = (
+        "|"
+        + "|".join(
+            "-" * (w + 1) + ":" if num else "-" * (w + 2)
+            for w, num in zip(widths, numeric, strict=True)
+        )
+        + "|"
     )
-    return "\n".join(lines)
+    return "\n".join([line(list(columns)), rule, *(line(r) for r in cells)])
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -556,21 +575,44 @@ def register(bench_app: typer.Typer) -> None:
             False,
             "--zipf-route",
             help="Also measure the fixed-point weight route (not built) at uldp_fmnist_zipf's "
-            "shape (~10 s).",
+            "shape (~20 s).",
+        ),
+        threads: int = typer.Option(
+            1,
+            "--threads",
+            min=1,
+            help="torch intra-op threads (the protocol itself is torch-free).",
         ),
     ) -> None:
         """Private weighting protocol: time per phase and speed-up over python-paillier, then
         each paper-scale target's BFV cost beside today's Paillier cost."""
+        from silodp.bench.common import set_threads
+
+        set_threads(threads)
         echo = lambda line: typer.echo(line, err=True)  # noqa: E731
+        # explanatory lines beside the tables on stdout, on stderr with --json
+        say = lambda line: typer.echo(line, err=as_json)  # noqa: E731
         if not targets_only:
             rows = protocol_rows(quick, progress=echo)
-            typer.echo(format_rows(rows, COLUMNS, as_json=as_json))
-        typer.echo(format_rows(target_rows(progress=echo), TARGET_COLUMNS, as_json=as_json))
+            typer.echo(format_rows(rows, COLUMNS, as_json=as_json, table="protocol"))
+        say(
+            "Targets: one uldp_avg_w round at the shipped Fashion-MNIST configs' shape; "
+            "paillier_cpu_min = today's Paillier cost model, bfv_cpu_min = the BFV backend; "
+            "ratio = paillier_cpu_min / bfv_cpu_min (target >= 20, ratio_ok); round_ok: one "
+            "round's sequential CPU <= 15 min."
+        )
+        targets = target_rows(progress=echo)
+        typer.echo(format_rows(targets, TARGET_COLUMNS, as_json=as_json, table="targets"))
         if bfv_round:
             row = run_bfv_round()
-            typer.echo(format_rows([row], list(row), as_json=as_json))
+            typer.echo(format_rows([row], list(row), as_json=as_json, table="bfv_round"))
         if zipf_route:
             from silodp.bench.zipf_route import ZIPF_COLUMNS, run_zipf_route
 
-            echo("zipf route: one subject's weight under BFV, extrapolated (SEAL noise budgets)")
-            typer.echo(format_rows([run_zipf_route()], ZIPF_COLUMNS, as_json=as_json))
+            say(
+                "zipf route (not built): one subject's fixed-point weight under BFV, checked "
+                "(weight_ok), with SEAL's noise budgets in bits; training_cpu_h = all weights "
+                "once per training, round_cpu_min = one round's silo products."
+            )
+            row = run_zipf_route()
+            typer.echo(format_rows([row], ZIPF_COLUMNS, as_json=as_json, table="zipf_route"))

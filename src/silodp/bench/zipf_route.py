@@ -46,7 +46,8 @@ ZIPF_SHAPE = {"silos": 50, "subjects": 909, "pairs": 438, "dim": 105_866, "n_max
 #: ring degree and SEAL's default 128-bit modulus for it (389 bits of q + a special prime)
 POLY_DEGREE = 16384
 COEFF_BITS = (48, 48, 48, 49, 49, 49, 49, 49, 49)
-#: plaintext primes: 20 bits leaves room for the product tree at this degree (32 do not)
+#: plaintext primes: 20 bits leaves room for a silo's product after the weight at this degree
+#: (with 32 bits none is left)
 PLAIN_BITS = 20
 #: statistical security of the flooding (bits), as the built backend's default
 FLOOD_BITS = 40
@@ -80,15 +81,11 @@ def weight_bits(subjects: int, n_max: int, *, delta_bound: float, precision: flo
     return math.ceil(math.log2(subjects * n_max * delta_bound / precision))
 
 
-def _moduli(silos: int, subjects: int, n_max: int, k: int, noise_bound: float) -> int:
-    """CRT primes of :data:`PLAIN_BITS` bits for the aggregate bounded with ``2^k`` for ``L``."""
+def _moduli(silos: int, subjects: int, k: int, **bounds: float) -> int:
+    """CRT primes of :data:`PLAIN_BITS` bits for the aggregate bounded with ``2^k`` for ``L``
+    (``bounds``: ``delta_bound``, ``noise_bound``, ``precision``)."""
     unit = WeightingEncoding(
-        modulus=1 << 30000,
-        n_max=1,
-        num_subjects=subjects,
-        num_silos=silos,
-        noise_bound=noise_bound,
-        packing=False,
+        modulus=1 << 30000, n_max=1, num_subjects=subjects, num_silos=silos, packing=False, **bounds
     )
     need = (2 * (unit.aggregate_bound << k)) << TAMPER_MARGIN_BITS
     return math.ceil(need.bit_length() / (PLAIN_BITS - 1))
@@ -109,8 +106,13 @@ def _tree_product(backend: Any, ctx: Any, cts: list[Any], relin: Any) -> tuple[A
 
 
 def fixed_point_weight(
-    counts: list[int], *, n_max: int, k: int, poly_degree: int = POLY_DEGREE,
-    coeff_bits: tuple[int, ...] = COEFF_BITS, plain_bits: int = PLAIN_BITS,
+    counts: list[int],
+    *,
+    n_max: int,
+    k: int,
+    poly_degree: int = POLY_DEGREE,
+    coeff_bits: tuple[int, ...] = COEFF_BITS,
+    plain_bits: int = PLAIN_BITS,
     budget_needed: int = FLOOD_BITS,
 ) -> Row:
     """Runs steps 1-4 for one subject whose silos hold ``counts`` records under one plaintext
@@ -166,9 +168,8 @@ def fixed_point_weight(
     row["coefficients"] = ctx.coefficients(plain)
     n_a = sum(counts)
     row["expected"] = (2**k // n_a) % t if n_a else 0
-    row["weight_ok"] = bool(
-        row["coefficients"][0] == row["expected"] and not row["coefficients"][1:].any()
-    )
+    correct = row["coefficients"][0] == row["expected"] and not row["coefficients"][1:].any()
+    row["weight_ok"] = "yes" if correct else "no"
     row["subject_s"] = (
         len(counts) * row["encrypt_ms"]
         + (len(counts) - 1) * row["multiply_ms"]
@@ -216,7 +217,9 @@ def run_zipf_route(
     sh = dict(ZIPF_SHAPE if shape is None else shape)
     silos, subjects, n_max = sh["silos"], sh["subjects"], sh["n_max"]
     k = weight_bits(subjects, n_max, delta_bound=delta_bound, precision=precision)
-    moduli = _moduli(silos, subjects, n_max, k, noise_bound)
+    moduli = _moduli(
+        silos, subjects, k, delta_bound=delta_bound, noise_bound=noise_bound, precision=precision
+    )
     rng = np.random.default_rng(seed)
     counts = [0] * silos  # a large subject spread over the silos, with zeros
     for s in rng.choice(silos, size=min(silos, 12), replace=False):
