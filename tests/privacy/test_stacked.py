@@ -203,3 +203,31 @@ def test_global_module_hooks_are_refused() -> None:
     finally:
         handle.remove()
     assert StackedModel.trace(model) is not None
+
+
+def _instance_override(name: str) -> nn.Module:
+    model = _conv_then_linear(nn.Conv2d(1, 1, 3, padding=1))
+    conv = model[0]
+    original = getattr(conv, name)
+    setattr(conv, name, lambda *args: 3 * original(*args))
+    return model
+
+
+@pytest.mark.parametrize("name", ["_conv_forward", "_call_impl"])
+def test_layers_with_an_overridden_method_are_refused(name) -> None:
+    assert StackedModel.trace(_instance_override(name)) is None
+
+
+def test_a_root_with_a_patched_forward_is_refused() -> None:
+    model = _ConvHead(lambda x, conv: torch.relu(conv(x)))
+    original = model.forward
+    model.forward = lambda x: 2 * original(x)
+    assert StackedModel.trace(model) is None
+
+
+def test_a_class_level_patch_of_a_stock_layer_is_refused(monkeypatch) -> None:
+    model = _conv_then_linear(nn.Conv2d(1, 1, 3, padding=1))
+    assert StackedModel.trace(model) is not None
+    original = nn.Conv2d.forward
+    monkeypatch.setattr(nn.Conv2d, "forward", lambda self, x: 3 * original(self, x))
+    assert StackedModel.trace(model) is None

@@ -91,6 +91,8 @@ class StackedModel:
             current = node
         if not _in_order(ops) or any(_hooked(m) for m in modules.values()) or _global_hooks():
             return None
+        if _patched(model) or any(op.module is not None and _patched(op.module) for op in ops):
+            return None
         named = dict(model.named_parameters())  # tied weights appear once: not a chain of
         for op in ops:  # independent layers
             if op.prefix and any(
@@ -153,8 +155,8 @@ def _op_of(node: fx.Node, modules: dict[str, nn.Module]) -> _Op | None:
     if node.op == "call_module":
         module = modules[str(node.target)]
         prefix = f"{node.target}."
-        if type(module) not in _STOCK or "forward" in vars(module):
-            return None  # a subclass or an overridden forward may compute something else
+        if type(module) not in _STOCK:
+            return None  # a subclass may compute something else
         if isinstance(module, nn.Conv2d):
             plain = module.groups == 1 and module.padding_mode == "zeros"
             if plain and not isinstance(module.padding, str):
@@ -206,6 +208,30 @@ def _hooked(module: nn.Module) -> bool:
         module._backward_pre_hooks,
     )
     return any(hooks) or hasattr(module, "parametrizations")
+
+
+def _methods(cls: type) -> dict[str, object]:
+    """The methods ``cls`` defines or inherits below ``nn.Module``."""
+    out: dict[str, object] = {}
+    for base in reversed(cls.__mro__):
+        if issubclass(base, nn.Module) and base is not nn.Module:
+            out.update({k: v for k, v in vars(base).items() if callable(v)})
+    return out
+
+
+#: the stock layers' methods as imported (a class-level patch changes what they compute)
+_PRISTINE = {cls: _methods(cls) for cls in _STOCK}
+
+
+def _patched(module: nn.Module) -> bool:
+    """Whether ``module`` has an instance attribute shadowing a method of its class (e.g.
+    ``forward``, ``_conv_forward``, ``_call_impl``), or is a stock layer whose class methods
+    were replaced since import: tracing follows the class, training the instance."""
+    cls = type(module)
+    if any(callable(v) and hasattr(cls, k) for k, v in vars(module).items()):
+        return True
+    pristine = _PRISTINE.get(cls)
+    return pristine is not None and _methods(cls) != pristine
 
 
 def _global_hooks() -> bool:
