@@ -220,7 +220,7 @@ def _methods(cls: type) -> dict[str, object]:
 
 
 #: the stock layers' methods as imported (a class-level patch changes what they compute)
-_PRISTINE = {cls: _methods(cls) for cls in _STOCK}
+_PRISTINE: dict[type, dict[str, object]] = {cls: _methods(cls) for cls in _STOCK}
 
 
 def _patched(module: nn.Module) -> bool:
