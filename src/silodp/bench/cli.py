@@ -147,7 +147,7 @@ def step(
         threads=threads,
         measure_rss=rss,
         max_extra_gb=max_extra_gb,
-        log=lambda m: _say(f"  {m} ({time.perf_counter() - started:.0f} s)", True),
+        log=lambda m: _say(f"  [{time.perf_counter() - started:4.0f} s] {m}", True),
     )
     used = rows[0]["threads"] if rows else threads
     _say(
@@ -213,7 +213,7 @@ def uldp(
         repeats=repeats,
         threads=threads,
         measure_rss=rss,
-        log=lambda m: _say(f"  {m} ({time.perf_counter() - started:.0f} s)", True),
+        log=lambda m: _say(f"  [{time.perf_counter() - started:4.0f} s] {m}", True),
     )
     used = rows[0]["threads"] if rows else threads
     _say(

@@ -110,6 +110,8 @@ def run_step_bench(
             except Skip as why:
                 skipped[method] = str(why)
 
+        if log is not None:
+            log(f"{case.model} B={case.batch}: timing {len(steps)} methods, {repeats} repeats")
         usage = interleaved_usage(
             steps, repeats=repeats, warmup=1, on_error=partial(_failed, skipped)
         )
@@ -143,6 +145,8 @@ def run_step_bench(
                 row["note"] = f"skipped: {skipped[timed]}"
             case_rows.append(row)
         if measure_rss:
+            if log is not None:
+                log(f"{case.model} B={case.batch}: peak memory, one fresh process per method")
             _add_rss(case, case_rows, threads=threads, steps=rss_steps, limit=limit, jobs=rss_jobs)
         rows.extend(case_rows)
         if log is not None:

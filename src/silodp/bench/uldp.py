@@ -247,6 +247,9 @@ def run_uldp_bench(
         for count in subject_counts:
             fed = build_federation(source, count)
             for algorithm in algorithms:
+                if log is not None:
+                    what = f"{source} subjects={count} {algorithm}"
+                    log(f"{what}: vectorised vs loop, {repeats} repeats")
                 lr = _config(fed.setting, algorithm).lr
                 plans = plan_round(fed, algorithm)
                 diff, scale = compare(fed, plans, lr)
@@ -292,6 +295,8 @@ def run_uldp_bench(
                 if log is not None:
                     log(f"done {source} subjects={count} {algorithm}")
     if measure_rss:
+        if log is not None:
+            log(f"peak memory: {3 * len(rows)} fresh processes ({rss_jobs} at a time)")
         _add_rss(rows, threads=threads, jobs=rss_jobs)
     return rows
 
