@@ -610,9 +610,10 @@ def register(bench_app: typer.Typer) -> None:
             from silodp.bench.zipf_route import ZIPF_COLUMNS, run_zipf_route
 
             say(
-                "zipf route (not built): one subject's fixed-point weight under BFV, checked "
+                "zipf route (not built): one subject's fixed-point weight under BFV, its "
+                "Enc(X^n_a) by a chain of monomial products or a product tree, checked "
                 "(weight_ok), with SEAL's noise budgets in bits; training_cpu_h = all weights "
                 "once per training, round_cpu_min = one round's silo products."
             )
-            row = run_zipf_route()
-            typer.echo(format_rows([row], ZIPF_COLUMNS, as_json=as_json, table="zipf_route"))
+            rows = run_zipf_route()
+            typer.echo(format_rows(rows, ZIPF_COLUMNS, as_json=as_json, table="zipf_route"))

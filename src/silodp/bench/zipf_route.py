@@ -6,9 +6,17 @@ target's shape and extrapolates (``docs/protocol-performance.md``).
 
 For one subject ``a`` and one CRT plaintext prime ``t``:
 
-1. every silo ``s`` encrypts the monomial ``X^{n_{s,a}}`` under the key holder's key;
-2. their product (a tree of depth ``ceil(log2 S)``, relinearised) is ``Enc(X^{n_a})``; as
-   ``n_a <= n_max < N`` it does not wrap around ``X^N = -1``;
+1-2. ``Enc(X^{n_a})`` under the key holder's key, in one of two ways (``product``):
+
+   * ``chain``: the silos in turn multiply the ciphertext by their plaintext monomial
+     ``X^{n_{s,a}}`` (a signed rotation of its coefficients: no noise growth, no depth) and
+     add a fresh encryption of 0, so that no silo can link what it passed on to what comes
+     later (without it, a silo that knows a ciphertext's randomness could test candidate
+     counts against the weight it receives); the first silo encrypts its monomial;
+   * ``tree``: every silo encrypts its monomial and the product of the S ciphertexts is
+     taken by a party without the key (depth ``ceil(log2 S)``, relinearised);
+
+   as ``n_a <= n_max < N`` there is no wrap-around ``X^N = -1``;
 3. times the public plaintext ``F = N^{-1} Σ_{d=1}^{n_max} floor(2^k/d) X^{-d}`` (``X^{-d} =
    -X^{N-d}``), the constant coefficient is ``N^{-1} floor(2^k/n_a)`` (0 when ``n_a = 0``);
 4. the trace, ``c <- c + σ_g(c)`` for the automorphisms ``X -> X^g``, ``g = 2^j + 1``
@@ -46,13 +54,14 @@ ZIPF_SHAPE = {"silos": 50, "subjects": 909, "pairs": 438, "dim": 105_866, "n_max
 #: ring degree and SEAL's default 128-bit modulus for it (389 bits of q + a special prime)
 POLY_DEGREE = 16384
 COEFF_BITS = (48, 48, 48, 49, 49, 49, 49, 49, 49)
-#: plaintext primes: 20 bits leaves room for a silo's product after the weight at this degree
-#: (with 32 bits none is left)
-PLAIN_BITS = 20
+#: plaintext prime bits per product: the tree's depth leaves room for a silo's product after
+#: the weight only with 20-bit primes at this degree; the chain keeps the fresh budget
+PLAIN_BITS = {"chain": 32, "tree": 20}
 #: statistical security of the flooding (bits), as the built backend's default
 FLOOD_BITS = 40
 
 ZIPF_COLUMNS = [
+    "product",
     "poly_degree",
     "plain_bits",
     "moduli",
@@ -66,7 +75,7 @@ ZIPF_COLUMNS = [
     "budget_needed",
     "weight_ok",
     "encrypt_ms",
-    "multiply_ms",
+    "silo_step_ms",
     "galois_ms",
     "silo_product_ms",
     "subject_s",
@@ -81,14 +90,14 @@ def weight_bits(subjects: int, n_max: int, *, delta_bound: float, precision: flo
     return math.ceil(math.log2(subjects * n_max * delta_bound / precision))
 
 
-def _moduli(silos: int, subjects: int, k: int, **bounds: float) -> int:
-    """CRT primes of :data:`PLAIN_BITS` bits for the aggregate bounded with ``2^k`` for ``L``
+def _moduli(silos: int, subjects: int, k: int, plain_bits: int, **bounds: float) -> int:
+    """CRT primes of ``plain_bits`` bits for the aggregate bounded with ``2^k`` for ``L``
     (``bounds``: ``delta_bound``, ``noise_bound``, ``precision``)."""
     unit = WeightingEncoding(
         modulus=1 << 30000, n_max=1, num_subjects=subjects, num_silos=silos, packing=False, **bounds
     )
     need = (2 * (unit.aggregate_bound << k)) << TAMPER_MARGIN_BITS
-    return math.ceil(need.bit_length() / (PLAIN_BITS - 1))
+    return math.ceil(need.bit_length() / (plain_bits - 1))
 
 
 def _tree_product(backend: Any, ctx: Any, cts: list[Any], relin: Any) -> tuple[Any, list[float]]:
@@ -110,9 +119,10 @@ def fixed_point_weight(
     *,
     n_max: int,
     k: int,
+    product: str = "chain",
     poly_degree: int = POLY_DEGREE,
     coeff_bits: tuple[int, ...] = COEFF_BITS,
-    plain_bits: int = PLAIN_BITS,
+    plain_bits: int | None = None,
     budget_needed: int = FLOOD_BITS,
 ) -> Row:
     """Runs steps 1-4 for one subject whose silos hold ``counts`` records under one plaintext
@@ -124,38 +134,62 @@ def fixed_point_weight(
     n = poly_degree
     if not 0 <= sum(counts) <= n_max < n:
         raise ValueError(f"Expected 0 <= sum(counts)={sum(counts)} <= n_max={n_max} < {n}.")
+    if product not in PLAIN_BITS:
+        raise ValueError(f"Expected product in {sorted(PLAIN_BITS)}, got {product!r}.")
+    plain_bits = PLAIN_BITS[product] if plain_bits is None else plain_bits
     t = batching_primes(n, plain_bits, 1)[0]
     ctx = backend.BfvContext(n, coeff_bits, t)
     keys = backend.BfvKeyPair.generate([ctx])
     sk, pk = keys.secret_keys[0], keys.public_keys[0]
     galois = [(1 << j) + 1 for j in range(1, n.bit_length())]
-    relin, gal = backend.evaluation_keys(ctx, sk, galois)
+    relin, gal = backend.evaluation_keys(ctx, sk, galois)  # relin: the tree only
     enc = backend.encryptor(ctx, pk)
-    row: Row = {"poly_degree": n, "plain_bits": plain_bits, "k": k}
+    row: Row = {"product": product, "poly_degree": n, "plain_bits": plain_bits, "k": k}
 
     def encrypt(plain: Any) -> Any:
         ct = backend.new_ciphertext(ctx)
         enc.encrypt(plain, ct)
         return ct
 
-    start = time.perf_counter()
-    cts = []
-    for c in counts:
+    def monomial(c: int) -> Any:
         mono = np.zeros(c + 1, dtype=np.uint64)
         mono[c] = 1
-        cts.append(encrypt(ctx.plaintext(mono)))
-    row["encrypt_ms"] = (time.perf_counter() - start) / len(counts) * 1e3
-    row["budget_fresh"] = backend.noise_budget(ctx, sk, cts[0])
-    product, times = _tree_product(backend, ctx, cts, relin)
-    row["depth"] = math.ceil(math.log2(len(counts))) if len(counts) > 1 else 0
-    row["multiply_ms"] = float(np.median(times)) * 1e3 if times else 0.0
-    row["budget_product"] = backend.noise_budget(ctx, sk, product)
+        return ctx.plaintext(mono)
+
+    start = time.perf_counter()
+    first = encrypt(monomial(counts[0]))
+    row["encrypt_ms"] = (time.perf_counter() - start) * 1e3
+    row["budget_fresh"] = backend.noise_budget(ctx, sk, first)
+    times = []
+    if product == "chain":
+        current = first
+        for c in counts[1:]:
+            start = time.perf_counter()
+            shifted = backend.new_ciphertext(ctx)
+            ctx.evaluator.multiply_plain(current, monomial(c), shifted)
+            ctx.evaluator.add_inplace(shifted, encrypt(backend.BfvContext.constant(0)))
+            current = shifted
+            times.append(time.perf_counter() - start)
+        row["depth"] = 0
+    else:
+        cts = [first]
+        for c in counts[1:]:
+            start = time.perf_counter()
+            cts.append(encrypt(monomial(c)))
+            times.append(time.perf_counter() - start)
+        current, products = _tree_product(backend, ctx, cts, relin)
+        times = [e + m for e, m in zip(times, products, strict=False)]  # a product per silo
+        row["depth"] = math.ceil(math.log2(len(counts))) if len(counts) > 1 else 0
+    # per silo: a monomial product and an Enc(0) (chain), or an encryption and a share of
+    # the tree's products (tree)
+    row["silo_step_ms"] = float(np.median(times)) * 1e3 if times else 0.0
+    row["budget_product"] = backend.noise_budget(ctx, sk, current)
     n_inv = pow(n, -1, t)
     f = np.zeros(n, dtype=np.uint64)
     for d in range(1, n_max + 1):  # X^{-d} = -X^{N-d}
         f[n - d] = (-(2**k // d) * n_inv) % t
     weight = backend.new_ciphertext(ctx)
-    ctx.evaluator.multiply_plain(product, ctx.plaintext(f), weight)
+    ctx.evaluator.multiply_plain(current, ctx.plaintext(f), weight)
     times = []
     for g in galois:
         start = time.perf_counter()
@@ -171,9 +205,7 @@ def fixed_point_weight(
     correct = row["coefficients"][0] == row["expected"] and not row["coefficients"][1:].any()
     row["weight_ok"] = "yes" if correct else "no"
     row["subject_s"] = (
-        len(counts) * row["encrypt_ms"]
-        + (len(counts) - 1) * row["multiply_ms"]
-        + len(galois) * row["galois_ms"]
+        row["encrypt_ms"] + (len(counts) - 1) * row["silo_step_ms"] + len(galois) * row["galois_ms"]
     ) / 1e3
     # the silos' use: drop primes while the product with a full block still leaves the budget
     # for flooding and the sums, then time that product
@@ -209,35 +241,38 @@ def run_zipf_route(
     noise_bound: float = 1e3,
     precision: float = 1e-10,
     seed: int = 0,
-) -> Row:
-    """The route's costs at ``shape`` (default :data:`ZIPF_SHAPE`): one subject whose records
-    sit in every silo, its weight checked against ``floor(2^k/n_a) mod t``, extrapolated to
-    every subject and CRT prime (per training, when the silos sample and the weights are
-    reused) and to a round's silo products (per round)."""
+    products: tuple[str, ...] = ("chain", "tree"),
+) -> list[Row]:
+    """The route's costs at ``shape`` (default :data:`ZIPF_SHAPE`), one row per way of
+    forming ``Enc(X^{n_a})``: one subject spread over the silos, its weight checked against
+    ``floor(2^k/n_a) mod t``, extrapolated to every subject and CRT prime (per training, when
+    the silos sample and the weights are reused) and to a round's silo products (per round)."""
     sh = dict(ZIPF_SHAPE if shape is None else shape)
     silos, subjects, n_max = sh["silos"], sh["subjects"], sh["n_max"]
     k = weight_bits(subjects, n_max, delta_bound=delta_bound, precision=precision)
-    moduli = _moduli(
-        silos, subjects, k, delta_bound=delta_bound, noise_bound=noise_bound, precision=precision
-    )
     rng = np.random.default_rng(seed)
     counts = [0] * silos  # a large subject spread over the silos, with zeros
     for s in rng.choice(silos, size=min(silos, 12), replace=False):
         counts[int(s)] = int(rng.integers(1, max(2, n_max // 12)))
     blocks = -(-sh["dim"] // POLY_DEGREE)
-    # after the product: flooding 2^FLOOD_BITS times N x ciphertexts per silo above a silo's
-    # noise, then the sums over subjects and silos
-    needed = FLOOD_BITS + sum(
-        math.ceil(math.log2(v)) for v in (POLY_DEGREE, blocks * moduli, subjects, silos)
-    )
-    row = fixed_point_weight(counts, n_max=n_max, k=k, budget_needed=needed)
-    fixed_ms = row["encrypt_ms"] + row["silo_product_ms"]  # per silo ciphertext: Enc(0),
-    # flooding and masks, about one encryption and one product
-    round_ms = moduli * blocks * (sh["pairs"] * row["silo_product_ms"] + silos * fixed_ms)
-    row.update(
-        moduli=moduli,
-        training_cpu_h=subjects * moduli * row["subject_s"] / 3600,
-        round_cpu_min=round_ms / 1e3 / 60,
-        weights_gb_per_silo=subjects * moduli * row["ct_bytes"] / 1e9,
-    )
-    return {c: row[c] for c in ZIPF_COLUMNS}
+    rows = []
+    for product in products:
+        bounds = dict(delta_bound=delta_bound, noise_bound=noise_bound, precision=precision)
+        moduli = _moduli(silos, subjects, k, PLAIN_BITS[product], **bounds)
+        # after the silo's product: flooding 2^FLOOD_BITS times N x ciphertexts per silo
+        # above a silo's noise, then the sums over subjects and silos
+        needed = FLOOD_BITS + sum(
+            math.ceil(math.log2(v)) for v in (POLY_DEGREE, blocks * moduli, subjects, silos)
+        )
+        row = fixed_point_weight(counts, n_max=n_max, k=k, product=product, budget_needed=needed)
+        fixed_ms = row["encrypt_ms"] + row["silo_product_ms"]  # per silo ciphertext: Enc(0),
+        # flooding and masks, about one encryption and one product
+        round_ms = moduli * blocks * (sh["pairs"] * row["silo_product_ms"] + silos * fixed_ms)
+        row.update(
+            moduli=moduli,
+            training_cpu_h=subjects * moduli * row["subject_s"] / 3600,
+            round_cpu_min=round_ms / 1e3 / 60,
+            weights_gb_per_silo=subjects * moduli * row["ct_bytes"] / 1e9,
+        )
+        rows.append({c: row[c] for c in ZIPF_COLUMNS})
+    return rows
