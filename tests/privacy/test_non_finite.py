@@ -66,16 +66,21 @@ def _drop(silo: SiloData, rows: torch.Tensor) -> SiloData:
     return SiloData(silo.silo, silo.x[keep], silo.y[keep], silo.subject[keep])
 
 
+def _dp_sgd_case(kind: str, grad_method: str):
+    """A model, its parameters, an 18-record silo and local_item_dp's config (clip 0.5)."""
+    model = _model(kind)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    config = make_algorithm(
+        "local_item_dp", dict(clip=0.5, grad_method=grad_method, noise_multiplier=1.0)
+    ).config
+    return model, params, _silo(kind), config
+
+
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
 @pytest.mark.parametrize("grad_method", ["auto", "vmap"])
 @pytest.mark.parametrize("value", BAD)
 def test_dp_sgd_clipped_sum_skips_a_non_finite_record(kind, grad_method, value) -> None:
-    model = _model(kind)
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    silo = _silo(kind)
-    config = make_algorithm(
-        "local_item_dp", dict(clip=0.5, grad_method=grad_method, noise_multiplier=1.0)
-    ).config
+    model, params, silo, config = _dp_sgd_case(kind, grad_method)
     bad = torch.tensor([4])
     got = clipped_sum(model, params, _poisoned(silo, bad, value), torch.arange(18), config=config)
     clean = _drop(silo, bad)
@@ -224,12 +229,7 @@ def test_whole_vector_clipping_sends_zeros_for_a_non_finite_vector(name, value) 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
 @pytest.mark.parametrize("grad_method", ["auto", "vmap"])
 def test_a_batch_of_only_non_finite_records_sums_to_zero(kind, grad_method) -> None:
-    model = _model(kind)
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    silo = _silo(kind)
-    config = make_algorithm(
-        "local_item_dp", dict(clip=0.5, grad_method=grad_method, noise_multiplier=1.0)
-    ).config
+    model, params, silo, config = _dp_sgd_case(kind, grad_method)
     bad = _poisoned(silo, torch.arange(18), math.nan)
     for idx in (torch.arange(18), torch.tensor([3])):
         got = clipped_sum(model, params, bad, idx, config=config)

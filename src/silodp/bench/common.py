@@ -216,9 +216,13 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def format_table(rows: Sequence[Row], columns: Sequence[str]) -> str:
-    """A plain-text table of ``rows`` restricted to ``columns`` (Markdown pipe syntax)."""
-    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+def format_table(
+    rows: Sequence[Row], columns: Sequence[str], cell: Callable[[Any], str] | None = None
+) -> str:
+    """A plain-text table of ``rows`` restricted to ``columns`` (Markdown pipe syntax; numbers
+    right-aligned, text left-aligned); ``cell`` formats a value (default: this module's)."""
+    fmt = _cell if cell is None else cell
+    cells = [[fmt(row.get(c)) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     numeric = [
         all(isinstance(row.get(c), int | float) or row.get(c) is None for row in rows)

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import typer
 
+from silodp.bench.common import format_table
 from silodp.crypto.encoding import WeightingEncoding
 from silodp.crypto.prg import MaskStream
 from silodp.crypto.protocol import ProtocolConfig, WeightingSession, plaintext_weighted_sum
@@ -531,29 +532,7 @@ def format_rows(
     if as_json:
         extra = {} if table is None else {"table": table}
         return "\n".join(json.dumps({**extra, **row}) for row in rows)
-    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    numeric = [
-        all(isinstance(row.get(c), int | float) or row.get(c) is None for row in rows)
-        for c in columns
-    ]
-
-    def line(values: Sequence[str]) -> str:
-        parts = [
-            v.rjust(w) if num else v.ljust(w)
-            for v, w, num in zip(values, widths, numeric, strict=True)
-        ]
-        return "| " + " | ".join(parts) + " |"
-
-    rule = (
-        "|"
-        + "|".join(
-            "-" * (w + 1) + ":" if num else "-" * (w + 2)
-            for w, num in zip(widths, numeric, strict=True)
-        )
-        + "|"
-    )
-    return "\n".join([line(list(columns)), rule, *(line(r) for r in cells)])
+    return format_table(rows, columns, cell=_cell)
 
 
 def register(bench_app: typer.Typer) -> None:
