@@ -40,6 +40,7 @@ from silodp.privacy.gradients import (
     clipped_weighted_sum,
     per_example_gradients,
     per_example_norms,
+    zero_rows,
 )
 
 __all__ = ["GhostClipper", "clipper_for", "supported"]
@@ -521,8 +522,8 @@ class GhostClipper:
             stats: dict[str, _Stats] = {}
             for name, module, inputs, gs in layers:
                 if zero is not None:  # every supported layer has the batch first
-                    inputs = [_zero_rows(t, zero) for t in inputs]
-                    gs = [_zero_rows(t, zero) for t in gs]
+                    inputs = [zero_rows(t, zero) for t in inputs]
+                    gs = [zero_rows(t, zero) for t in gs]
                 stats[name] = _layer_stats(module, inputs, gs)
             return stats
 
@@ -561,9 +562,7 @@ class GhostClipper:
         norms = sq.clamp(min=0).sqrt()
         factors = clip_factors(norms, clip)
         weights = factors if weigh is None else weigh(factors)
-        bad = ~torch.isfinite(norms)
-        if bool(bad.any()):  # a non-finite gradient would make every contraction NaN (0·inf):
-            stats = rebuild(bad)  # the same pass with those examples' rows zeroed
+        stats = _without_non_finite(stats, rebuild, norms)
         return norms, self._assemble(params, stats, weights)
 
     def subject_norms_and_sum(
@@ -630,23 +629,19 @@ class GhostClipper:
         return norms, total
 
 
-def _zero_rows(t: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    return t.masked_fill(zero.view(-1, *[1] * (t.dim() - 1)), 0)
-
-
 def _without_non_finite(
     stats: dict[str, _Stats],
     rebuild: Callable[[torch.Tensor], dict[str, _Stats]],
     sq: torch.Tensor,
-    inverse: torch.Tensor,
+    inverse: torch.Tensor | None = None,
 ) -> dict[str, _Stats]:
-    """``stats``, or, where some subject's squared norm ``sq`` is not finite, the same pass
-    with that subject's records zeroed: its weight is 0, but ``0·inf`` would turn every
-    contraction into NaN."""
+    """``stats``, or, where some example's (``inverse`` given: some subject's) squared norm
+    ``sq`` is not finite, the same pass with its records zeroed: its weight is 0, but
+    ``0·inf`` would turn every contraction into NaN."""
     bad = ~torch.isfinite(sq)
     if not bool(bad.any()):
         return stats
-    return rebuild(bad.index_select(0, inverse))
+    return rebuild(bad if inverse is None else bad.index_select(0, inverse))
 
 
 def _small_limit(layers: list[tuple[torch.Tensor, torch.Tensor, bool]]) -> int:

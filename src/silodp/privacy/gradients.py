@@ -26,6 +26,7 @@ __all__ = [
     "subject_average_weights",
     "tree_norm",
     "weighted_sum",
+    "zero_rows",
 ]
 
 Params = dict[str, torch.Tensor]
@@ -78,9 +79,12 @@ def drop_non_finite(values: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
     nothing, rather than turning every weighted sum it enters into NaN (``0·inf``) — the
     whole message would otherwise depend on one record or subject."""
     bad = ~torch.isfinite(norms)
-    if not bool(bad.any()):
-        return values
-    return values.masked_fill(bad.view(-1, *[1] * (values.dim() - 1)), 0.0)
+    return zero_rows(values, bad) if bool(bad.any()) else values
+
+
+def zero_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``values`` with the rows (leading dimension) marked in the bool mask ``rows`` set to 0."""
+    return values.masked_fill(rows.view(-1, *[1] * (values.dim() - 1)), 0)
 
 
 def subject_average_weights(factors: torch.Tensor, subjects: torch.Tensor) -> torch.Tensor:
