@@ -89,17 +89,8 @@ class StackedModel:
                 return None
             ops.append(op)
             current = node
-        if not _in_order(ops) or any(_hooked(m) for m in modules.values()) or _global_hooks():
+        if not _in_order(ops) or _altered(model, modules, ops):
             return None
-        if _patched(model) or any(op.module is not None and _patched(op.module) for op in ops):
-            return None
-        named = dict(model.named_parameters())  # tied weights appear once: not a chain of
-        for op in ops:  # independent layers
-            if op.prefix and any(
-                getattr(op.module, p, None) is not None and f"{op.prefix}{p}" not in named
-                for p in ("weight", "bias")
-            ):
-                return None
         return cls(_pool_before_relu(ops))
 
     def __call__(self, params: Params, x: torch.Tensor) -> torch.Tensor:
@@ -232,6 +223,22 @@ def _patched(module: nn.Module) -> bool:
         return True
     pristine = _PRISTINE.get(cls)
     return pristine is not None and _methods(cls) != pristine
+
+
+def _altered(model: nn.Module, modules: dict[str, nn.Module], ops: list[_Op]) -> bool:
+    """Whether running ``model`` would differ from its traced chain of stock layers: hooks
+    (its modules' or global ones), patched methods, or tied weights (a parameter shared by
+    two layers appears once in ``named_parameters``)."""
+    if any(_hooked(m) for m in modules.values()) or _global_hooks():
+        return True
+    if _patched(model) or any(op.module is not None and _patched(op.module) for op in ops):
+        return True
+    named = dict(model.named_parameters())
+    return any(
+        op.prefix and getattr(op.module, p, None) is not None and f"{op.prefix}{p}" not in named
+        for op in ops
+        for p in ("weight", "bias")
+    )
 
 
 def _global_hooks() -> bool:
