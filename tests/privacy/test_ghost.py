@@ -213,3 +213,40 @@ def test_uldp_sgd_fast_path_equals_per_subject_training() -> None:
             messages.append(update.params)
         for key in params:
             torch.testing.assert_close(messages[0][key], messages[1][key], rtol=1e-9, atol=1e-12)
+
+
+def _inplace_cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 3, kernel_size=3),
+        nn.ReLU(inplace=True),
+        nn.Flatten(),
+        nn.Linear(3 * 4 * 4, 5),
+        nn.ReLU(inplace=True),
+        nn.Linear(5, 4),
+    )
+
+
+def _replacing_hook() -> nn.Module:
+    model = nn.Sequential(nn.Flatten(), nn.Linear(36, 5), nn.ReLU(), nn.Linear(5, 4))
+    model[1].register_forward_hook(lambda mod, inp, out: 3.0 * out)
+    return model
+
+
+@pytest.mark.parametrize("make", [_inplace_cnn, _replacing_hook], ids=["inplace", "hook"])
+def test_in_place_changes_and_output_hooks_give_the_true_gradients(make) -> None:
+    torch.manual_seed(0)
+    model = make().double()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 1, 6, 6, generator=gen, dtype=torch.float64)
+    y = torch.arange(6) % 4
+    grads = per_example_gradients(model, params, x, y)
+    norms = per_example_norms(grads)
+    expected = weighted_sum(grads, clip_factors(norms, 0.5))
+    clipper = GhostClipper(model)
+    clipper._chain = None  # the hooks' path, which the MLP passes would otherwise replace
+    for _ in range(2):  # the first call finds the change and runs again; the second copies
+        got_norms, got = clipper.norms_and_sum(params, x, y, clip=0.5)
+        torch.testing.assert_close(got_norms, norms, rtol=1e-10, atol=1e-12)
+        for key in expected:
+            torch.testing.assert_close(got[key], expected[key], rtol=1e-10, atol=1e-12)

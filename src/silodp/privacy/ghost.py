@@ -34,6 +34,7 @@ from torch.func import functional_call
 from torch.nn import functional as F
 from torch.nn.grad import conv2d_weight
 
+from silodp.privacy.dense_chain import DenseChain
 from silodp.privacy.gradients import (
     Params,
     clip_factors,
@@ -73,6 +74,13 @@ class _Calls:
     module: nn.Module
     inputs: list[torch.Tensor] = field(default_factory=list)
     outputs: list[torch.Tensor] = field(default_factory=list)
+    #: the tensors' version counters when recorded (an in-place operation bumps them)
+    versions: list[int] = field(default_factory=list)
+
+    def modified(self) -> bool:
+        """Whether a recorded input or output was changed in place after it was recorded."""
+        tensors = [t for pair in zip(self.inputs, self.outputs, strict=True) for t in pair]
+        return any(t._version != v for t, v in zip(tensors, self.versions, strict=True))
 
 
 Maker = Callable[[torch.Tensor], dict[str, torch.Tensor]]
@@ -469,6 +477,10 @@ class GhostClipper:
             for name, module in model.named_modules()
             if isinstance(module, SUPPORTED) and list(module.parameters(recurse=False))
         }
+        #: whether the hooks copy what they record (see :meth:`_hooked_capture`)
+        self._copy_outputs = False
+        #: the MLP passes written out, where the model is one (else hooks and autograd)
+        self._chain = DenseChain.trace(model) if self.fast else None
         #: bytes of captured activations and output gradients per record, by input shape
         #: (known after a first capture; sets the size of per-subject passes)
         self._record_bytes: dict[tuple[int, ...], int] = {}
@@ -483,40 +495,15 @@ class GhostClipper:
         """One forward and backward pass of ``Σ_i scale_i · loss_i``: every layer's stats, and
         a function giving them again with some examples' rows zeroed (``zero``: a mask over
         the batch), from the same captured tensors (the model does not run again)."""
-        calls = {name: _Calls(module) for name, module in self._layers.items()}
-        handles = []
-        for name, module in self._layers.items():
-
-            def hook(mod: nn.Module, inp: tuple, out: torch.Tensor, name: str = name) -> None:
-                calls[name].inputs.append(inp[0].detach())
-                calls[name].outputs.append(out)
-
-            handles.append(module.register_forward_hook(hook))
-        try:
-            leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-            with torch.enable_grad():
-                logits = functional_call(self.model, leaves, (x,))
-                losses = F.cross_entropy(logits, y, reduction="none")
-                loss = losses.sum() if scale is None else torch.dot(losses, scale)
-                outputs = [o for c in calls.values() for o in c.outputs]
-                grads_out = torch.autograd.grad(loss, outputs)
-        finally:
-            for h in handles:
-                h.remove()
+        captured = None if self._chain is None else self._chain.capture(params, x, y, scale)
+        if captured is not None:
+            by_name = {name: (name, module, [a], [g]) for name, module, a, g in captured}
+            layers = [by_name[name] for name in self._layers if name in by_name]
+        else:
+            layers = self._hooked_capture(params, x, y, scale)
         if x.shape[0]:
-            captured = sum(
-                t.numel() * t.element_size()
-                for c in calls.values()
-                for t in (*c.inputs, *c.outputs)
-            )
-            self._record_bytes[tuple(x.shape[1:])] = max(1, captured // x.shape[0])
-        layers = []
-        pos = 0
-        for name, c in calls.items():
-            gs = list(grads_out[pos : pos + len(c.outputs)])
-            pos += len(c.outputs)
-            if gs:
-                layers.append((name, c.module, c.inputs, gs))
+            size = sum(t.numel() * t.element_size() for *_, a, g in layers for t in (*a, *g))
+            self._record_bytes[tuple(x.shape[1:])] = max(1, size // x.shape[0])
 
         def build(zero: torch.Tensor | None = None) -> dict[str, _Stats]:
             stats: dict[str, _Stats] = {}
@@ -528,6 +515,58 @@ class GhostClipper:
             return stats
 
         return build(), build
+
+    def _hooked_capture(
+        self, params: Params, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | None
+    ) -> list[tuple[str, nn.Module, list[torch.Tensor], list[torch.Tensor]]]:
+        """Every layer's inputs and output gradients, recorded by forward hooks and
+        ``autograd.grad``.
+
+        The hooks run before the model's own forward hooks (which may replace the output):
+        the gradient at the layer's own output is the one its parameters' gradient needs. A
+        recorded tensor that a later operation changes in place (e.g. ``ReLU(inplace=True)``)
+        would give the gradient of the changed tensor; when that happens, the pass runs
+        again with each layer's input and output copied (the output's copy is what the rest
+        of the model sees), and later calls copy from the start."""
+        calls = {name: _Calls(module) for name, module in self._layers.items()}
+        copy = self._copy_outputs
+        handles = []
+        for name, module in self._layers.items():
+
+            def hook(
+                mod: nn.Module, inp: tuple, out: torch.Tensor, name: str = name
+            ) -> torch.Tensor | None:
+                record = calls[name]
+                record.inputs.append(inp[0].detach().clone() if copy else inp[0].detach())
+                record.outputs.append(out)
+                record.versions += [record.inputs[-1]._version, out._version]
+                return out.clone() if copy else None
+
+            handles.append(module.register_forward_hook(hook, prepend=True))
+        try:
+            leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+            with torch.enable_grad():
+                logits = functional_call(self.model, leaves, (x,))
+                again = not copy and any(c.modified() for c in calls.values())
+                if not again:
+                    losses = F.cross_entropy(logits, y, reduction="none")
+                    loss = losses.sum() if scale is None else torch.dot(losses, scale)
+                    outputs = [o for c in calls.values() for o in c.outputs]
+                    grads_out = torch.autograd.grad(loss, outputs)
+        finally:
+            for h in handles:
+                h.remove()
+        if again:
+            self._copy_outputs = True
+            return self._hooked_capture(params, x, y, scale)
+        layers = []
+        pos = 0
+        for name, c in calls.items():
+            gs = list(grads_out[pos : pos + len(c.outputs)])
+            pos += len(c.outputs)
+            if gs:
+                layers.append((name, c.module, c.inputs, gs))
+        return layers
 
     @staticmethod
     def _assemble(params: Params, stats: dict[str, _Stats], weights: torch.Tensor) -> Params:
