@@ -424,3 +424,62 @@ def test_wide_scales_through_the_exact_path_only(monkeypatch) -> None:
     scale = Fraction(2**200) * Fraction(5, 9)
     samples = noise.rounded_gaussian(300, scale=scale, coins=Coins.seeded(14))
     assert stats.kstest(_standardised(samples, scale), "norm").pvalue > 1e-3
+
+
+def test_small_draws_come_from_a_reserve_each_sample_handed_out_once() -> None:
+    """Small draws are consecutive slices of refills of d, 2d, 4d, … (capped) drawn from
+    the same coins; a request that does not fit the rest starts a new refill."""
+    scale = Fraction(1234567, 8)
+    table = table_module._table(scale)
+    d = 1000
+    cap = noise_module.RESERVE_MAX
+    coins = Coins.seeded(7)
+    got = [noise_module._noise(table, d, coins)[0].copy() for _ in range(200)]
+    reference = Coins.seeded(7)
+    expected = []
+    refill = 0
+    while len(expected) < 200:
+        refill = d if not refill else max(d, min(2 * refill, cap))
+        block = sampler_module._draw(table, refill, reference)[0]
+        expected += [block[i : i + d] for i in range(0, refill - d + 1, d)]
+    for a, b in zip(got, expected[:200], strict=True):
+        assert np.array_equal(a, b)
+    assert len({a.tobytes() for a in got}) == len(got)  # no release repeats another
+
+
+def test_reserves_belong_to_their_coins_and_large_draws_bypass_them() -> None:
+    table = table_module._table(Fraction(1000))
+    first = noise_module._noise(table, 100, Coins.seeded(8))[0]
+    again = noise_module._noise(table, 100, Coins.seeded(8))[0]  # new coins: a new reserve
+    assert np.array_equal(first, again)
+    large = noise_module.RESERVE_BELOW
+    coins = Coins.seeded(9)
+    direct = sampler_module._draw(table, large, Coins.seeded(9))[0]
+    assert np.array_equal(noise_module._noise(table, large, coins)[0], direct)
+    assert coins not in noise_module._RESERVES
+
+
+def test_many_small_releases_have_the_right_sigma() -> None:
+    """Releases of a small model's size from one coins (the reserve's path) together have
+    the mechanism's law, and a 2% larger sigma is rejected."""
+    sigma, clip = 0.7, 1.3
+    coins = Coins.seeded(111)
+    values = {"w": torch.zeros(48, 50), "b": torch.zeros(10)}
+    z = np.concatenate(
+        [
+            torch.cat(
+                [
+                    t.reshape(-1)
+                    for t in gaussian_mechanism(
+                        values, noise_multiplier=sigma, sensitivity=clip, coins=coins
+                    ).values()
+                ]
+            ).numpy()
+            for _ in range(120)
+        ]
+    )
+    assert coins in noise_module._RESERVES
+    scale = sigma * clip
+    assert stats.kstest(z, stats.norm(scale=scale).cdf).pvalue > ALPHA
+    assert variance_pvalue(z, scale) > ALPHA
+    assert variance_pvalue(z, 1.02 * scale) < ALPHA

@@ -19,11 +19,14 @@ All randomness comes from a :class:`~silodp.privacy.randomness.Coins`.
 from __future__ import annotations
 
 import math
+import weakref
+from fractions import Fraction
 
 import numpy as np
 import torch
 
 from silodp._validation import check_int
+from silodp.privacy.cdf_table import _Table
 from silodp.privacy.cdf_table import _table as _table
 from silodp.privacy.exact_cdf import _Lazy as _Lazy
 from silodp.privacy.randomness import Coins
@@ -37,6 +40,10 @@ __all__ = ["gaussian_mechanism", "grid_exponent", "rounded_gaussian"]
 
 #: Bits of the grid below the noise std in :func:`gaussian_mechanism`.
 GRID_BITS = 30
+#: draws of fewer samples come from a reserve drawn ahead (:func:`_noise`)
+RESERVE_BELOW = 1 << 14
+#: a reserve's refills grow to this many samples
+RESERVE_MAX = 1 << 16
 
 
 def grid_exponent(std: float) -> int:
@@ -166,7 +173,7 @@ def gaussian_mechanism(
     scale = sigma * widened / (math.sqrt(shares) * g) * (1.0 + 2.0**-48)
     grid = _snapped(values, names, d, exponent, shares)
     table = _table(_as_fraction(scale))
-    noise, largest = _draw(table, d, coins)
+    noise, largest = _noise(table, d, coins)
     if max(table.reach, largest) >= 2**51:
         raise ValueError(
             f"Expected the noise to stay below 2^51 grid steps, got {max(table.reach, largest)}."
@@ -184,6 +191,46 @@ def gaussian_mechanism(
         out[k] = out_flat[start : start + numel].view(values[k].shape)
         start += numel
     return out
+
+
+class _Reserve:
+    """Samples drawn ahead for one coins and one table; ``samples[at:]`` not handed out."""
+
+    def __init__(self) -> None:
+        self.samples = np.empty(0, dtype=np.int64)
+        self.at = 0
+        self.largest = 0  # the largest tail sample of the current refill (0: none)
+        self.refill = 0  # size of the last refill
+
+
+_RESERVES: weakref.WeakKeyDictionary[Coins, dict[Fraction, _Reserve]] = weakref.WeakKeyDictionary()
+
+
+def _noise(table: _Table, d: int, coins: Coins) -> tuple[np.ndarray, int]:
+    """``d`` exact samples for ``table`` from ``coins``, and the largest tail sample among
+    those drawn with them (as :func:`~silodp.privacy.rounded_gaussian._draw`).
+
+    A draw's fixed costs dominate small draws (measured: ~0.1 ms for 4,810 samples, against
+    ~0.03 ms per 4,810 within a draw of 48,100), and a training step of a small model draws
+    few. Draws of fewer than :data:`RESERVE_BELOW` samples are therefore served from a
+    reserve kept per coins and table: the first refill draws exactly ``d``, each later one
+    twice the previous (up to :data:`RESERVE_MAX`), and what is left when a request does
+    not fit is dropped. Every sample is handed out at most once, and the samples are i.i.d.
+    however they are grouped into draws, so each release gets ``d`` fresh independent
+    samples: exactly the law of drawing them on the spot. The reserve lives as long as the
+    coins (one round of one silo in training).
+    """
+    if d >= RESERVE_BELOW or not table.int64:
+        return _draw(table, d, coins)
+    reserves = _RESERVES.setdefault(coins, {})
+    reserve = reserves.setdefault(table.scale, _Reserve())
+    if reserve.samples.size - reserve.at < d:
+        reserve.refill = d if not reserve.refill else max(d, min(2 * reserve.refill, RESERVE_MAX))
+        reserve.samples, reserve.largest = _draw(table, reserve.refill, coins)
+        reserve.at = 0
+    start = reserve.at
+    reserve.at += d
+    return reserve.samples[start : reserve.at], reserve.largest
 
 
 def _check_positive_finite(name: str, value: float) -> float:
