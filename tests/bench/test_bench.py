@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -199,6 +200,20 @@ def test_interleaved_usage_counts_cpu_time_and_page_faults() -> None:
     assert out["touch"].minor_faults >= 32
     assert out["spin"].user_s > 0 and out["spin"].wall_s > 0
     assert interleaved_medians({"spin": spin}, repeats=1, warmup=0)["spin"] > 0
+
+
+def test_calls_per_sample_are_sized_past_a_slow_first_call() -> None:
+    """A step whose first call pays a 0.1 s set-up is still timed over many calls per
+    sample (sized by its second call), not one cold call each."""
+    count = []
+
+    def step() -> None:
+        count.append(1)
+        time.sleep(0.1 if len(count) == 1 else 0.001)
+
+    interleaved_usage({"step": step}, repeats=1, warmup=1, min_sample_s=0.02, max_calls=50)
+    # 1 (first) + 1 (second, sizing) + calls for the measured pass: ~20 at ~1 ms each
+    assert len(count) - 2 >= 8
 
 
 def test_format_table() -> None:

@@ -95,8 +95,9 @@ def interleaved_usage(
 
     Each pass calls every function in turn; ``warmup`` passes are run first and discarded. A
     function faster than ``min_sample_s`` is called several times in a row per pass (up to
-    ``max_calls``, fixed after its first call) and the sample is the mean per call, so
-    millisecond steps are not lost in timer and scheduler noise. A function that raises is
+    ``max_calls``, fixed in the first pass by :func:`_calls_per_sample`) and the sample is
+    the mean per call, so millisecond steps are not lost in timer and scheduler noise. A
+    function that raises is
     dropped from later passes (``on_error`` is told). CPU times and page faults are less
     sensitive than wall time to other jobs on the host.
     """
@@ -111,16 +112,16 @@ def interleaved_usage(
             try:
                 for _ in range(inner):
                     fn()
+                elapsed = (time.perf_counter() - start) / inner
+                after = resource.getrusage(resource.RUSAGE_SELF)
+                if name not in calls:
+                    calls[name] = _calls_per_sample(fn, elapsed, min_sample_s, max_calls)
             except Exception as err:  # noqa: BLE001 - reported, the others go on
                 alive.pop(name)
                 samples.pop(name, None)
                 if on_error is not None:
                     on_error(name, err)
                 continue
-            elapsed = (time.perf_counter() - start) / inner
-            after = resource.getrusage(resource.RUSAGE_SELF)
-            if name not in calls:
-                calls[name] = max(1, min(max_calls, math.ceil(min_sample_s / max(elapsed, 1e-9))))
             if r >= warmup:
                 samples[name].append(
                     Usage(
@@ -131,6 +132,20 @@ def interleaved_usage(
                     )
                 )
     return {name: Usage.median(us) for name, us in samples.items() if us}
+
+
+def _calls_per_sample(
+    fn: Callable[[], object], first: float, min_sample_s: float, max_calls: int
+) -> int:
+    """Calls in a row per sample, from a second call's time when the first (``first``
+    seconds, which may include one-time set-up such as tracing or tables) was short enough
+    for a second to be cheap."""
+    elapsed = first
+    if first < 10 * min_sample_s:
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+    return max(1, min(max_calls, math.ceil(min_sample_s / max(elapsed, 1e-9))))
 
 
 def interleaved_medians(
