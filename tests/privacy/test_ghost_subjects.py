@@ -1,5 +1,6 @@
 """Per-subject norms of one-position linear layers (pairs for small subjects, chunked
-gradients for big ones) equal those of materialised per-subject gradients."""
+gradients for big ones; or one masked Gram matrix of a small batch) equal those of
+materialised per-subject gradients."""
 
 from __future__ import annotations
 
@@ -31,6 +32,22 @@ def _small(model: nn.Module) -> int:
         if isinstance(m, nn.Linear)
     ]
     return ghost._small_limit(layers)
+
+
+@pytest.fixture(params=["lists", "dense"])
+def route(request, monkeypatch) -> str:
+    """Both routes for the linear layers: pairs and chunks (the dense Gram route off), or the
+    dense Gram route for any batch (and the other one refused, so it cannot be used)."""
+    if request.param == "lists":
+        monkeypatch.setattr(ghost, "DENSE_GRAM_MACS", 0)
+    else:
+        monkeypatch.setattr(ghost, "DENSE_GRAM_MACS", 2**62)
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("pairs and chunks were used")
+
+        monkeypatch.setattr(ghost, "_linear_subject_sq", refuse)
+    return request.param
 
 
 def _layouts(batch: int, small: int) -> dict[str, torch.Tensor]:
@@ -71,7 +88,9 @@ def _materialised(model, params, x, y, subjects):
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("layout", ["uniform", "skewed", "all_single", "one_subject", "edges"])
-def test_subject_norms_and_sum_equal_materialised_per_subject_gradients(bias, layout) -> None:
+def test_subject_norms_and_sum_equal_materialised_per_subject_gradients(
+    bias, layout, route
+) -> None:
     model = _mlp(bias)
     small = _small(model)
     subjects = _layouts(2 * small + ghost.SUBJECT_CHUNK * 2 + 9, small)[layout]
@@ -137,7 +156,7 @@ def test_subjects_list_exactly_the_pairs_of_each_small_subject() -> None:
         assert held == torch.nonzero(inverse == big).flatten().tolist()
 
 
-def test_passes_and_one_pass_agree() -> None:
+def test_passes_and_one_pass_agree(route) -> None:
     subjects = _zipf(90, 20, seed=7)
     gen = torch.Generator().manual_seed(8)
     x = torch.randn(90, 12, dtype=torch.float64, generator=gen)
@@ -157,3 +176,33 @@ def test_passes_and_one_pass_agree() -> None:
         for key in expected:
             err = float((got[key] - expected[key]).abs().max() / expected[key].abs().max())
             assert err <= TOL, (max_batch, key, err)
+
+
+def test_a_small_batch_takes_the_dense_route_and_a_non_finite_record_the_other(
+    monkeypatch,
+) -> None:
+    model = _mlp(True)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    subjects = _zipf(20, 5, seed=9)
+    gen = torch.Generator().manual_seed(10)
+    x = torch.randn(20, 12, dtype=torch.float64, generator=gen)
+    y = torch.randint(0, 5, (20,), generator=gen)
+    listed = []
+    original = ghost._linear_subject_sq
+
+    def spy(*args, **kwargs):
+        listed.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(ghost, "_linear_subject_sq", spy)
+    clipper = GhostClipper(model)
+    weigh = lambda n: 1.0 / (1.0 + n)  # noqa: E731
+    norms, _ = clipper.subject_norms_and_sum(params, x, y, subjects, weigh=weigh)
+    assert not listed  # 20 records: one Gram matrix
+    x[3] = float("inf")
+    bad = subjects[3]
+    norms, _ = clipper.subject_norms_and_sum(params, x, y, subjects, weigh=weigh)
+    assert listed  # the NaN would reach every subject: pairs and chunks instead
+    ids = torch.unique(subjects)
+    assert not torch.isfinite(norms[ids == bad]).any()
+    assert torch.isfinite(norms[ids != bad]).all()

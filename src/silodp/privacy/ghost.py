@@ -103,6 +103,12 @@ SUBJECT_CHUNK = 32
 #: per-subject passes hold at most about this many bytes of captured activations and output
 #: gradients (and at least ``max_batch`` records)
 PASS_BYTES = 8 * 2**20
+#: where a model's layers are all one-position linear layers and ``B²·Σ(d + p)`` is at most
+#: this, one masked Gram matrix of the batch gives every subject's norm in a few operations
+#: (:func:`_dense_subject_sq`); listing pairs and chunks costs a few dozen (measured on the
+#: 4,810-parameter mlp at 64 records: 39 µs against 136 µs with Zipf subjects, the same with
+#: uniform ones)
+DENSE_GRAM_MACS = 1 << 20
 
 
 #: the pairs ``i < j`` of ``SMALL_SUBJECT`` slots ordered by ``j``: a subject of ``n`` records
@@ -701,6 +707,13 @@ def _model_subject_sq(
     where that route is too costly) by its own ``subject_sq``."""
     linear = [layer for layer in stats.values() if layer.rows is not None]
     rows = [layer.rows for layer in linear if layer.rows is not None]
+    if rows and len(rows) == len(stats):
+        batch = int(inverse.numel())
+        width = sum(a.shape[1] + g.shape[1] + int(bias) for a, g, bias in rows)
+        if batch * batch * width <= DENSE_GRAM_MACS:
+            dense = _dense_subject_sq(rows, inverse, int(counts.numel()))
+            if bool(torch.isfinite(dense).all()):
+                return dense
     subjects = _Subjects(inverse, counts, _small_limit(rows) if rows else SMALL_SUBJECT)
     total = None
     if rows:
@@ -718,6 +731,28 @@ def _model_subject_sq(
         total = rest if total is None else total + rest
     assert total is not None
     return total
+
+
+def _dense_subject_sq(
+    rows: list[tuple[torch.Tensor, torch.Tensor, bool]], inverse: torch.Tensor, num: int
+) -> torch.Tensor:
+    """``Σ_layers ||Σ_{i∈S} g_i ãᵢᵀ||²`` for every subject ``S`` (``ã = [a, 1]`` with a bias)
+    as ``Σ_{i,j∈S} K_ij``, ``K = Σ_layers (G Gᵀ) ∘ (A Aᵀ + bias)``: one ``B × B`` matrix, then
+    ``diag(M K Mᵀ)`` with ``M`` the subjects' 0/1 membership. A non-finite record spreads
+    NaN to every subject (``0·inf`` in ``M K``): the caller then uses the other route, which
+    keeps it to its own subject."""
+    total: torch.Tensor | None = None
+    for a, g, bias in rows:
+        gram = a @ a.T
+        if bias:
+            gram += 1.0
+        gram.mul_(g @ g.T)
+        total = gram if total is None else total.add_(gram)
+    assert total is not None
+    batch = inverse.numel()
+    member = total.new_zeros(num, batch)
+    member[inverse, torch.arange(batch)] = 1.0
+    return ((member @ total) * member).sum(1)
 
 
 def _sum_layers(values: list[torch.Tensor]) -> torch.Tensor:
