@@ -483,3 +483,23 @@ def test_many_small_releases_have_the_right_sigma() -> None:
     assert stats.kstest(z, stats.norm(scale=scale).cdf).pvalue > ALPHA
     assert variance_pvalue(z, scale) > ALPHA
     assert variance_pvalue(z, 1.02 * scale) < ALPHA
+
+
+def test_a_forked_child_does_not_hand_out_its_parents_reserve() -> None:
+    import multiprocessing
+
+    table = table_module._table(Fraction(1000))
+    coins = Coins.secure()
+    noise_module._noise(table, 100, coins)  # the reserve now holds samples
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+
+    def child() -> None:
+        queue.put(noise_module._noise(table, 100, coins)[0].tolist())
+
+    process = context.Process(target=child)
+    process.start()
+    in_child = queue.get(timeout=60)
+    process.join(timeout=60)
+    in_parent = noise_module._noise(table, 100, coins)[0].tolist()
+    assert in_child != in_parent  # equal only if the child replayed the parent's samples

@@ -19,6 +19,8 @@ All randomness comes from a :class:`~silodp.privacy.randomness.Coins`.
 from __future__ import annotations
 
 import math
+import os
+import threading
 import weakref
 from fractions import Fraction
 
@@ -197,6 +199,7 @@ class _Reserve:
     """Samples drawn ahead for one coins and one table; ``samples[at:]`` not handed out."""
 
     def __init__(self) -> None:
+        self.pid = os.getpid()  # a forked child must not hand out its parent's samples
         self.samples = np.empty(0, dtype=np.int64)
         self.at = 0
         self.largest = 0  # the largest tail sample of the current refill (0: none)
@@ -204,6 +207,16 @@ class _Reserve:
 
 
 _RESERVES: weakref.WeakKeyDictionary[Coins, dict[Fraction, _Reserve]] = weakref.WeakKeyDictionary()
+#: one release at a time takes from the reserves (threads sharing coins get disjoint samples)
+_LOCK = threading.Lock()
+
+
+def _new_lock() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()  # a forked child may inherit it held by a thread it lacks
+
+
+os.register_at_fork(after_in_child=_new_lock)
 
 
 def _noise(table: _Table, d: int, coins: Coins) -> tuple[np.ndarray, int]:
@@ -218,19 +231,24 @@ def _noise(table: _Table, d: int, coins: Coins) -> tuple[np.ndarray, int]:
     not fit is dropped. Every sample is handed out at most once, and the samples are i.i.d.
     however they are grouped into draws, so each release gets ``d`` fresh independent
     samples: exactly the law of drawing them on the spot. The reserve lives as long as the
-    coins (one round of one silo in training).
+    coins (one round of one silo in training); a forked child starts a new one (as the
+    coins' keystream re-keys itself there), and threads sharing coins take from it in turn.
     """
     if d >= RESERVE_BELOW or not table.int64:
         return _draw(table, d, coins)
-    reserves = _RESERVES.setdefault(coins, {})
-    reserve = reserves.setdefault(table.scale, _Reserve())
-    if reserve.samples.size - reserve.at < d:
-        reserve.refill = d if not reserve.refill else max(d, min(2 * reserve.refill, RESERVE_MAX))
-        reserve.samples, reserve.largest = _draw(table, reserve.refill, coins)
-        reserve.at = 0
-    start = reserve.at
-    reserve.at += d
-    return reserve.samples[start : reserve.at], reserve.largest
+    with _LOCK:
+        reserves = _RESERVES.setdefault(coins, {})
+        reserve = reserves.get(table.scale)
+        if reserve is None or reserve.pid != os.getpid():
+            reserve = reserves[table.scale] = _Reserve()
+        if reserve.samples.size - reserve.at < d:
+            last = reserve.refill
+            reserve.refill = d if not last else max(d, min(2 * last, RESERVE_MAX))
+            reserve.samples, reserve.largest = _draw(table, reserve.refill, coins)
+            reserve.at = 0
+        start = reserve.at
+        reserve.at += d
+        return reserve.samples[start : reserve.at], reserve.largest
 
 
 def _check_positive_finite(name: str, value: float) -> float:
