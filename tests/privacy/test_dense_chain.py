@@ -202,3 +202,70 @@ def test_inputs_with_positions_use_the_hooks() -> None:
     x = torch.randn(2, 3, 4, dtype=torch.float64)
     assert dense.capture(params, x, torch.tensor([0, 1]), None) is None
     assert DenseChain.trace(Pooled()) is None  # the mean is not a chain operation
+
+
+class Custom(nn.Module):
+    """An MLP by hand: its forward could branch on attributes, so it is not traced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(6, 5)
+        self.fc2 = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_only_sequential_and_the_library_mlp_are_traced() -> None:
+    assert DenseChain.trace(Custom()) is None
+    assert DenseChain.trace(nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3)))
+    assert DenseChain.trace(build_model("mlp", (6,), 3)) is not None
+
+
+def test_a_replaced_layer_rebuilds_the_cached_clipper() -> None:
+    from silodp.privacy.ghost import clipper_for
+
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3)).double()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x = torch.randn(7, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0])
+    first = clipper_for(model)
+    assert clipper_for(model) is first
+    first.norms_and_sum(params, x, y, clip=1.0)
+    model[1] = nn.Tanh()  # no longer a chain of linear layers and ReLUs
+    again = clipper_for(model)
+    assert again is not first and again._chain is None
+    norms, _ = again.norms_and_sum(params, x, y, clip=1.0)
+    expected = per_example_norms(per_example_gradients(model, params, x, y))
+    torch.testing.assert_close(norms, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_a_model_writing_to_its_input_leaves_the_callers_batch_alone() -> None:
+    class Writes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(6, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.fc(x)
+            x.mul_(0.5)
+            return torch.relu_(out)  # changes the recorded output: the pass runs again
+
+    model = Writes().double()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x = torch.randn(5, 6, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    before = x.clone()
+    y = torch.tensor([0, 1, 2, 0, 1])
+    norms, _ = GhostClipper(model).norms_and_sum(params, x, y, clip=1.0)
+    assert torch.equal(x, before)
+
+    class Same(nn.Module):  # the same function without the write (autograd refuses it)
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(6, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.fc(x))
+
+    expected = per_example_norms(per_example_gradients(Same().double(), params, x, y))
+    torch.testing.assert_close(norms, expected, rtol=1e-10, atol=1e-12)

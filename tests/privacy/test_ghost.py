@@ -92,6 +92,20 @@ def route(request, monkeypatch) -> str:
     return request.param
 
 
+def _slack(tol: float) -> float:
+    """How far above the exact norm the clipper's norms may lie: they are upper bounds that
+    include the rounding of Gram sums (``ghost._norm_bounds``): negligible in float64, up to
+    ~1e-2 relative in float32 for convolutions' many positions."""
+    return tol if tol < 1e-6 else 2e-2
+
+
+def _assert_bounds(got: torch.Tensor, exact: torch.Tensor, tol: float, name: str) -> None:
+    """``got`` at least the exact norms (up to the reference's own rounding) and at most
+    :func:`_slack` above them."""
+    assert bool((got >= exact * (1 - tol) - tol * 1e-3).all()), (name, got, exact)
+    assert bool((got <= exact * (1 + _slack(tol)) + tol * 1e-3).all()), (name, got, exact)
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-9), (torch.float32, 1e-4)])
 @pytest.mark.parametrize("with_subjects", [False, True])
 def test_fast_path_equals_materialised_per_example_gradients(
@@ -112,12 +126,12 @@ def test_fast_path_equals_materialised_per_example_gradients(
         clipper = GhostClipper(model)
         assert clipper.fast, name
         got_norms, got = clipper.norms_and_sum(params, x, y, clip=0.3, weigh=weigh)
-        torch.testing.assert_close(got_norms, norms, rtol=tol, atol=tol * 1e-3)
+        _assert_bounds(got_norms, norms, tol, name)
         assert got.keys() == expected.keys()
         for key in expected:
             scale = float(expected[key].abs().max()) + 1e-30
             err = float((got[key] - expected[key]).abs().max()) / scale
-            assert err <= tol, (name, key, err)
+            assert err <= _slack(tol), (name, key, err)
 
 
 def test_unsupported_layer_falls_back_with_a_warning(caplog) -> None:
@@ -174,11 +188,11 @@ def test_per_subject_norms_and_sum_equal_materialised_subject_gradients(dtype, t
                 weigh=lambda n, c=coeff: c * clip_factors(n, 0.2),
                 max_batch=max_batch,
             )
-            torch.testing.assert_close(got_norms, norms, rtol=tol, atol=tol * 1e-3)
+            _assert_bounds(got_norms, norms, tol, name)
             for key in expected:
                 scale = float(expected[key].abs().max()) + 1e-30
                 err = float((got[key] - expected[key]).abs().max()) / scale
-                assert err <= tol, (name, key, max_batch, err)
+                assert err <= _slack(tol), (name, key, max_batch, err)
 
 
 def test_uldp_sgd_fast_path_equals_per_subject_training() -> None:
@@ -244,7 +258,7 @@ def test_in_place_changes_and_output_hooks_give_the_true_gradients(make) -> None
     norms = per_example_norms(grads)
     expected = weighted_sum(grads, clip_factors(norms, 0.5))
     clipper = GhostClipper(model)
-    clipper._chain = None  # the hooks' path, which the MLP passes would otherwise replace
+    assert clipper._chain is None  # neither model is traced: the hooks' path
     for _ in range(2):  # the first call finds the change and runs again; the second copies
         got_norms, got = clipper.norms_and_sum(params, x, y, clip=0.5)
         torch.testing.assert_close(got_norms, norms, rtol=1e-10, atol=1e-12)

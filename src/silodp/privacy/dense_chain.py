@@ -18,11 +18,16 @@ layers and ReLUs (every MLP of :mod:`silodp.models`)::
 
 The gradients equal autograd's up to floating-point rounding. The clipping guarantee does
 not depend on them being exact: norms and sums are both computed from the same ``(a, g)``.
-The chain is traced once; :meth:`DenseChain.capture` re-checks on every call that the model
-has no hooks or patched layers since (:func:`silodp.privacy.chain.altered`) and returns
-``None`` (the caller keeps the hooks) for those, for inputs that are not one row per
-record after the flatten, and for labels outside ``[0, classes)`` (so the hooks' path raises
-or ignores them exactly as ``F.cross_entropy`` does).
+
+Only ``nn.Sequential`` and :class:`silodp.models.MLP` (exactly these types) are traced: their
+``forward`` has no branch on attributes and no side effect, so the traced chain stays what
+the model computes as long as its modules stay the same, which the ghost clipper checks on
+every call (:func:`silodp.privacy.ghost.clipper_for`). :meth:`DenseChain.capture` also
+re-checks that the model has no hooks or patched layers since
+(:func:`silodp.privacy.chain.altered`) and returns ``None`` (the caller keeps the hooks) for
+those, for inputs that are not one row per record after the flatten, and for labels
+outside ``[0, classes)`` (so the hooks' path raises or ignores them exactly as
+``F.cross_entropy`` does).
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ class DenseChain:
     @classmethod
     def trace(cls, model: nn.Module) -> DenseChain | None:
         """The chain of ``model``, or ``None`` if it is not an MLP as above."""
+        from silodp.models import MLP
+
+        if type(model) not in (nn.Sequential, MLP):
+            return None  # another forward may branch on attributes or have side effects
         if any(isinstance(m, nn.Conv2d | nn.MaxPool2d) for m in model.modules()):
             return None
         ops = chain.trace(model)

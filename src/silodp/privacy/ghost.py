@@ -190,6 +190,14 @@ class _Stats:
     #: a one-position linear layer's inputs, output gradients and whether it has a bias: its
     #: per-subject norms are computed with the model's other such layers (``_subject_sq``)
     rows: tuple[torch.Tensor, torch.Tensor, bool] | None = None
+    #: where ``sq`` is a Gram sum over positions, ``Σ_t ||g_t||·||a_t||`` per example (the
+    #: scale of its rounding error, see :func:`_norm_bounds`); ``None`` where ``sq`` is the
+    #: norm of the very per-example vector the weighted sum adds, or a product of norms
+    mag: torch.Tensor | None = None
+    #: the longest sum of products behind ``sq`` and the per-subject routes' Gram entries
+    terms: int = 0
+    #: positions per example (a subject's Gram sums run over its records' positions)
+    positions: int = 1
 
 
 def _per_example_stats(
@@ -344,8 +352,17 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
         return out
 
     if positions == 1:
-        return _Stats(sq, subject_sq, weighted, (a1, g1, has_bias))
-    return _Stats(sq, subject_sq, weighted)
+        return _Stats(sq, subject_sq, weighted, (a1, g1, has_bias), terms=d + p + 2)
+    mag = (a.pow(2).sum(2).sqrt_() * g.pow(2).sum(2).sqrt_()).sum(1)
+    terms = d + p + _grid_terms(positions) + 2
+    return _Stats(sq, subject_sq, weighted, mag=mag, terms=terms, positions=positions)
+
+
+def _grid_terms(positions: int) -> int:
+    """The rounding length of summing a ``T × T`` Gram product: ``T²`` recursively, but
+    torch reduces floating-point tensors in a cascade, no worse than a row sum followed by a
+    column sum (``2T``) once ``T`` passes a few dozen."""
+    return min(positions**2, 2 * positions + 64)
 
 
 #: a written element costs about this many flops (in the cost model of the routes)
@@ -446,7 +463,10 @@ def _embedding_stats(module: nn.Embedding, idx: torch.Tensor, g: torch.Tensor) -
         out.index_add_(0, idx.reshape(-1), (w[:, None, None] * g).reshape(-1, g.shape[-1]))
         return {"weight": out}
 
-    return _Stats(sq, subject_sq, weighted)
+    positions = idx.shape[1]
+    mag = g.pow(2).sum(2).sqrt_().sum(1)
+    terms = g.shape[2] + _grid_terms(positions) + 2
+    return _Stats(sq, subject_sq, weighted, mag=mag, terms=terms, positions=positions)
 
 
 def _layer_stats(
@@ -552,7 +572,9 @@ class GhostClipper:
         try:
             leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
             with torch.enable_grad():
-                logits = functional_call(self.model, leaves, (x,))
+                # a copy of x: a model that writes to its input must not change what a second
+                # pass (below) or the caller sees
+                logits = functional_call(self.model, leaves, (x.clone(),))
                 again = not copy and any(c.modified() for c in calls.values())
                 if not again:
                     losses = F.cross_entropy(logits, y, reduction="none")
@@ -604,7 +626,7 @@ class GhostClipper:
             return norms, clipped_weighted_sum(grads, norms, weights)
         stats, rebuild = self._capture(params, x, y, None)
         sq = torch.stack([layer.sq for layer in stats.values()]).sum(0)
-        norms = sq.clamp(min=0).sqrt()
+        norms = _norm_bounds(sq, _magnitudes(stats, per_subject=False), stats)
         factors = clip_factors(norms, clip)
         weights = factors if weigh is None else weigh(factors)
         stats = _without_non_finite(stats, rebuild, norms)
@@ -643,7 +665,7 @@ class GhostClipper:
         per_pass = max_batch if records is None else max(max_batch, PASS_BYTES // records)
         if inverse.numel() <= per_pass:  # one pass over the whole batch
             stats, rebuild = self._capture(params, x, y, scale)
-            norms = _model_subject_sq(stats, inverse, counts).clamp_(min=0).sqrt_()
+            norms = _subject_norm_bounds(stats, inverse, counts)
             stats = _without_non_finite(stats, rebuild, norms, inverse)
             return norms, self._assemble(params, stats, weigh(norms).index_select(0, inverse))
         # consecutive subjects, about per_pass records per pass
@@ -654,13 +676,12 @@ class GhostClipper:
             rows = torch.nonzero(torch.isin(inverse, members)).flatten()
             local = torch.searchsorted(members, inverse[rows])
             stats, rebuild = self._capture(params, x[rows], y[rows], scale[rows])
-            sq = _model_subject_sq(stats, local, counts[members])
-            stats = _without_non_finite(stats, rebuild, sq, local)
-            parts.append((members, local, stats, sq))
-        sq_all = torch.zeros(num, dtype=dtype)
-        for members, _, _, sq in parts:
-            sq_all[members] = sq
-        norms = sq_all.clamp(min=0).sqrt()
+            bounds = _subject_norm_bounds(stats, local, counts[members])
+            stats = _without_non_finite(stats, rebuild, bounds, local)
+            parts.append((members, local, stats, bounds))
+        norms = torch.zeros(num, dtype=dtype)
+        for members, _, _, bounds in parts:
+            norms[members] = bounds
         coefficients = weigh(norms)
         total: Params | None = None
         for members, local, stats, _ in parts:
@@ -672,6 +693,68 @@ class GhostClipper:
                     total[k].add_(v)
         assert total is not None
         return norms, total
+
+
+def _magnitudes(stats: dict[str, _Stats], *, per_subject: bool) -> torch.Tensor | None:
+    """Per example, the scale of the rounding error of its squared norm: ``Σ_layers mag``
+    over the Gram layers; for per-subject norms every layer counts, the others by their
+    per-example norm (a subject's norm sums its records' gradients before squaring)."""
+    parts = [
+        layer.mag if layer.mag is not None else layer.sq.clamp(min=0).sqrt()
+        for layer in stats.values()
+        if layer.mag is not None or per_subject
+    ]
+    return _sum_layers(parts) if parts else None
+
+
+def _norm_bounds(
+    sq: torch.Tensor,
+    mag: torch.Tensor | None,
+    stats: dict[str, _Stats],
+    counts: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Norms to clip by that are upper bounds of the exact ones, from squared norms ``sq``
+    computed with rounding and the scale ``mag`` of that rounding (``None``: no slack);
+    ``counts``: per-subject norms, each subject's number of records.
+
+    A Gram sum ``Σ_{i,j} (a_i·a_j)(g_i·g_j)`` over positions (or a subject's records) equals
+    ``||Σ_i g_i a_iᵀ||²`` only in exact arithmetic. In floating point its error is at most
+    about ``γ·(Σ_i ||g_i||·||a_i||)² = γ·mag²`` with ``γ = 2·n·u`` (``u`` the unit roundoff,
+    ``n`` the longest sum involved: the layer's dot products and positions, the layers, and
+    for a subject of ``m`` records of ``T`` positions ``2mT`` plus its ``m(m-1)/2`` pairs
+    where it may take the pairs route; adding exact zeros, as the dense route's products do
+    outside the subject, costs no rounding). When the terms cancel (records whose gradients
+    nearly sum to 0, or huge inputs that differ little) the computed value can be ~0 or
+    negative while the true norm is large: the clip factor would then be 1 and the
+    contribution unbounded. The bound is ``sqrt(max(sq, 0)·(1 + γ) + γ·mag²) + γ·mag``; the
+    last term covers the rounding of the weighted sum released beside it. Without
+    cancellation (``mag`` about the norm) it exceeds the norm by a relative ``~2γ``."""
+    base = sq.clamp(min=0)
+    if mag is None:
+        return base.sqrt()
+    terms = max(layer.terms for layer in stats.values()) + len(stats)
+    positions = max(layer.positions for layer in stats.values())
+    unit = torch.finfo(sq.dtype).eps / 2
+    if counts is None:
+        gamma: float | torch.Tensor = 2.0 * terms * unit / max(1.0 - terms * unit, 0.5)
+    else:
+        m = counts.to(sq.dtype)
+        pairs = torch.where(counts <= SMALL_SUBJECT, m * (m - 1) / 2, torch.zeros_like(m))
+        n = terms + 2 * m * positions + pairs
+        gamma = 2.0 * n * unit / (1.0 - n * unit).clamp(min=0.5)
+    return (base * (1.0 + gamma) + gamma * mag.square()).sqrt_() + gamma * mag
+
+
+def _subject_norm_bounds(
+    stats: dict[str, _Stats], inverse: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
+    """Upper bounds of the norms of the per-subject summed gradients (:func:`_norm_bounds`
+    over :func:`_model_subject_sq`), one per subject row."""
+    sq = _model_subject_sq(stats, inverse, counts)
+    mag = _magnitudes(stats, per_subject=True)
+    assert mag is not None
+    subject_mag = mag.new_zeros(int(counts.numel())).index_add_(0, inverse, mag)
+    return _norm_bounds(sq, subject_mag, stats, counts)
 
 
 def _without_non_finite(
@@ -812,11 +895,19 @@ def _padded_subject_sq(
     return torch.bmm(gp.transpose(1, 2), ap).pow(2).sum((1, 2))
 
 
-_CLIPPERS: weakref.WeakKeyDictionary[nn.Module, GhostClipper] = weakref.WeakKeyDictionary()
+#: per model: its modules (identity and type) when its clipper was built, and the clipper
+_CLIPPERS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[object, ...], GhostClipper]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def clipper_for(model: nn.Module) -> GhostClipper:
-    """The (cached) :class:`GhostClipper` of ``model``."""
-    if model not in _CLIPPERS:
-        _CLIPPERS[model] = GhostClipper(model)
-    return _CLIPPERS[model]
+    """The (cached) :class:`GhostClipper` of ``model``, built again when the model's modules
+    changed since (a layer replaced or added: the clipper's layers and traced chain would
+    be stale)."""
+    modules = tuple((id(m), type(m)) for m in model.modules())
+    cached = _CLIPPERS.get(model)
+    if cached is None or cached[0] != modules:
+        cached = (modules, GhostClipper(model))
+        _CLIPPERS[model] = cached
+    return cached[1]

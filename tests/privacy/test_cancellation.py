@@ -1,0 +1,109 @@
+"""A clipped contribution stays within the clip bound even when the terms of a Gram sum
+cancel in float32 (``ghost._norm_bounds``).
+
+The ghost clipper computes a subject's (or a sequence's) squared gradient norm as
+``Σ_{i,j} (a_i·a_j)(g_i·g_j)``. With inputs that are huge and nearly equal, or that cancel
+across positions, that sum loses every significant digit: it can come out ~0 or negative
+while the true norm is large, and a clip factor of 1 would then release the gradient
+unclipped. Each case below fails that way without the rounding slack.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from silodp.privacy import ghost
+from silodp.privacy.ghost import GhostClipper
+from silodp.privacy.gradients import clip_factors
+
+CLIP = 1.0
+
+
+def _released(summed: dict[str, torch.Tensor]) -> float:
+    return math.sqrt(sum(float(v.double().pow(2).sum()) for v in summed.values()))
+
+
+def _subject(trial: int, records: int, classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One subject's records: a huge common input plus small differences (float32)."""
+    gen = torch.Generator().manual_seed(trial)
+    base = torch.randn(64, generator=gen) * 1e7
+    x = base + torch.randn(records, 64, generator=gen) * 1e3
+    return x, torch.arange(records) % classes
+
+
+@pytest.mark.parametrize("route", ["dense", "lists", "per_layer"])
+@pytest.mark.parametrize("records", [2, 40])
+def test_a_subject_whose_gradients_cancel_is_still_clipped(monkeypatch, route, records) -> None:
+    classes = 2 if records == 2 else 10
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, classes))
+    params = {k: torch.zeros_like(v) for k, v in model.named_parameters()}
+    if route == "dense":
+        monkeypatch.setattr(ghost, "DENSE_GRAM_MACS", 2**62)
+    else:
+        monkeypatch.setattr(ghost, "DENSE_GRAM_MACS", 0)
+    if route == "per_layer":  # the layer's own masked Gram matrix / padded gradients
+        monkeypatch.setattr(ghost, "_linear_subject_sq", lambda *args, **kwargs: None)
+    worst = 0.0
+    for trial in range(30):
+        x, y = _subject(trial, records, classes)
+        subjects = torch.zeros(records, dtype=torch.long)
+        norms, summed = GhostClipper(model).subject_norms_and_sum(
+            params, x, y, subjects, weigh=lambda n: clip_factors(n, CLIP)
+        )
+        assert math.isfinite(float(norms[0]))
+        worst = max(worst, _released(summed))
+    assert worst <= CLIP * (1 + 1e-3), worst
+
+
+class Positions(nn.Module):
+    """A linear layer over a sequence's positions, summed: ``logits = Σ_t W x_t + b``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).sum(1)
+
+
+def test_a_sequence_whose_positions_cancel_is_still_clipped(monkeypatch) -> None:
+    """Per-example norms by the Gram route over positions (forced): positions alternate
+    ``±base`` plus small differences, so ``Σ_t x_t`` is small and the Gram terms huge."""
+    monkeypatch.setattr(ghost, "PER_EXAMPLE_LIMIT", 0)
+    model = Positions()
+    params = {k: torch.zeros_like(v) for k, v in model.named_parameters()}
+    worst = 0.0
+    for trial in range(30):
+        gen = torch.Generator().manual_seed(trial)
+        base = torch.randn(64, generator=gen) * 1e7
+        signs = torch.tensor([1.0, -1.0] * 8).reshape(1, 16, 1)
+        x = signs * base + torch.randn(1, 16, 64, generator=gen) * 1e3
+        norms, summed = GhostClipper(model).norms_and_sum(params, x, torch.tensor([1]), clip=CLIP)
+        assert math.isfinite(float(norms[0]))
+        worst = max(worst, _released(summed))
+    assert worst <= CLIP * (1 + 1e-3), worst
+
+
+def test_the_slack_is_negligible_without_cancellation() -> None:
+    """On ordinary float32 data the bounds exceed the float64 norms by under 1e-3."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x = torch.randn(48, 64)
+    y = torch.randint(0, 10, (48,))
+    subjects = torch.randint(0, 12, (48,))
+    clipper = GhostClipper(model)
+    norms, _ = clipper.subject_norms_and_sum(params, x, y, subjects, weigh=lambda n: n)
+    exact, _ = GhostClipper(model.double()).subject_norms_and_sum(
+        {k: v.double() for k, v in params.items()},
+        x.double(),
+        y,
+        subjects,
+        weigh=lambda n: n,
+    )
+    ratio = norms.double() / exact
+    assert bool((ratio >= 1 - 1e-6).all()) and bool((ratio <= 1 + 1e-3).all()), ratio
