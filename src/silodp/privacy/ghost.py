@@ -711,38 +711,37 @@ def _norm_bounds(
     sq: torch.Tensor,
     mag: torch.Tensor | None,
     stats: dict[str, _Stats],
-    counts: torch.Tensor | None = None,
+    records: int = 0,
 ) -> torch.Tensor:
     """Norms to clip by that are upper bounds of the exact ones, from squared norms ``sq``
     computed with rounding and the scale ``mag`` of that rounding (``None``: no slack);
-    ``counts``: per-subject norms, each subject's number of records.
+    ``records``: for per-subject norms, the largest subject's number of records.
 
     A Gram sum ``Σ_{i,j} (a_i·a_j)(g_i·g_j)`` over positions (or a subject's records) equals
     ``||Σ_i g_i a_iᵀ||²`` only in exact arithmetic. In floating point its error is at most
     about ``γ·(Σ_i ||g_i||·||a_i||)² = γ·mag²`` with ``γ = 2·n·u`` (``u`` the unit roundoff,
     ``n`` the longest sum involved: the layer's dot products and positions, the layers, and
     for a subject of ``m`` records of ``T`` positions ``2mT`` plus its ``m(m-1)/2`` pairs
-    where it may take the pairs route; adding exact zeros, as the dense route's products do
-    outside the subject, costs no rounding). When the terms cancel (records whose gradients
-    nearly sum to 0, or huge inputs that differ little) the computed value can be ~0 or
-    negative while the true norm is large: the clip factor would then be 1 and the
-    contribution unbounded. The bound is ``sqrt(max(sq, 0)·(1 + γ) + γ·mag²) + γ·mag``; the
-    last term covers the rounding of the weighted sum released beside it. Without
-    cancellation (``mag`` about the norm) it exceeds the norm by a relative ``~2γ``."""
+    where it may take the pairs route, ``m`` the largest subject's; adding exact zeros, as
+    the dense route's products do outside the subject, costs no rounding). When the terms
+    cancel (records whose gradients nearly sum to 0, or huge inputs that differ little) the
+    computed value can be ~0 or negative while the true norm is large: the clip factor would
+    then be 1 and the contribution unbounded. The bound is
+    ``sqrt(max(sq, 0)·(1 + γ) + γ·mag²) + γ·mag``; the last term covers the rounding of the
+    weighted sum released beside it. Without cancellation (``mag`` about the norm) it
+    exceeds the norm by a relative ``~2γ``."""
     base = sq.clamp(min=0)
     if mag is None:
-        return base.sqrt()
-    terms = max(layer.terms for layer in stats.values()) + len(stats)
-    positions = max(layer.positions for layer in stats.values())
+        return base.sqrt_()
+    n = max(layer.terms for layer in stats.values()) + len(stats)
+    if records:
+        positions = max(layer.positions for layer in stats.values())
+        pairs = records * (records - 1) // 2 if records <= SMALL_SUBJECT else 0
+        n += 2 * records * positions + pairs
     unit = torch.finfo(sq.dtype).eps / 2
-    if counts is None:
-        gamma: float | torch.Tensor = 2.0 * terms * unit / max(1.0 - terms * unit, 0.5)
-    else:
-        m = counts.to(sq.dtype)
-        pairs = torch.where(counts <= SMALL_SUBJECT, m * (m - 1) / 2, torch.zeros_like(m))
-        n = terms + 2 * m * positions + pairs
-        gamma = 2.0 * n * unit / (1.0 - n * unit).clamp(min=0.5)
-    return (base * (1.0 + gamma) + gamma * mag.square()).sqrt_() + gamma * mag
+    gamma = 2.0 * n * unit / max(1.0 - n * unit, 0.5)
+    bound = torch.addcmul(base.mul_(1.0 + gamma), mag, mag, value=gamma).sqrt_()
+    return bound.add_(mag, alpha=gamma)
 
 
 def _subject_norm_bounds(
@@ -754,7 +753,8 @@ def _subject_norm_bounds(
     mag = _magnitudes(stats, per_subject=True)
     assert mag is not None
     subject_mag = mag.new_zeros(int(counts.numel())).index_add_(0, inverse, mag)
-    return _norm_bounds(sq, subject_mag, stats, counts)
+    largest = int(counts.max()) if counts.numel() else 0
+    return _norm_bounds(sq, subject_mag, stats, largest)
 
 
 def _without_non_finite(
