@@ -107,3 +107,34 @@ def test_the_slack_is_negligible_without_cancellation() -> None:
     )
     ratio = norms.double() / exact
     assert bool((ratio >= 1 - 1e-6).all()) and bool((ratio <= 1 + 1e-3).all()), ratio
+
+
+def test_tiny_output_gradients_times_huge_inputs_are_still_clipped() -> None:
+    """A saturated softmax gives output gradients of ~1e-23, whose float32 squares are 0,
+    while inputs of ~1e19 keep their product (the gradient) near 1e-3: norms formed in
+    float32 came out 0 and the record went out unclipped. Per example and per subject."""
+    from silodp.models import build_model
+
+    d, hidden = 784, 64
+    model = build_model("mlp", (d,), 2)
+    scale, want = 1.5e19, 2.5e-23
+    gain = want / math.exp(-60.0)
+    x = torch.full((1, d), scale / math.sqrt(d))
+    params = {
+        "fc1.weight": torch.full((hidden, d), 30.0 / (gain * hidden) / (scale * math.sqrt(d))),
+        "fc1.bias": torch.zeros(hidden),
+        "fc2.weight": torch.stack([torch.full((hidden,), gain), torch.full((hidden,), -gain)]),
+        "fc2.bias": torch.zeros(2),
+    }
+    clip = 1e-3
+    clipper = GhostClipper(model)
+    norms, summed = clipper.norms_and_sum(params, x, torch.tensor([0]), clip=clip)
+    assert float(norms[0]) > clip and _released(summed) <= clip * (1 + 1e-3)
+    norms, summed = clipper.subject_norms_and_sum(
+        params,
+        x.expand(3, d).clone(),
+        torch.zeros(3, dtype=torch.long),
+        torch.zeros(3, dtype=torch.long),
+        weigh=lambda n: clip_factors(n, clip),
+    )
+    assert float(norms[0]) > clip and _released(summed) <= clip * (1 + 1e-3)

@@ -269,3 +269,17 @@ def test_a_model_writing_to_its_input_leaves_the_callers_batch_alone() -> None:
 
     expected = per_example_norms(per_example_gradients(Same().double(), params, x, y))
     torch.testing.assert_close(norms, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_a_custom_module_inside_a_sequential_is_not_traced() -> None:
+    class Gate(nn.Module):  # fx traces through it and would freeze its branch
+        def __init__(self) -> None:
+            super().__init__()
+            self.skip = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 0 if self.skip else x
+
+    model = nn.Sequential(nn.Linear(6, 5), Gate(), nn.ReLU(), nn.Linear(5, 3))
+    assert DenseChain.trace(model) is None
+    assert DenseChain.trace(build_model("linear", (2, 3), 4)) is not None

@@ -8,7 +8,7 @@ functional call and autograd against ~0.05 ms for the same passes written out).
 
 :class:`DenseChain` writes them out for models whose ``forward`` is a chain
 (:func:`silodp.privacy.chain.trace`) of an optional ``flatten(1)`` followed by ``Linear``
-layers and ReLUs (every MLP of :mod:`silodp.models`)::
+layers and ReLUs::
 
     forward   a_k = input of linear k,  z = a_k Wᵀ + b,  ReLU: h = max(z, 0)
     loss      ∂/∂logits Σ_i s_i CE_i = s_i (softmax(logits_i) - onehot(y_i))
@@ -19,7 +19,8 @@ layers and ReLUs (every MLP of :mod:`silodp.models`)::
 The gradients equal autograd's up to floating-point rounding. The clipping guarantee does
 not depend on them being exact: norms and sums are both computed from the same ``(a, g)``.
 
-Only ``nn.Sequential`` and :class:`silodp.models.MLP` (exactly these types) are traced: their
+Only ``nn.Sequential``, :class:`silodp.models.MLP` and :class:`silodp.models.Linear` (exactly
+these types, holding only ``Linear``, ``ReLU`` and ``Flatten`` modules) are traced: their
 ``forward`` has no branch on attributes and no side effect, so the traced chain stays what
 the model computes as long as its modules stay the same, which the ghost clipper checks on
 every call (:func:`silodp.privacy.ghost.clipper_for`). :meth:`DenseChain.capture` also
@@ -59,10 +60,15 @@ class DenseChain:
     @classmethod
     def trace(cls, model: nn.Module) -> DenseChain | None:
         """The chain of ``model``, or ``None`` if it is not an MLP as above."""
-        from silodp.models import MLP
+        from silodp.models import MLP, Linear
 
-        if type(model) not in (nn.Sequential, MLP):
-            return None  # another forward may branch on attributes or have side effects
+        # any other forward (the model's or a nested module's) may branch on attributes or
+        # have side effects, which a trace would freeze
+        known = (nn.Sequential, MLP, Linear, nn.Linear, nn.ReLU, nn.Flatten)
+        if type(model) not in (nn.Sequential, MLP, Linear) or any(
+            type(m) not in known for m in model.modules()
+        ):
+            return None
         if any(isinstance(m, nn.Conv2d | nn.MaxPool2d) for m in model.modules()):
             return None
         ops = chain.trace(model)

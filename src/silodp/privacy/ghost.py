@@ -22,6 +22,7 @@ naming the layer.
 from __future__ import annotations
 
 import logging
+import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -179,6 +180,15 @@ class _Subjects:
         return self._ones
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float64 (itself if it already is). Norms are formed from activations and
+    output gradients separately: in float32 a gradient entry below 2^-75 squares to 0 while
+    its product with a large activation does not, so the norm of ``g aᵀ`` could vanish (and
+    a gradient of ~1e19 overflow); every float32 value squares exactly within float64's
+    range."""
+    return t if t.dtype == torch.float64 else t.double()
+
+
 @dataclass
 class _Stats:
     """One layer's share of a clipped sum: squared per-example norms, per-subject squared
@@ -210,10 +220,11 @@ def _per_example_stats(
     for flat in flats:
         bounds.append(bounds[-1] + flat.shape[0])
     slices = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
-    # norms without a squared copy of the gradients
-    sq = torch.cat([torch.linalg.vector_norm(flat, dim=1) for flat in flats]).square()
+    # norms without a squared copy of the gradients (of the very vectors ``weighted`` adds;
+    # float64 like the other layers' norms)
+    sq = _wide(torch.cat([torch.linalg.vector_norm(flat, dim=1) for flat in flats])).square()
     if bias is not None:
-        sq = sq + bias.pow(2).sum(1)
+        sq = sq + _wide(bias).pow(2).sum(1)
 
     def subject_sq(subjects: _Subjects) -> torch.Tensor:
         inverse, num = subjects.inverse, subjects.num
@@ -227,8 +238,10 @@ def _per_example_stats(
             for flat, part in zip(flats, slices, strict=True):
                 summed.index_add_(0, inverse[part], flat[:, cols])
             out += torch.linalg.vector_norm(summed, dim=1).square()
+        out = _wide(out)
         if bias is not None:
-            out = out + bias.new_zeros(num, bias.shape[1]).index_add_(0, inverse, bias).pow(2).sum(
+            wide = _wide(bias)
+            out = out + wide.new_zeros(num, wide.shape[1]).index_add_(0, inverse, wide).pow(2).sum(
                 1
             )
         return out
@@ -312,14 +325,18 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
     bias = (g1 if positions == 1 else g.sum(1)) if has_bias else None
     if positions > 1 and p * d <= positions * (d + p) and batch * p * d <= PER_EXAMPLE_LIMIT:
         return _per_example_stats(shape, [torch.bmm(g.transpose(1, 2), a)], bias)
+    # norms from float64 copies (see :func:`_wide`); ``weighted`` uses a and g as they are
+    aw, gw = _wide(a), _wide(g)
+    a1w, g1w = aw[:, 0], gw[:, 0]
+    bias_w = None if bias is None else _wide(bias)
     if positions == 1:
         # ||g aᵀ||² + ||g||² = ||g||²·(||a||² + 1)
-        asq = a1.pow(2).sum(1)
-        sq = g1.pow(2).sum(1) * (asq + 1 if has_bias else asq)
+        asq = a1w.pow(2).sum(1)
+        sq = g1w.pow(2).sum(1) * (asq + 1 if has_bias else asq)
     else:
-        sq = (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum(dim=(1, 2))
-        if bias is not None:
-            sq = sq + bias.pow(2).sum(1)
+        sq = (torch.bmm(aw, aw.transpose(1, 2)) * torch.bmm(gw, gw.transpose(1, 2))).sum(dim=(1, 2))
+        if bias_w is not None:
+            sq = sq + bias_w.pow(2).sum(1)
 
     def subject_sq(subjects: _Subjects) -> torch.Tensor:
         inverse, num = subjects.inverse, subjects.num
@@ -328,17 +345,17 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
             # per-subject gradients Σ_{i∈a} g_i a_iᵀ from subjects' rows padded to the
             # largest subject, a few subjects at a time (when they are fewer elements than
             # the Gram matrix and cost fewer flops)
-            out = _padded_subject_grad_sq(a1, g1, inverse, num)
+            out = _wide(_padded_subject_grad_sq(a1, g1, inverse, num))
         elif positions == 1:
             # ||Σ_{i∈a} g_i a_iᵀ||² = Σ_{i,j∈a} (g_i·g_j)(a_i·a_j): a masked B×B Gram matrix
-            gram = (a1 @ a1.T) * (g1 @ g1.T)
+            gram = (a1w @ a1w.T) * (g1w @ g1w.T)
             rows = gram.new_zeros(num, batch).index_add_(0, inverse, gram)  # Σ_{i∈a} K_ij
             same = rows[inverse, torch.arange(batch)]  # Σ_{i∈a(j)} K_ij
             out = gram.new_zeros(num).index_add_(0, inverse, same)
         else:
-            out = _padded_subject_sq(a, g, inverse, num)
-        if bias is not None:
-            out = out + bias.new_zeros(num, p).index_add_(0, inverse, bias).pow(2).sum(1)
+            out = _padded_subject_sq(aw, gw, inverse, num)
+        if bias_w is not None:
+            out = out + bias_w.new_zeros(num, p).index_add_(0, inverse, bias_w).pow(2).sum(1)
         return out
 
     def weighted(w: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -353,7 +370,7 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
 
     if positions == 1:
         return _Stats(sq, subject_sq, weighted, (a1, g1, has_bias), terms=d + p + 2)
-    mag = (a.pow(2).sum(2).sqrt_() * g.pow(2).sum(2).sqrt_()).sum(1)
+    mag = (aw.pow(2).sum(2).sqrt_() * gw.pow(2).sum(2).sqrt_()).sum(1)
     terms = d + p + _grid_terms(positions) + 2
     return _Stats(sq, subject_sq, weighted, mag=mag, terms=terms, positions=positions)
 
@@ -401,7 +418,9 @@ def _linear_subject_sq(
     columns = []
     for a, g, bias in layers:
         columns += [g, a, ones] if bias else [g, a]
-    padded = sq.new_empty(subjects.batch + 1, sum(p + d for p, d in widths))
+    # in the activations' dtype: the chunks' products are materialised gradients (their
+    # rounding is in the bound's release term); the pairs' dot products go to float64
+    padded = layers[0][0].new_empty(subjects.batch + 1, sum(p + d for p, d in widths))
     rows = torch.cat(columns, dim=1, out=padded[: subjects.batch])
     padded[subjects.batch] = 0.0
     inverse, total = subjects.inverse, sq
@@ -418,10 +437,11 @@ def _linear_subject_sq(
             select[k, 0, at : at + p] = 2.0
             select[k, 1, at + p : at + p + d] = 1.0
             at += p + d
-        products = rows.index_select(0, subjects.pair_i) * rows.index_select(0, subjects.pair_j)
+        wide = _wide(rows)
+        products = wide.index_select(0, subjects.pair_i).mul_(wide.index_select(0, subjects.pair_j))
         # (2·layers, pairs): the selector on the left is the fast orientation of this product
         dots = torch.mm(
-            torch.as_tensor(select.reshape(2 * len(layers), -1), dtype=rows.dtype), products.T
+            torch.as_tensor(select.reshape(2 * len(layers), -1), dtype=products.dtype), products.T
         )
         cross = (dots[0::2] * dots[1::2]).sum(0)
         out.index_add_(0, subjects.pair_subject, cross)
@@ -438,7 +458,7 @@ def _linear_subject_sq(
         flat = grads[0] if len(grads) == 1 else torch.cat(grads, dim=1)
         summed = flat.new_zeros(int(subjects.big_ids.numel()), flat.shape[1])
         summed.index_add_(0, subjects.owner, flat)
-        out.index_copy_(0, subjects.big_ids, torch.linalg.vecdot(summed, summed))
+        out.index_copy_(0, subjects.big_ids, _wide(torch.linalg.vecdot(summed, summed)))
     return out
 
 
@@ -446,16 +466,17 @@ def _embedding_stats(module: nn.Embedding, idx: torch.Tensor, g: torch.Tensor) -
     batch = idx.shape[0]
     idx = idx.reshape(batch, -1)
     g = g.reshape(batch, idx.shape[1], -1)
-    same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(g.dtype)
-    sq = (same * torch.bmm(g, g.transpose(1, 2))).sum(dim=(1, 2))
+    gw = _wide(g)  # norms in float64 (see :func:`_wide`)
+    same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(gw.dtype)
+    sq = (same * torch.bmm(gw, gw.transpose(1, 2))).sum(dim=(1, 2))
 
     def subject_sq(subjects: _Subjects) -> torch.Tensor:
         inverse, num = subjects.inverse, subjects.num
         rows, slot = _subject_layout(inverse, num)
         ip = _pad_by_subject(idx.unsqueeze(-1), rows, slot, num).squeeze(-1)
         # padding has zero gradient, so its (arbitrary) token id contributes nothing
-        gp = _pad_by_subject(g, rows, slot, num)
-        same_p = (ip.unsqueeze(2) == ip.unsqueeze(1)).to(g.dtype)
+        gp = _pad_by_subject(gw, rows, slot, num)
+        same_p = (ip.unsqueeze(2) == ip.unsqueeze(1)).to(gw.dtype)
         return (same_p * torch.bmm(gp, gp.transpose(1, 2))).sum((1, 2))
 
     def weighted(w: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -464,7 +485,7 @@ def _embedding_stats(module: nn.Embedding, idx: torch.Tensor, g: torch.Tensor) -
         return {"weight": out}
 
     positions = idx.shape[1]
-    mag = g.pow(2).sum(2).sqrt_().sum(1)
+    mag = gw.pow(2).sum(2).sqrt_().sum(1)
     terms = g.shape[2] + _grid_terms(positions) + 2
     return _Stats(sq, subject_sq, weighted, mag=mag, terms=terms, positions=positions)
 
@@ -598,6 +619,7 @@ class GhostClipper:
 
     @staticmethod
     def _assemble(params: Params, stats: dict[str, _Stats], weights: torch.Tensor) -> Params:
+        weights = weights.to(next(iter(params.values())).dtype)  # the norms are float64
         summed: Params = {}
         for name, layer in stats.items():
             for pname, value in layer.weighted(weights).items():
@@ -626,7 +648,9 @@ class GhostClipper:
             return norms, clipped_weighted_sum(grads, norms, weights)
         stats, rebuild = self._capture(params, x, y, None)
         sq = torch.stack([layer.sq for layer in stats.values()]).sum(0)
-        norms = _norm_bounds(sq, _magnitudes(stats, per_subject=False), stats)
+        release = next(iter(params.values())).dtype
+        mag = _magnitudes(stats, per_subject=False)
+        norms = _norm_bounds(sq, mag, stats, release, int(x.shape[0]))
         factors = clip_factors(norms, clip)
         weights = factors if weigh is None else weigh(factors)
         stats = _without_non_finite(stats, rebuild, norms)
@@ -665,7 +689,7 @@ class GhostClipper:
         per_pass = max_batch if records is None else max(max_batch, PASS_BYTES // records)
         if inverse.numel() <= per_pass:  # one pass over the whole batch
             stats, rebuild = self._capture(params, x, y, scale)
-            norms = _subject_norm_bounds(stats, inverse, counts)
+            norms = _subject_norm_bounds(stats, inverse, counts, dtype)
             stats = _without_non_finite(stats, rebuild, norms, inverse)
             return norms, self._assemble(params, stats, weigh(norms).index_select(0, inverse))
         # consecutive subjects, about per_pass records per pass
@@ -676,10 +700,10 @@ class GhostClipper:
             rows = torch.nonzero(torch.isin(inverse, members)).flatten()
             local = torch.searchsorted(members, inverse[rows])
             stats, rebuild = self._capture(params, x[rows], y[rows], scale[rows])
-            bounds = _subject_norm_bounds(stats, local, counts[members])
+            bounds = _subject_norm_bounds(stats, local, counts[members], dtype)
             stats = _without_non_finite(stats, rebuild, bounds, local)
             parts.append((members, local, stats, bounds))
-        norms = torch.zeros(num, dtype=dtype)
+        norms = torch.zeros(num, dtype=torch.float64)
         for members, _, _, bounds in parts:
             norms[members] = bounds
         coefficients = weigh(norms)
@@ -711,41 +735,52 @@ def _norm_bounds(
     sq: torch.Tensor,
     mag: torch.Tensor | None,
     stats: dict[str, _Stats],
-    records: int = 0,
+    release: torch.dtype,
+    records: int,
+    largest: int = 0,
 ) -> torch.Tensor:
     """Norms to clip by that are upper bounds of the exact ones, from squared norms ``sq``
-    computed with rounding and the scale ``mag`` of that rounding (``None``: no slack);
-    ``records``: for per-subject norms, the largest subject's number of records.
+    computed in float64 (:func:`_wide`) and the scale ``mag`` of their rounding (``None``:
+    ``sq`` is a product of norms or the norm of the very vector released). ``release``: the
+    dtype of the weighted sum; ``records``: the records in the pass; ``largest``: for
+    per-subject norms, the largest subject's number of records.
 
     A Gram sum ``Σ_{i,j} (a_i·a_j)(g_i·g_j)`` over positions (or a subject's records) equals
-    ``||Σ_i g_i a_iᵀ||²`` only in exact arithmetic. In floating point its error is at most
-    about ``γ·(Σ_i ||g_i||·||a_i||)² = γ·mag²`` with ``γ = 2·n·u`` (``u`` the unit roundoff,
-    ``n`` the longest sum involved: the layer's dot products and positions, the layers, and
-    for a subject of ``m`` records of ``T`` positions ``2mT`` plus its ``m(m-1)/2`` pairs
-    where it may take the pairs route, ``m`` the largest subject's; adding exact zeros, as
-    the dense route's products do outside the subject, costs no rounding). When the terms
-    cancel (records whose gradients nearly sum to 0, or huge inputs that differ little) the
-    computed value can be ~0 or negative while the true norm is large: the clip factor would
-    then be 1 and the contribution unbounded. The bound is
-    ``sqrt(max(sq, 0)·(1 + γ) + γ·mag²) + γ·mag``; the last term covers the rounding of the
-    weighted sum released beside it. Without cancellation (``mag`` about the norm) it
-    exceeds the norm by a relative ``~2γ``."""
+    ``||Σ_i g_i a_iᵀ||²`` only in exact arithmetic: when the terms cancel (records whose
+    gradients nearly sum to 0, huge inputs that differ little) its computed value can be ~0
+    or negative while the true norm is large, and a clip factor of 1 would release the
+    contribution unclipped. Its error is at most ``γ·mag²`` with ``mag = Σ_i ||g_i||·||a_i||``
+    and ``γ = 2·n·u`` (``u`` float64's unit roundoff, ``n`` the longest sum involved: the
+    layer's dot products and positions, the layers, and for a subject of ``m`` records of
+    ``T`` positions ``2mT`` plus its ``m(m-1)/2`` pairs where it may take the pairs route;
+    adding exact zeros, as the dense route's products do outside the subject, costs no
+    rounding). The weighted sum released beside it, and the materialised per-subject sums of
+    the chunk routes, are computed in ``release``; their rounding of this unit's terms is at
+    most ``γ_r·mag``, ``γ_r = 2·(records·layers + d + p + 32)·u_release``.
+    The bound is ``sqrt(max(sq, 0)·(1 + γ) + γ·mag²) + (γ + γ_r)·mag``: without
+    cancellation (``mag`` about the norm) a relative ``~γ_r`` above it (~1e-5 in float32 for
+    a few hundred records). A bound the release dtype cannot hold is ``inf``: such a record
+    or subject is dropped like a non-finite one (its products could overflow there)."""
     base = sq.clamp(min=0)
+    limit = torch.finfo(release).max
     if mag is None:
-        return base.sqrt_()
-    n = max(layer.terms for layer in stats.values()) + len(stats)
-    if records:
-        positions = max(layer.positions for layer in stats.values())
-        pairs = records * (records - 1) // 2 if records <= SMALL_SUBJECT else 0
-        n += 2 * records * positions + pairs
-    unit = torch.finfo(sq.dtype).eps / 2
-    gamma = 2.0 * n * unit / max(1.0 - n * unit, 0.5)
-    bound = torch.addcmul(base.mul_(1.0 + gamma), mag, mag, value=gamma).sqrt_()
-    return bound.add_(mag, alpha=gamma)
+        bound = base.sqrt_()
+    else:
+        width = max(layer.terms for layer in stats.values())
+        n = width + len(stats)
+        if largest:
+            positions = max(layer.positions for layer in stats.values())
+            pairs = largest * (largest - 1) // 2 if largest <= SMALL_SUBJECT else 0
+            n += 2 * largest * positions + pairs
+        gamma = n * torch.finfo(sq.dtype).eps
+        gamma_r = (records * len(stats) + width + SUBJECT_CHUNK) * torch.finfo(release).eps
+        bound = torch.addcmul(base.mul_(1.0 + gamma), mag, mag, value=gamma).sqrt_()
+        bound = bound.add_(mag, alpha=gamma + gamma_r).masked_fill_(mag >= limit, math.inf)
+    return bound.masked_fill_(bound >= limit, math.inf)
 
 
 def _subject_norm_bounds(
-    stats: dict[str, _Stats], inverse: torch.Tensor, counts: torch.Tensor
+    stats: dict[str, _Stats], inverse: torch.Tensor, counts: torch.Tensor, release: torch.dtype
 ) -> torch.Tensor:
     """Upper bounds of the norms of the per-subject summed gradients (:func:`_norm_bounds`
     over :func:`_model_subject_sq`), one per subject row."""
@@ -754,7 +789,7 @@ def _subject_norm_bounds(
     assert mag is not None
     subject_mag = mag.new_zeros(int(counts.numel())).index_add_(0, inverse, mag)
     largest = int(counts.max()) if counts.numel() else 0
-    return _norm_bounds(sq, subject_mag, stats, largest)
+    return _norm_bounds(sq, subject_mag, stats, release, int(inverse.numel()), largest)
 
 
 def _without_non_finite(
@@ -826,6 +861,7 @@ def _dense_subject_sq(
     keeps it to its own subject."""
     total: torch.Tensor | None = None
     for a, g, bias in rows:
+        a, g = _wide(a), _wide(g)
         gram = a @ a.T
         if bias:
             gram += 1.0
@@ -895,8 +931,8 @@ def _padded_subject_sq(
     return torch.bmm(gp.transpose(1, 2), ap).pow(2).sum((1, 2))
 
 
-#: per model: its modules (identity and type) when its clipper was built, and the clipper
-_CLIPPERS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[object, ...], GhostClipper]] = (
+#: per model: its modules when its clipper was built, and the clipper
+_CLIPPERS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[nn.Module, ...], GhostClipper]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -904,10 +940,15 @@ _CLIPPERS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[object, ...], GhostC
 def clipper_for(model: nn.Module) -> GhostClipper:
     """The (cached) :class:`GhostClipper` of ``model``, built again when the model's modules
     changed since (a layer replaced or added: the clipper's layers and traced chain would
-    be stale)."""
-    modules = tuple((id(m), type(m)) for m in model.modules())
+    be stale). The modules themselves are kept, so a replaced one cannot be mistaken for a
+    new one at the same address."""
+    modules = tuple(model.modules())
     cached = _CLIPPERS.get(model)
-    if cached is None or cached[0] != modules:
+    if (
+        cached is None
+        or len(cached[0]) != len(modules)
+        or any(a is not b for a, b in zip(cached[0], modules, strict=True))
+    ):
         cached = (modules, GhostClipper(model))
         _CLIPPERS[model] = cached
     return cached[1]
