@@ -220,11 +220,12 @@ def _per_example_stats(
     for flat in flats:
         bounds.append(bounds[-1] + flat.shape[0])
     slices = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
-    # norms without a squared copy of the gradients (of the very vectors ``weighted`` adds;
-    # float64 like the other layers' norms)
-    sq = _wide(torch.cat([torch.linalg.vector_norm(flat, dim=1) for flat in flats])).square()
+    # norms without a squared copy of the gradients (of the very vectors ``weighted`` adds),
+    # in float64 like the other layers' norms
+    norms = [torch.linalg.vector_norm(flat, dim=1, dtype=torch.float64) for flat in flats]
+    sq = torch.cat(norms).square_()
     if bias is not None:
-        sq = sq + _wide(bias).pow(2).sum(1)
+        sq = sq + torch.linalg.vector_norm(bias, dim=1, dtype=torch.float64).square_()
 
     def subject_sq(subjects: _Subjects) -> torch.Tensor:
         inverse, num = subjects.inverse, subjects.num
@@ -325,18 +326,17 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
     bias = (g1 if positions == 1 else g.sum(1)) if has_bias else None
     if positions > 1 and p * d <= positions * (d + p) and batch * p * d <= PER_EXAMPLE_LIMIT:
         return _per_example_stats(shape, [torch.bmm(g.transpose(1, 2), a)], bias)
-    # norms from float64 copies (see :func:`_wide`); ``weighted`` uses a and g as they are
-    aw, gw = _wide(a), _wide(g)
-    a1w, g1w = aw[:, 0], gw[:, 0]
-    bias_w = None if bias is None else _wide(bias)
+    # norms in float64 (see :func:`_wide`); ``weighted`` uses a and g as they are
     if positions == 1:
-        # ||g aᵀ||² + ||g||² = ||g||²·(||a||² + 1)
-        asq = a1w.pow(2).sum(1)
-        sq = g1w.pow(2).sum(1) * (asq + 1 if has_bias else asq)
+        # ||g aᵀ||² + ||g||² = ||g||²·(||a||² + 1), the norms taken in float64 on the fly
+        asq = torch.linalg.vector_norm(a1, dim=1, dtype=torch.float64).square_()
+        sq = torch.linalg.vector_norm(g1, dim=1, dtype=torch.float64).square_()
+        sq = sq * (asq + 1 if has_bias else asq)
     else:
+        aw, gw = _wide(a), _wide(g)
         sq = (torch.bmm(aw, aw.transpose(1, 2)) * torch.bmm(gw, gw.transpose(1, 2))).sum(dim=(1, 2))
-        if bias_w is not None:
-            sq = sq + bias_w.pow(2).sum(1)
+        if bias is not None:
+            sq = sq + torch.linalg.vector_norm(bias, dim=1, dtype=torch.float64).square_()
 
     def subject_sq(subjects: _Subjects) -> torch.Tensor:
         inverse, num = subjects.inverse, subjects.num
@@ -348,13 +348,15 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
             out = _wide(_padded_subject_grad_sq(a1, g1, inverse, num))
         elif positions == 1:
             # ||Σ_{i∈a} g_i a_iᵀ||² = Σ_{i,j∈a} (g_i·g_j)(a_i·a_j): a masked B×B Gram matrix
+            a1w, g1w = _wide(a1), _wide(g1)
             gram = (a1w @ a1w.T) * (g1w @ g1w.T)
             rows = gram.new_zeros(num, batch).index_add_(0, inverse, gram)  # Σ_{i∈a} K_ij
             same = rows[inverse, torch.arange(batch)]  # Σ_{i∈a(j)} K_ij
             out = gram.new_zeros(num).index_add_(0, inverse, same)
         else:
-            out = _padded_subject_sq(aw, gw, inverse, num)
-        if bias_w is not None:
+            out = _padded_subject_sq(_wide(a), _wide(g), inverse, num)
+        if bias is not None:
+            bias_w = _wide(bias)
             out = out + bias_w.new_zeros(num, p).index_add_(0, inverse, bias_w).pow(2).sum(1)
         return out
 
@@ -370,7 +372,8 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
 
     if positions == 1:
         return _Stats(sq, subject_sq, weighted, (a1, g1, has_bias), terms=d + p + 2)
-    mag = (aw.pow(2).sum(2).sqrt_() * gw.pow(2).sum(2).sqrt_()).sum(1)
+    norms_a = torch.linalg.vector_norm(a, dim=2, dtype=torch.float64)
+    mag = (norms_a * torch.linalg.vector_norm(g, dim=2, dtype=torch.float64)).sum(1)
     terms = d + p + _grid_terms(positions) + 2
     return _Stats(sq, subject_sq, weighted, mag=mag, terms=terms, positions=positions)
 
@@ -485,7 +488,7 @@ def _embedding_stats(module: nn.Embedding, idx: torch.Tensor, g: torch.Tensor) -
         return {"weight": out}
 
     positions = idx.shape[1]
-    mag = gw.pow(2).sum(2).sqrt_().sum(1)
+    mag = torch.linalg.vector_norm(g, dim=2, dtype=torch.float64).sum(1)
     terms = g.shape[2] + _grid_terms(positions) + 2
     return _Stats(sq, subject_sq, weighted, mag=mag, terms=terms, positions=positions)
 
