@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -200,6 +201,8 @@ class _Stats:
     #: a one-position linear layer's inputs, output gradients and whether it has a bias: its
     #: per-subject norms are computed with the model's other such layers (``_subject_sq``)
     rows: tuple[torch.Tensor, torch.Tensor, bool] | None = None
+    #: with ``rows``: each record's ``||g||`` and ``||[a, 1]||`` (float64)
+    row_norms: tuple[torch.Tensor, torch.Tensor] | None = None
     #: where ``sq`` is a Gram sum over positions, ``Σ_t ||g_t||·||a_t||`` per example (the
     #: scale of its rounding error, see :func:`_norm_bounds`); ``None`` where ``sq`` is the
     #: norm of the very per-example vector the weighted sum adds, or a product of norms
@@ -329,9 +332,11 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
     # norms in float64 (see :func:`_wide`); ``weighted`` uses a and g as they are
     if positions == 1:
         # ||g aᵀ||² + ||g||² = ||g||²·(||a||² + 1), the norms taken in float64 on the fly
-        asq = torch.linalg.vector_norm(a1, dim=1, dtype=torch.float64).square_()
-        sq = torch.linalg.vector_norm(g1, dim=1, dtype=torch.float64).square_()
-        sq = sq * (asq + 1 if has_bias else asq)
+        a_norm = torch.linalg.vector_norm(a1, dim=1, dtype=torch.float64)
+        if has_bias:
+            a_norm = torch.hypot(a_norm, torch.ones_like(a_norm))
+        g_norm = torch.linalg.vector_norm(g1, dim=1, dtype=torch.float64)
+        sq = (g_norm * a_norm).square_()
     else:
         aw, gw = _wide(a), _wide(g)
         sq = (torch.bmm(aw, aw.transpose(1, 2)) * torch.bmm(gw, gw.transpose(1, 2))).sum(dim=(1, 2))
@@ -371,7 +376,9 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
         return out
 
     if positions == 1:
-        return _Stats(sq, subject_sq, weighted, (a1, g1, has_bias), terms=d + p + 2)
+        return _Stats(
+            sq, subject_sq, weighted, (a1, g1, has_bias), (g_norm, a_norm), terms=d + p + 2
+        )
     norms_a = torch.linalg.vector_norm(a, dim=2, dtype=torch.float64)
     mag = (norms_a * torch.linalg.vector_norm(g, dim=2, dtype=torch.float64)).sum(1)
     terms = d + p + _grid_terms(positions) + 2
@@ -393,6 +400,7 @@ def _linear_subject_sq(
     subjects: _Subjects,
     layers: list[tuple[torch.Tensor, torch.Tensor, bool]],
     sq: torch.Tensor,
+    norms: list[tuple[torch.Tensor, torch.Tensor]],
 ) -> torch.Tensor | None:
     """Squared norms of the per-subject sums ``Σ_{i∈S} g_i a_iᵀ`` (and ``Σ_{i∈S} g_i`` with a
     bias), summed over one-position linear layers, given their summed per-example squared
@@ -422,7 +430,7 @@ def _linear_subject_sq(
     for a, g, bias in layers:
         columns += [g, a, ones] if bias else [g, a]
     # in the activations' dtype: the chunks' products are materialised gradients (their
-    # rounding is in the bound's release term); the pairs' dot products go to float64
+    # rounding is in the bound's release term)
     padded = layers[0][0].new_empty(subjects.batch + 1, sum(p + d for p, d in widths))
     rows = torch.cat(columns, dim=1, out=padded[: subjects.batch])
     padded[subjects.batch] = 0.0
@@ -440,12 +448,18 @@ def _linear_subject_sq(
             select[k, 0, at : at + p] = 2.0
             select[k, 1, at + p : at + p + d] = 1.0
             at += p + d
-        wide = _wide(rows)
-        products = wide.index_select(0, subjects.pair_i).mul_(wide.index_select(0, subjects.pair_j))
+        # the dot products in the rows' dtype where every record's blocks have norms in
+        # [2^-40, 2^40] (or are 0), so no entry that matters under- or overflows when squared
+        # (their rounding is in _norm_bounds' γ), else in float64
+        base = rows if _moderate(norms) else _wide(rows)
+        first, second = _pair_buffers(int(subjects.pair_i.numel()), base.shape[1], base.dtype)
+        products = torch.index_select(base, 0, subjects.pair_i, out=first)
+        products.mul_(torch.index_select(base, 0, subjects.pair_j, out=second))
         # (2·layers, pairs): the selector on the left is the fast orientation of this product
         dots = torch.mm(
             torch.as_tensor(select.reshape(2 * len(layers), -1), dtype=products.dtype), products.T
         )
+        dots = _wide(dots)
         cross = (dots[0::2] * dots[1::2]).sum(0)
         out.index_add_(0, subjects.pair_subject, cross)
     if subjects.num_chunks:
@@ -463,6 +477,38 @@ def _linear_subject_sq(
         summed.index_add_(0, subjects.owner, flat)
         out.index_copy_(0, subjects.big_ids, _wide(torch.linalg.vecdot(summed, summed)))
     return out
+
+
+_BUFFERS = threading.local()
+
+
+def _pair_buffers(pairs: int, width: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two ``(pairs, width)`` tensors for the pairs' gathered rows, views of buffers kept
+    per thread and dtype and grown as needed (at most :data:`PIECE_BYTES` each): allocated
+    afresh every step, blocks of this size (~1 MB for the mlp at 512 records) were returned
+    to the kernel and faulted in again, ~300 page faults and 0.4-0.6 ms a step."""
+    kept = getattr(_BUFFERS, "pairs", None)
+    if kept is None:
+        kept = _BUFFERS.pairs = {}
+    size = pairs * width
+    buffers = kept.get(dtype)
+    if buffers is None or buffers[0].numel() < size:
+        buffers = kept[dtype] = (torch.empty(size, dtype=dtype), torch.empty(size, dtype=dtype))
+    return (buffers[0][:size].view(pairs, width), buffers[1][:size].view(pairs, width))
+
+
+#: below or above these norms, a record's rows go to float64 for the pairs' dot products
+MODERATE_NORMS = (2.0**-40, 2.0**40)
+
+
+def _moderate(norms: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Whether every nonzero block norm lies in :data:`MODERATE_NORMS`."""
+    stacked = torch.cat([torch.cat(pair) for pair in norms])
+    stacked = stacked[stacked != 0]
+    if not stacked.numel():
+        return True
+    low, high = (float(v) for v in torch.aminmax(stacked))
+    return MODERATE_NORMS[0] <= low and high <= MODERATE_NORMS[1]
 
 
 def _embedding_stats(module: nn.Embedding, idx: torch.Tensor, g: torch.Tensor) -> _Stats:
@@ -776,6 +822,8 @@ def _norm_bounds(
             pairs = largest * (largest - 1) // 2 if largest <= SMALL_SUBJECT else 0
             n += 2 * largest * positions + pairs
         gamma = n * torch.finfo(sq.dtype).eps
+        if largest:  # the pairs route's dot products, in the release dtype (_moderate)
+            gamma += 2 * (width + 2) * torch.finfo(release).eps
         gamma_r = (records * len(stats) + width + SUBJECT_CHUNK) * torch.finfo(release).eps
         bound = torch.addcmul(base.mul_(1.0 + gamma), mag, mag, value=gamma).sqrt_()
         bound = bound.add_(mag, alpha=gamma + gamma_r).masked_fill_(mag >= limit, math.inf)
@@ -828,6 +876,7 @@ def _model_subject_sq(
     where that route is too costly) by its own ``subject_sq``."""
     linear = [layer for layer in stats.values() if layer.rows is not None]
     rows = [layer.rows for layer in linear if layer.rows is not None]
+    norms = [layer.row_norms for layer in linear if layer.row_norms is not None]
     if rows and len(rows) == len(stats):
         batch = int(inverse.numel())
         width = sum(a.shape[1] + g.shape[1] + int(bias) for a, g, bias in rows)
@@ -839,7 +888,7 @@ def _model_subject_sq(
     total = None
     if rows:
         sq = _sum_layers([layer.sq for layer in linear])
-        total = _linear_subject_sq(subjects, rows, sq)
+        total = _linear_subject_sq(subjects, rows, sq, norms)
     if total is None:
         linear = []
     full = [
