@@ -141,3 +141,36 @@ def test_tiny_output_gradients_times_huge_inputs_are_still_clipped(monkeypatch, 
         weigh=lambda n: clip_factors(n, clip),
     )
     assert float(norms[0]) > clip and _released(summed) <= clip * (1 + 1e-3)
+
+
+def _worst_release(model: nn.Module, params, x, y, clips) -> float:
+    clipper = GhostClipper(model)
+    worst = 0.0
+    for clip in clips:
+        _, summed = clipper.norms_and_sum(params, x, y, clip=clip)
+        worst = max(worst, _released(summed) / clip)
+    return worst
+
+
+def test_a_tiny_clip_factor_on_a_huge_gradient_is_applied_in_float64() -> None:
+    """A gradient of norm ~2e38 clipped to ~1e-6: the factor ~5e-45 is a float32 subnormal
+    with a digit or two; the release then runs in float64 (``ghost._release_dtype``)."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(1, 2, bias=False))
+    params = {"1.weight": torch.zeros(2, 1)}
+    x, y = torch.full((1, 1), 3e38), torch.tensor([0])
+    clips = [1e-6 * float(f) for f in torch.linspace(1, 1.5, 60)]
+    assert _worst_release(model, params, x, y, clips) <= 1 + 1e-6
+
+
+def test_tiny_output_gradients_on_huge_inputs_are_released_in_float64() -> None:
+    """``w·g`` below float32's normal range, then multiplied by inputs of ~1e36: the
+    absolute rounding of the subnormal product would be magnified."""
+    d, p, scale, gap = 784, 10, 1e36, 96.9
+    model = nn.Sequential(nn.Flatten(), nn.Linear(d, p))
+    weight = torch.zeros(p, d)
+    weight[p - 1] = gap / (d * scale)
+    params = {"1.weight": weight, "1.bias": torch.zeros(p)}
+    x, y = torch.full((1, d), scale), torch.tensor([p - 1])
+    norms, _ = GhostClipper(model).norms_and_sum(params, x, y, clip=1.0)
+    clips = [float(t) * float(norms[0]) for t in torch.linspace(0.3, 0.99, 60)]
+    assert _worst_release(model, params, x, y, clips) <= 1 + 1e-6

@@ -211,6 +211,9 @@ class _Stats:
     terms: int = 0
     #: positions per example (a subject's Gram sums run over its records' positions)
     positions: int = 1
+    #: the largest input norm (a record's, or a position's) of a layer whose release
+    #: multiplies ``w·g`` by ``a``, as a 0-dim float64 tensor (see :func:`_release_dtype`)
+    a_scale: torch.Tensor | None = None
 
 
 def _per_example_stats(
@@ -235,14 +238,13 @@ def _per_example_stats(
         # per-subject sums a block of columns at a time, each block under PIECE_BYTES
         columns = flats[0].shape[1]
         block = max(1, PIECE_BYTES // (max(num, 1) * flats[0].element_size()))
-        out = flats[0].new_zeros(num)
+        out = torch.zeros(num, dtype=torch.float64)
         for lo in range(0, columns, block):
             cols = slice(lo, min(lo + block, columns))
             summed = flats[0].new_zeros(num, cols.stop - lo)
             for flat, part in zip(flats, slices, strict=True):
                 summed.index_add_(0, inverse[part], flat[:, cols])
-            out += torch.linalg.vector_norm(summed, dim=1).square()
-        out = _wide(out)
+            out += torch.linalg.vector_norm(summed, dim=1, dtype=torch.float64).square_()
         if bias is not None:
             wide = _wide(bias)
             out = out + wide.new_zeros(num, wide.shape[1]).index_add_(0, inverse, wide).pow(2).sum(
@@ -251,12 +253,14 @@ def _per_example_stats(
         return out
 
     def weighted(w: torch.Tensor) -> dict[str, torch.Tensor]:
-        total = w[slices[0]] @ flats[0]
-        for flat, part in zip(flats[1:], slices[1:], strict=True):
+        dtype = flats[0].dtype
+        parts = flats if w.dtype == dtype else [_wide(f) for f in flats]  # see _release_dtype
+        total = w[slices[0]] @ parts[0]
+        for flat, part in zip(parts[1:], slices[1:], strict=True):
             total.addmv_(flat.T, w[part])
-        out = {"weight": total.reshape(shape)}
+        out = {"weight": total.reshape(shape).to(dtype)}
         if bias is not None:
-            out["bias"] = w @ bias
+            out["bias"] = (w @ (bias if w.dtype == dtype else _wide(bias))).to(dtype)
         return out
 
     return _Stats(sq, subject_sq, weighted)
@@ -366,23 +370,42 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
         return out
 
     def weighted(w: torch.Tensor) -> dict[str, torch.Tensor]:
+        dtype = g.dtype
+        # in w's dtype: float64 where float32 could underflow (see _release_dtype)
+        ga, aa = (g, a) if w.dtype == dtype else (_wide(g), _wide(a))
         if positions == 1:
-            weight = (g1 * w[:, None]).T @ a1
+            weight = (ga[:, 0] * w[:, None]).T @ aa[:, 0]
         else:
-            weight = torch.einsum("b,btp,btd->pd", w, g, a)
-        out = {"weight": weight.reshape(shape)}
+            weight = torch.einsum("b,btp,btd->pd", w, ga, aa)
+        out = {"weight": weight.reshape(shape).to(dtype)}
         if bias is not None:
-            out["bias"] = w @ bias
+            out["bias"] = (w @ (bias if w.dtype == dtype else _wide(bias))).to(dtype)
         return out
 
     if positions == 1:
         return _Stats(
-            sq, subject_sq, weighted, (a1, g1, has_bias), (g_norm, a_norm), terms=d + p + 2
+            sq,
+            subject_sq,
+            weighted,
+            (a1, g1, has_bias),
+            (g_norm, a_norm),
+            terms=d + p + 2,
+            a_scale=a_norm.max() if batch else None,
         )
     norms_a = torch.linalg.vector_norm(a, dim=2, dtype=torch.float64)
+    if has_bias:  # the bias's input 1 beside every position's a
+        norms_a = torch.hypot(norms_a, torch.ones_like(norms_a))
     mag = (norms_a * torch.linalg.vector_norm(g, dim=2, dtype=torch.float64)).sum(1)
     terms = d + p + _grid_terms(positions) + 2
-    return _Stats(sq, subject_sq, weighted, mag=mag, terms=terms, positions=positions)
+    return _Stats(
+        sq,
+        subject_sq,
+        weighted,
+        mag=mag,
+        terms=terms,
+        positions=positions,
+        a_scale=norms_a.max() if batch else None,
+    )
 
 
 def _grid_terms(positions: int) -> int:
@@ -401,11 +424,13 @@ def _linear_subject_sq(
     layers: list[tuple[torch.Tensor, torch.Tensor, bool]],
     sq: torch.Tensor,
     norms: list[tuple[torch.Tensor, torch.Tensor]],
-) -> torch.Tensor | None:
+) -> tuple[torch.Tensor, bool] | None:
     """Squared norms of the per-subject sums ``Σ_{i∈S} g_i a_iᵀ`` (and ``Σ_{i∈S} g_i`` with a
     bias), summed over one-position linear layers, given their summed per-example squared
-    norms ``sq``; ``None`` when the big subjects' chunks would cost more than a layer's
-    whole-batch Gram matrix or need more than :data:`PER_EXAMPLE_LIMIT` elements.
+    norms ``sq``, and whether the pairs' dot products were taken in float32 (their rounding
+    then counts in :func:`_norm_bounds`); ``None`` when the big subjects' chunks would cost
+    more than a layer's whole-batch Gram matrix or need more than :data:`PER_EXAMPLE_LIMIT`
+    elements.
 
     A bias is folded in as a constant input 1. Small subjects (see :class:`_Subjects`) by the
     Gram route over their pairs, ``||G_S||² = Σ_{i∈S} sq_i + 2 Σ_{i<j∈S} (a_i·a_j)(g_i·g_j)``:
@@ -422,7 +447,7 @@ def _linear_subject_sq(
             if elements > PER_EXAMPLE_LIMIT or cost > subjects.batch**2 * (d + p):
                 return None
     pairs = int(subjects.pair_i.numel())
-    if pairs * sum(p + d for p, d in widths) * sq.element_size() > PIECE_BYTES:
+    if pairs * sum(p + d for p, d in widths) * layers[0][0].element_size() > PIECE_BYTES:
         return None
     ones = subjects.ones(layers[0][1])
     # rows [g_i, a_i, (1)] of every layer side by side, then a zero row (chunks' padding)
@@ -439,6 +464,7 @@ def _linear_subject_sq(
         inverse = inverse.index_select(0, subjects.unbig_rows)
         total = total.index_select(0, subjects.unbig_rows)
     out = sq.new_zeros(subjects.num).index_add_(0, inverse, total)
+    narrow = False
     if pairs:
         # columns -> per layer (2 (g_i·g_j), a_i·a_j)
         # (layers, 2, columns): row (k, 0) sums layer k's g columns (times 2), (k, 1) its a
@@ -451,7 +477,8 @@ def _linear_subject_sq(
         # the dot products in the rows' dtype where every record's blocks have norms in
         # [2^-40, 2^40] (or are 0), so no entry that matters under- or overflows when squared
         # (their rounding is in _norm_bounds' γ), else in float64
-        base = rows if _moderate(norms) else _wide(rows)
+        narrow = _moderate(norms)
+        base = rows if narrow else _wide(rows)
         first, second = _pair_buffers(int(subjects.pair_i.numel()), base.shape[1], base.dtype)
         products = torch.index_select(base, 0, subjects.pair_i, out=first)
         products.mul_(torch.index_select(base, 0, subjects.pair_j, out=second))
@@ -475,8 +502,9 @@ def _linear_subject_sq(
         flat = grads[0] if len(grads) == 1 else torch.cat(grads, dim=1)
         summed = flat.new_zeros(int(subjects.big_ids.numel()), flat.shape[1])
         summed.index_add_(0, subjects.owner, flat)
-        out.index_copy_(0, subjects.big_ids, _wide(torch.linalg.vecdot(summed, summed)))
-    return out
+        big = torch.linalg.vector_norm(summed, dim=1, dtype=torch.float64).square_()
+        out.index_copy_(0, subjects.big_ids, big)
+    return out, narrow and rows.dtype != torch.float64
 
 
 _BUFFERS = threading.local()
@@ -529,9 +557,10 @@ def _embedding_stats(module: nn.Embedding, idx: torch.Tensor, g: torch.Tensor) -
         return (same_p * torch.bmm(gp, gp.transpose(1, 2))).sum((1, 2))
 
     def weighted(w: torch.Tensor) -> dict[str, torch.Tensor]:
-        out = torch.zeros_like(module.weight)
-        out.index_add_(0, idx.reshape(-1), (w[:, None, None] * g).reshape(-1, g.shape[-1]))
-        return {"weight": out}
+        rows = w[:, None, None] * (g if w.dtype == g.dtype else gw)
+        out = torch.zeros(module.weight.shape, dtype=rows.dtype)
+        out.index_add_(0, idx.reshape(-1), rows.reshape(-1, g.shape[-1]))
+        return {"weight": out.to(g.dtype)}
 
     positions = idx.shape[1]
     mag = torch.linalg.vector_norm(g, dim=2, dtype=torch.float64).sum(1)
@@ -668,7 +697,7 @@ class GhostClipper:
 
     @staticmethod
     def _assemble(params: Params, stats: dict[str, _Stats], weights: torch.Tensor) -> Params:
-        weights = weights.to(next(iter(params.values())).dtype)  # the norms are float64
+        weights = weights.to(_release_dtype(params, stats, weights))
         summed: Params = {}
         for name, layer in stats.items():
             for pname, value in layer.weighted(weights).items():
@@ -768,6 +797,30 @@ class GhostClipper:
         return norms, total
 
 
+#: a release in float32 is exact enough where every nonzero weight is at least this and every
+#: input norm at most RELEASE_INPUT; beyond, the weighted sums run in float64
+RELEASE_WEIGHT = 2.0**-100
+RELEASE_INPUT = 2.0**40
+
+
+def _release_dtype(params: Params, stats: dict[str, _Stats], weights: torch.Tensor) -> torch.dtype:
+    """The dtype to form the weighted sums in: the parameters', or float64 where a weight
+    is tiny (a float32 subnormal keeps few digits, and the clip bound needs them all) or an
+    input is huge (``w·g`` can underflow to an absolute error that ``a`` then multiplies)."""
+    dtype = next(iter(params.values())).dtype
+    if dtype == torch.float64:
+        return dtype
+    magnitude = weights.abs()
+    low = magnitude.masked_fill(magnitude == 0, math.inf).amin() if magnitude.numel() else None
+    scales = [layer.a_scale for layer in stats.values() if layer.a_scale is not None]
+    high = torch.stack(scales).amax() if scales else None
+    if low is not None and float(low) < RELEASE_WEIGHT:
+        return torch.float64
+    if high is not None and float(high) > RELEASE_INPUT:
+        return torch.float64
+    return dtype
+
+
 def _magnitudes(stats: dict[str, _Stats], *, per_subject: bool) -> torch.Tensor | None:
     """Per example, the scale of the rounding error of its squared norm: ``Σ_layers mag``
     over the Gram layers; for per-subject norms every layer counts, the others by their
@@ -787,6 +840,7 @@ def _norm_bounds(
     release: torch.dtype,
     records: int,
     largest: int = 0,
+    narrow_pairs: bool = False,
 ) -> torch.Tensor:
     """Norms to clip by that are upper bounds of the exact ones, from squared norms ``sq``
     computed in float64 (:func:`_wide`) and the scale ``mag`` of their rounding (``None``:
@@ -807,9 +861,10 @@ def _norm_bounds(
     the chunk routes, are computed in ``release``; their rounding of this unit's terms is at
     most ``γ_r·mag``, ``γ_r = 2·(records·layers + d + p + 32)·u_release``.
     The bound is ``sqrt(max(sq, 0)·(1 + γ) + γ·mag²) + (γ + γ_r)·mag``: without
-    cancellation (``mag`` about the norm) a relative ``~γ_r`` above it (~1e-5 in float32 for
-    a few hundred records). A bound the release dtype cannot hold is ``inf``: such a record
-    or subject is dropped like a non-finite one (its products could overflow there)."""
+    cancellation (``mag`` about the norm) a relative ``~γ_r`` above it (in float32 ~1e-4 for
+    the mlp at 64 records, ~2e-4 at 512). A bound the release dtype cannot hold is ``inf``:
+    such a record or subject is dropped like a non-finite one (its products could overflow
+    there)."""
     base = sq.clamp(min=0)
     limit = torch.finfo(release).max
     if mag is None:
@@ -822,7 +877,7 @@ def _norm_bounds(
             pairs = largest * (largest - 1) // 2 if largest <= SMALL_SUBJECT else 0
             n += 2 * largest * positions + pairs
         gamma = n * torch.finfo(sq.dtype).eps
-        if largest:  # the pairs route's dot products, in the release dtype (_moderate)
+        if narrow_pairs:  # the pairs route's dot products, in float32 (_moderate)
             gamma += 2 * (width + 2) * torch.finfo(release).eps
         gamma_r = (records * len(stats) + width + SUBJECT_CHUNK) * torch.finfo(release).eps
         bound = torch.addcmul(base.mul_(1.0 + gamma), mag, mag, value=gamma).sqrt_()
@@ -835,12 +890,12 @@ def _subject_norm_bounds(
 ) -> torch.Tensor:
     """Upper bounds of the norms of the per-subject summed gradients (:func:`_norm_bounds`
     over :func:`_model_subject_sq`), one per subject row."""
-    sq = _model_subject_sq(stats, inverse, counts)
+    sq, narrow = _model_subject_sq(stats, inverse, counts)
     mag = _magnitudes(stats, per_subject=True)
     assert mag is not None
     subject_mag = mag.new_zeros(int(counts.numel())).index_add_(0, inverse, mag)
     largest = int(counts.max()) if counts.numel() else 0
-    return _norm_bounds(sq, subject_mag, stats, release, int(inverse.numel()), largest)
+    return _norm_bounds(sq, subject_mag, stats, release, int(inverse.numel()), largest, narrow)
 
 
 def _without_non_finite(
@@ -870,10 +925,11 @@ def _small_limit(layers: list[tuple[torch.Tensor, torch.Tensor, bool]]) -> int:
 
 def _model_subject_sq(
     stats: dict[str, _Stats], inverse: torch.Tensor, counts: torch.Tensor
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, bool]:
     """Squared norms of the per-subject summed gradients of the whole model: one-position
     linear layers together (:func:`_linear_subject_sq`), every other layer (or all of them,
-    where that route is too costly) by its own ``subject_sq``."""
+    where that route is too costly) by its own ``subject_sq``; and whether some pairs' dot
+    products were taken in float32."""
     linear = [layer for layer in stats.values() if layer.rows is not None]
     rows = [layer.rows for layer in linear if layer.rows is not None]
     norms = [layer.row_norms for layer in linear if layer.row_norms is not None]
@@ -883,12 +939,15 @@ def _model_subject_sq(
         if batch * batch * width <= DENSE_GRAM_MACS:
             dense = _dense_subject_sq(rows, inverse, int(counts.numel()))
             if bool(torch.isfinite(dense).all()):
-                return dense
+                return dense, False
     subjects = _Subjects(inverse, counts, _small_limit(rows) if rows else SMALL_SUBJECT)
     total = None
+    narrow = False
     if rows:
         sq = _sum_layers([layer.sq for layer in linear])
-        total = _linear_subject_sq(subjects, rows, sq, norms)
+        listed = _linear_subject_sq(subjects, rows, sq, norms)
+        if listed is not None:
+            total, narrow = listed
     if total is None:
         linear = []
     full = [
@@ -900,7 +959,7 @@ def _model_subject_sq(
         rest = _sum_layers(full)
         total = rest if total is None else total + rest
     assert total is not None
-    return total
+    return total, narrow
 
 
 def _dense_subject_sq(
@@ -964,7 +1023,11 @@ def _padded_subject_grad_sq(
     per = max(1, PER_EXAMPLE_LIMIT // (a.shape[1] * g.shape[1]))
     return torch.cat(
         [
-            torch.bmm(gp[i : i + per].transpose(1, 2), ap[i : i + per]).pow(2).sum((1, 2))
+            torch.linalg.vector_norm(
+                torch.bmm(gp[i : i + per].transpose(1, 2), ap[i : i + per]),
+                dim=(1, 2),
+                dtype=torch.float64,
+            ).square_()
             for i in range(0, num, per)
         ]
     )
