@@ -69,8 +69,6 @@ class DenseChain:
             type(m) not in known for m in model.modules()
         ):
             return None
-        if any(isinstance(m, nn.Conv2d | nn.MaxPool2d) for m in model.modules()):
-            return None
         ops = chain.trace(model)
         if not ops:
             return None

@@ -190,6 +190,18 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float64 else t.double()
 
 
+def _as(t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``t`` in the dtype of the weights ``w`` (float64 where the release must be, see
+    :func:`_release_dtype`; itself otherwise)."""
+    return t if t.dtype == w.dtype else t.to(w.dtype)
+
+
+def _subject_bias_sq(bias: torch.Tensor, inverse: torch.Tensor, num: int) -> torch.Tensor:
+    """Squared norms (float64) of the per-subject sums of a layer's bias gradients."""
+    wide = _wide(bias)
+    return wide.new_zeros(num, wide.shape[1]).index_add_(0, inverse, wide).pow(2).sum(1)
+
+
 @dataclass
 class _Stats:
     """One layer's share of a clipped sum: squared per-example norms, per-subject squared
@@ -246,21 +258,18 @@ def _per_example_stats(
                 summed.index_add_(0, inverse[part], flat[:, cols])
             out += torch.linalg.vector_norm(summed, dim=1, dtype=torch.float64).square_()
         if bias is not None:
-            wide = _wide(bias)
-            out = out + wide.new_zeros(num, wide.shape[1]).index_add_(0, inverse, wide).pow(2).sum(
-                1
-            )
+            out = out + _subject_bias_sq(bias, inverse, num)
         return out
 
     def weighted(w: torch.Tensor) -> dict[str, torch.Tensor]:
         dtype = flats[0].dtype
-        parts = flats if w.dtype == dtype else [_wide(f) for f in flats]  # see _release_dtype
+        parts = [_as(flat, w) for flat in flats]
         total = w[slices[0]] @ parts[0]
         for flat, part in zip(parts[1:], slices[1:], strict=True):
             total.addmv_(flat.T, w[part])
         out = {"weight": total.reshape(shape).to(dtype)}
         if bias is not None:
-            out["bias"] = (w @ (bias if w.dtype == dtype else _wide(bias))).to(dtype)
+            out["bias"] = (w @ _as(bias, w)).to(dtype)
         return out
 
     return _Stats(sq, subject_sq, weighted)
@@ -365,21 +374,19 @@ def _linear_stats(module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> _Stats
         else:
             out = _padded_subject_sq(_wide(a), _wide(g), inverse, num)
         if bias is not None:
-            bias_w = _wide(bias)
-            out = out + bias_w.new_zeros(num, p).index_add_(0, inverse, bias_w).pow(2).sum(1)
+            out = out + _subject_bias_sq(bias, inverse, num)
         return out
 
     def weighted(w: torch.Tensor) -> dict[str, torch.Tensor]:
         dtype = g.dtype
-        # in w's dtype: float64 where float32 could underflow (see _release_dtype)
-        ga, aa = (g, a) if w.dtype == dtype else (_wide(g), _wide(a))
+        ga, aa = _as(g, w), _as(a, w)
         if positions == 1:
             weight = (ga[:, 0] * w[:, None]).T @ aa[:, 0]
         else:
             weight = torch.einsum("b,btp,btd->pd", w, ga, aa)
         out = {"weight": weight.reshape(shape).to(dtype)}
         if bias is not None:
-            out["bias"] = (w @ (bias if w.dtype == dtype else _wide(bias))).to(dtype)
+            out["bias"] = (w @ _as(bias, w)).to(dtype)
         return out
 
     if positions == 1:
@@ -557,7 +564,7 @@ def _embedding_stats(module: nn.Embedding, idx: torch.Tensor, g: torch.Tensor) -
         return (same_p * torch.bmm(gp, gp.transpose(1, 2))).sum((1, 2))
 
     def weighted(w: torch.Tensor) -> dict[str, torch.Tensor]:
-        rows = w[:, None, None] * (g if w.dtype == g.dtype else gw)
+        rows = w[:, None, None] * _as(g, w)
         out = torch.zeros(module.weight.shape, dtype=rows.dtype)
         out.index_add_(0, idx.reshape(-1), rows.reshape(-1, g.shape[-1]))
         return {"weight": out.to(g.dtype)}
