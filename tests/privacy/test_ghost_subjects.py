@@ -1,6 +1,6 @@
 """Per-subject norms of one-position linear layers (pairs for small subjects, chunked
-gradients for big ones; or one masked Gram matrix of a small batch) equal those of
-materialised per-subject gradients."""
+gradients for big ones; or one masked Gram matrix of a small batch; or the compiled path of a
+plain MLP) equal those of materialised per-subject gradients."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from silodp.models import build_model
-from silodp.privacy import ghost
+from silodp.privacy import dense_kernel, ghost
 from silodp.privacy.ghost import GhostClipper
 from silodp.privacy.gradients import per_example_gradients, per_example_norms, weighted_sum
 
@@ -34,20 +34,30 @@ def _small(model: nn.Module) -> int:
     return ghost._small_limit(layers)
 
 
-@pytest.fixture(params=["lists", "dense"])
+def _refuse(what: str):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{what} was used")
+
+    return refuse
+
+
+@pytest.fixture(params=["lists", "dense", "compiled"])
 def route(request, monkeypatch) -> str:
-    """Both routes for the linear layers: pairs and chunks (the dense Gram route off), or the
-    dense Gram route for any batch (and the other one refused, so it cannot be used)."""
+    """The routes for the linear layers: pairs and chunks (the dense Gram route off), the
+    dense Gram route for any batch (pairs and chunks refused), or the compiled path (the
+    torch routes refused; the models of these tests are then plain ReLU MLPs)."""
     if request.param == "lists":
         monkeypatch.setattr(ghost, "DENSE_GRAM_MACS", 0)
-    else:
+    elif request.param == "dense":
         monkeypatch.setattr(ghost, "DENSE_GRAM_MACS", 2**62)
-
-        def refuse(*args, **kwargs):
-            raise AssertionError("pairs and chunks were used")
-
-        monkeypatch.setattr(ghost, "_linear_subject_sq", refuse)
+        monkeypatch.setattr(ghost, "_linear_subject_sq", _refuse("pairs and chunks"))
+    else:
+        monkeypatch.setattr(ghost, "_model_subject_sq", _refuse("a torch route"))
     return request.param
+
+
+def _clipper(model: nn.Module, route: str) -> GhostClipper:
+    return GhostClipper(model, compiled=route == "compiled")
 
 
 def _layouts(batch: int, small: int) -> dict[str, torch.Tensor]:
@@ -65,13 +75,14 @@ def _layouts(batch: int, small: int) -> dict[str, torch.Tensor]:
     }
 
 
-def _mlp(bias: bool) -> nn.Module:
+def _mlp(bias: bool, route: str = "lists") -> nn.Module:
+    """The library's MLP (biases), or one without biases: with a Tanh (the hooks' path), or
+    a ReLU where the compiled path is tested."""
     torch.manual_seed(0)
     if bias:
         return build_model("mlp", (12,), 5).double()
-    return nn.Sequential(
-        nn.Linear(12, 9, bias=False), nn.Tanh(), nn.Linear(9, 5, bias=False)
-    ).double()
+    act = nn.ReLU() if route == "compiled" else nn.Tanh()
+    return nn.Sequential(nn.Linear(12, 9, bias=False), act, nn.Linear(9, 5, bias=False)).double()
 
 
 def _materialised(model, params, x, y, subjects):
@@ -91,7 +102,7 @@ def _materialised(model, params, x, y, subjects):
 def test_subject_norms_and_sum_equal_materialised_per_subject_gradients(
     bias, layout, route
 ) -> None:
-    model = _mlp(bias)
+    model = _mlp(bias, route)
     small = _small(model)
     subjects = _layouts(2 * small + ghost.SUBJECT_CHUNK * 2 + 9, small)[layout]
     gen = torch.Generator().manual_seed(3)
@@ -102,7 +113,7 @@ def test_subject_norms_and_sum_equal_materialised_per_subject_gradients(
     coeff = torch.linspace(-1.0, 2.0, norms.numel(), dtype=torch.float64)
     expected = weighted_sum(mean, coeff / (1.0 + norms))
 
-    got_norms, got = GhostClipper(model).subject_norms_and_sum(
+    got_norms, got = _clipper(model, route).subject_norms_and_sum(
         params, x, y, subjects, weigh=lambda n: coeff / (1.0 + n)
     )
 
@@ -165,7 +176,7 @@ def test_passes_and_one_pass_agree(route) -> None:
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     norms, mean = _materialised(model, params, x, y, subjects)
     expected = weighted_sum(mean, 1.0 / (1.0 + norms))
-    clipper = GhostClipper(model)
+    clipper = _clipper(model, route)
     for max_batch in (4096, 8):
         clipper._record_bytes.clear()  # the pass size is then max_batch
         got_norms, got = clipper.subject_norms_and_sum(
@@ -195,7 +206,7 @@ def test_a_small_batch_takes_the_dense_route_and_a_non_finite_record_the_other(
         return original(*args, **kwargs)
 
     monkeypatch.setattr(ghost, "_linear_subject_sq", spy)
-    clipper = GhostClipper(model)
+    clipper = GhostClipper(model, compiled=False)
     weigh = lambda n: 1.0 / (1.0 + n)  # noqa: E731
     norms, _ = clipper.subject_norms_and_sum(params, x, y, subjects, weigh=weigh)
     assert not listed  # 20 records: one Gram matrix
@@ -206,3 +217,47 @@ def test_a_small_batch_takes_the_dense_route_and_a_non_finite_record_the_other(
     ids = torch.unique(subjects)
     assert not torch.isfinite(norms[ids == bad]).any()
     assert torch.isfinite(norms[ids != bad]).all()
+
+
+def test_the_compiled_path_leaves_out_a_non_finite_subject(monkeypatch) -> None:
+    """A record with an infinite input: its subject's norm is not finite and its records are
+    left out of the sum, which equals the torch routes' (the other subjects only)."""
+    model = _mlp(True)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    subjects = _zipf(40, 6, seed=11)
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(40, 12, dtype=torch.float64, generator=gen)
+    y = torch.randint(0, 5, (40,), generator=gen)
+    x[5] = float("inf")
+    weigh = lambda n: torch.where(torch.isfinite(n), 1.0 / (1.0 + n), 0.0)  # noqa: E731
+    expected_norms, expected = GhostClipper(model, compiled=False).subject_norms_and_sum(
+        params, x, y, subjects, weigh=weigh
+    )
+    monkeypatch.setattr(ghost, "_model_subject_sq", _refuse("a torch route"))
+    norms, got = GhostClipper(model).subject_norms_and_sum(params, x, y, subjects, weigh=weigh)
+    ids = torch.unique(subjects)
+    assert not torch.isfinite(norms[ids == subjects[5]]).any()
+    finite = ids != subjects[5]
+    torch.testing.assert_close(norms[finite], expected_norms[finite], rtol=1e-10, atol=0)
+    for key, value in expected.items():
+        assert torch.isfinite(got[key]).all()
+        torch.testing.assert_close(got[key], value, rtol=1e-10, atol=1e-12)
+
+
+def test_the_compiled_path_applies_only_to_plain_relu_chains() -> None:
+    relu = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    assert GhostClipper(relu)._kernel(torch.float32) is not None
+    assert GhostClipper(relu, compiled=False)._kernel(torch.float32) is None
+    for model in (
+        nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2), nn.ReLU()),  # ends in ReLU
+        nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)),  # no ReLU between
+        nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)),  # not a chain of stock ops
+    ):
+        assert GhostClipper(model)._kernel(torch.float32) is None, model
+    assert dense_kernel.DenseKernel.build([], torch.float32) is None
+    hooked = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    clipper = GhostClipper(hooked)
+    handle = hooked[0].register_forward_hook(lambda m, i, o: o * 2)
+    assert clipper._kernel(torch.float32) is None  # hooks: the torch path runs them
+    handle.remove()
+    assert clipper._kernel(torch.float32) is not None

@@ -81,13 +81,22 @@ class DenseChain:
             return None  # a layer applied twice: the hooks' path sums its calls
         return cls(model, ops)
 
+    @property
+    def body(self) -> list[Op]:
+        """The chain after the optional flatten: ``Linear`` and ``ReLU`` ops."""
+        return self._body
+
+    def altered(self) -> bool:
+        """Whether the model has hooks or patched layers since it was traced."""
+        return chain.altered(self.model, self.ops)
+
     def capture(
         self, params: Params, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | None
     ) -> list[Captured] | None:
         """Every linear layer's ``(name, module, a, g)`` for the loss
         ``Σ_i scale_i·CE(f(x_i), y_i)`` (``scale`` ``None``: all 1), in chain order; ``None``
         where this path does not apply (see the module docstring)."""
-        if chain.altered(self.model, self.ops):
+        if self.altered():
             return None
         h = x.flatten(1) if self.flatten else x
         if h.dim() != 2 or y.dim() != 1 or y.dtype != torch.long or y.numel() != h.shape[0]:

@@ -27,7 +27,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -45,6 +45,9 @@ from silodp.privacy.gradients import (
     per_example_norms,
     zero_rows,
 )
+
+if TYPE_CHECKING:
+    from silodp.privacy.dense_kernel import DenseKernel
 
 __all__ = ["GhostClipper", "clipper_for", "supported"]
 
@@ -595,7 +598,7 @@ class GhostClipper:
       model: the module; its parameters are replaced functionally by ``params`` on each call.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, compiled: bool = True) -> None:
         self.model = model
         self.unsupported = supported(model)
         if self.unsupported:
@@ -613,6 +616,9 @@ class GhostClipper:
         self._copy_outputs = False
         #: the MLP passes written out, where the model is one (else hooks and autograd)
         self._chain = DenseChain.trace(model) if self.fast else None
+        #: per-subject sums of a plain MLP in compiled code (:mod:`.dense_kernel`), by dtype
+        self._compiled = compiled and self._chain is not None
+        self._kernels: dict[torch.dtype, DenseKernel | None] = {}
         #: bytes of captured activations and output gradients per record, by input shape
         #: (known after a first capture; sets the size of per-subject passes)
         self._record_bytes: dict[tuple[int, ...], int] = {}
@@ -768,15 +774,13 @@ class GhostClipper:
             )
         _, inverse, counts = torch.unique(subjects, return_inverse=True, return_counts=True)
         dtype = next(iter(params.values())).dtype
-        scale = counts.to(dtype).reciprocal_().index_select(0, inverse)
         num = counts.numel()
+        kernel = self._kernel(dtype)
         records = self._record_bytes.get(tuple(x.shape[1:]))
         per_pass = max_batch if records is None else max(max_batch, PASS_BYTES // records)
         if inverse.numel() <= per_pass:  # one pass over the whole batch
-            stats, rebuild = self._capture(params, x, y, scale)
-            norms = _subject_norm_bounds(stats, inverse, counts, dtype)
-            stats = _without_non_finite(stats, rebuild, norms, inverse)
-            return norms, self._assemble(params, stats, weigh(norms).index_select(0, inverse))
+            norms, release = self._subject_pass(kernel, params, x, y, inverse, counts)
+            return norms, release(weigh(norms))
         # consecutive subjects, about per_pass records per pass
         passes = torch.div(torch.cumsum(counts, 0) - counts, per_pass, rounding_mode="floor")
         parts = []
@@ -784,17 +788,17 @@ class GhostClipper:
             members = torch.nonzero(passes == part).flatten()
             rows = torch.nonzero(torch.isin(inverse, members)).flatten()
             local = torch.searchsorted(members, inverse[rows])
-            stats, rebuild = self._capture(params, x[rows], y[rows], scale[rows])
-            bounds = _subject_norm_bounds(stats, local, counts[members], dtype)
-            stats = _without_non_finite(stats, rebuild, bounds, local)
-            parts.append((members, local, stats, bounds))
+            bounds, release = self._subject_pass(
+                kernel, params, x[rows], y[rows], local, counts[members]
+            )
+            parts.append((members, release, bounds))
         norms = torch.zeros(num, dtype=torch.float64)
-        for members, _, _, bounds in parts:
+        for members, _, bounds in parts:
             norms[members] = bounds
         coefficients = weigh(norms)
         total: Params | None = None
-        for members, local, stats, _ in parts:
-            summed = self._assemble(params, stats, coefficients[members][local])
+        for members, release, _ in parts:
+            summed = release(coefficients[members])
             if total is None:
                 total = summed
             else:
@@ -802,6 +806,63 @@ class GhostClipper:
                     total[k].add_(v)
         assert total is not None
         return norms, total
+
+    def _kernel(self, dtype: torch.dtype) -> DenseKernel | None:
+        """The compiled path for parameters of ``dtype``, where the model is a plain MLP
+        (:meth:`DenseKernel.build`) that has no hooks or patched layers now."""
+        chain = self._chain
+        if not self._compiled or chain is None:
+            return None
+        if dtype not in self._kernels:
+            from silodp.privacy.dense_kernel import DenseKernel
+
+            self._kernels[dtype] = DenseKernel.build(chain.body, dtype)
+        kernel = self._kernels[dtype]
+        if kernel is None or chain.altered():
+            return None
+        return kernel
+
+    def _subject_pass(
+        self,
+        kernel: DenseKernel | None,
+        params: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        inverse: torch.Tensor,
+        counts: torch.Tensor,
+    ) -> tuple[torch.Tensor, Callable[[torch.Tensor], Params]]:
+        """Upper bounds of the norms of one pass's per-subject sums, and the function
+        giving ``Σ_a v_a G_a`` from the coefficients ``v`` (one per subject of the pass): in
+        compiled code where ``kernel`` applies to this pass, else from the layers' stats."""
+        dtype = next(iter(params.values())).dtype
+        fused = None
+        if kernel is not None and self._chain is not None:
+            rows = x.flatten(1) if self._chain.flatten else x
+            fused = kernel.capture(params, rows, y, inverse, counts)
+        if fused is not None:
+            assert kernel is not None
+            self._record_bytes[tuple(x.shape[1:])] = kernel.record_bytes
+            largest = fused.largest
+            # a Gram sum adds up to gram² products of dot products; a materialised gradient
+            # sums each entry over the subject's records, then the entries' squares
+            gram = min(largest, kernel.largest_gram)
+            terms = kernel.width + 2 * largest + gram * gram + kernel.largest_gradient
+            bounds = _rounded_bounds(
+                fused.sq, fused.mag, terms, kernel.width, kernel.layers, dtype, int(x.shape[0])
+            )
+            bad = ~np.isfinite(bounds.numpy())
+            drop = torch.from_numpy(bad) if bad.any() else None
+
+            def fused_release(coefficients: torch.Tensor) -> Params:
+                wide = _wide_release(dtype, coefficients, fused.a_max)
+                return fused.release(coefficients, wide, drop)
+
+            return bounds, fused_release
+        scale = counts.to(dtype).reciprocal_().index_select(0, inverse)
+        stats, rebuild = self._capture(params, x, y, scale)
+        bounds = _subject_norm_bounds(stats, inverse, counts, dtype)
+        stats = _without_non_finite(stats, rebuild, bounds, inverse)
+        return bounds, lambda v: self._assemble(params, stats, v.index_select(0, inverse))
 
 
 #: a release in float32 is exact enough where every nonzero weight is at least this and every
@@ -815,15 +876,21 @@ def _release_dtype(params: Params, stats: dict[str, _Stats], weights: torch.Tens
     is tiny (a float32 subnormal keeps few digits, and the clip bound needs them all) or an
     input is huge (``w·g`` can underflow to an absolute error that ``a`` then multiplies)."""
     dtype = next(iter(params.values())).dtype
+    scales = [layer.a_scale for layer in stats.values() if layer.a_scale is not None]
+    high = float(torch.stack(scales).amax()) if scales else None
+    return _wide_release(dtype, weights, high)
+
+
+def _wide_release(dtype: torch.dtype, weights: torch.Tensor, high: float | None) -> torch.dtype:
+    """:func:`_release_dtype` from the parameters' ``dtype``, the weights and the largest
+    input norm ``high`` (``None``: no input)."""
     if dtype == torch.float64:
         return dtype
-    magnitude = weights.abs()
-    low = magnitude.masked_fill(magnitude == 0, math.inf).amin() if magnitude.numel() else None
-    scales = [layer.a_scale for layer in stats.values() if layer.a_scale is not None]
-    high = torch.stack(scales).amax() if scales else None
-    if low is not None and float(low) < RELEASE_WEIGHT:
+    magnitude = np.abs(weights.detach().numpy())
+    low = np.where(magnitude == 0, math.inf, magnitude).min() if magnitude.size else math.inf
+    if float(low) < RELEASE_WEIGHT:
         return torch.float64
-    if high is not None and float(high) > RELEASE_INPUT:
+    if high is not None and high > RELEASE_INPUT:
         return torch.float64
     return dtype
 
@@ -872,24 +939,45 @@ def _norm_bounds(
     the mlp at 64 records, ~2e-4 at 512). A bound the release dtype cannot hold is ``inf``:
     such a record or subject is dropped like a non-finite one (its products could overflow
     there)."""
-    base = sq.clamp(min=0)
-    limit = torch.finfo(release).max
     if mag is None:
-        bound = base.sqrt_()
-    else:
-        width = max(layer.terms for layer in stats.values())
-        n = width + len(stats)
-        if largest:
-            positions = max(layer.positions for layer in stats.values())
-            pairs = largest * (largest - 1) // 2 if largest <= SMALL_SUBJECT else 0
-            n += 2 * largest * positions + pairs
-        gamma = n * torch.finfo(sq.dtype).eps
-        if narrow_pairs:  # the pairs route's dot products, in float32 (_moderate)
-            gamma += 2 * (width + 2) * torch.finfo(release).eps
-        gamma_r = (records * len(stats) + width + SUBJECT_CHUNK) * torch.finfo(release).eps
-        bound = torch.addcmul(base.mul_(1.0 + gamma), mag, mag, value=gamma).sqrt_()
-        bound = bound.add_(mag, alpha=gamma + gamma_r).masked_fill_(mag >= limit, math.inf)
-    return bound.masked_fill_(bound >= limit, math.inf)
+        bound = sq.clamp(min=0).sqrt_()
+        return bound.masked_fill_(bound >= torch.finfo(release).max, math.inf)
+    width = max(layer.terms for layer in stats.values())
+    n = width + len(stats)
+    if largest:
+        positions = max(layer.positions for layer in stats.values())
+        pairs = largest * (largest - 1) // 2 if largest <= SMALL_SUBJECT else 0
+        n += 2 * largest * positions + pairs
+    extra = 2 * (width + 2) * torch.finfo(release).eps if narrow_pairs else 0.0
+    # (narrow_pairs: the pairs route's dot products, in float32, see _moderate)
+    return _rounded_bounds(sq, mag, n, width, len(stats), release, records, extra)
+
+
+def _rounded_bounds(
+    sq: torch.Tensor,
+    mag: torch.Tensor,
+    terms: int,
+    width: int,
+    layers: int,
+    release: torch.dtype,
+    records: int,
+    extra: float = 0.0,
+) -> torch.Tensor:
+    """:func:`_norm_bounds` given the longest sum ``terms`` behind ``sq`` (in ``sq``'s
+    dtype), the longest dot product ``width`` of a layer, the number of ``layers`` and an
+    ``extra`` relative error: ``sqrt(max(sq, 0)·(1 + γ) + γ·mag²) + (γ + γ_r)·mag``, ``inf``
+    where the release dtype cannot hold it."""
+    limit = torch.finfo(release).max
+    gamma = terms * torch.finfo(sq.dtype).eps + extra
+    gamma_r = (records * layers + width + SUBJECT_CHUNK) * torch.finfo(release).eps
+    m = mag.numpy()  # float64, as sq (numpy: a few µs less per call on small batches)
+    bound = np.maximum(sq.numpy(), 0.0)
+    bound *= 1.0 + gamma
+    bound += gamma * m * m
+    np.sqrt(bound, out=bound)
+    bound += (gamma + gamma_r) * m
+    bound[(m >= limit) | (bound >= limit)] = math.inf  # NaN stays NaN: not finite either
+    return torch.from_numpy(bound)
 
 
 def _subject_norm_bounds(
