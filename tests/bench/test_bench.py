@@ -67,6 +67,25 @@ def test_step_rows_have_keys_and_types(step_rows: list[dict]) -> None:
         timed["local_item_dp"]["step_ms"] / timed["local_item_dp_float_noise"]["step_ms"]
     )
     assert isinstance(checks[0]["noise_ok"], bool)
+    # the per-subject-norm steps against 2x plain, beside their torch routes (the baseline)
+    for method in ("subject_norm_uniform_torch", "subject_norm_skewed_torch"):
+        assert timed[method]["examples_per_s"] > 0
+    assert checks[0]["subject_norm_ratio"] == max(
+        timed[m]["ratio_to_plain"] for m in ("subject_norm_uniform", "subject_norm_skewed")
+    )
+    assert checks[0]["torch_routes_ratio"] == max(
+        timed[m]["ratio_to_plain"]
+        for m in ("subject_norm_uniform_torch", "subject_norm_skewed_torch")
+    )
+    assert checks[0]["subject_norm_ok"] == (checks[0]["subject_norm_ratio"] <= 2.0)
+
+
+def test_the_torch_baseline_of_the_subject_norm_step_is_skipped_without_a_compiled_path() -> None:
+    from silodp.bench.step_methods import Skip, build_step
+
+    with pytest.raises(Skip, match="no compiled path"):
+        build_step("mnist_cnn", 4, "subject_norm_uniform_torch")
+    assert callable(build_step("mlp", 4, "subject_norm_uniform_torch"))
 
 
 def test_memory_estimate_skips_per_example_gradients_of_big_models() -> None:

@@ -37,10 +37,16 @@ Row = dict[str, Any]
 
 
 def set_threads(threads: int) -> int:
-    """Sets torch's intra-op threads; returns what torch reports using."""
+    """Sets torch's intra-op threads and the BLAS threads of compiled code (numba's matrix
+    products go through SciPy's OpenBLAS, which otherwise uses every core); returns what
+    torch reports using."""
+    import scipy.linalg.cython_blas  # noqa: F401  (loads that BLAS, so that it can be limited)
+    import threadpoolctl
     import torch
 
-    torch.set_num_threads(max(1, int(threads)))
+    threads = max(1, int(threads))
+    torch.set_num_threads(threads)
+    threadpoolctl.threadpool_limits(limits=threads, user_api="blas")
     return int(torch.get_num_threads())
 
 

@@ -229,6 +229,8 @@ TARGET_RATIO = 2.5
 TARGET_NOISE_RATIO = 1.2
 #: ... and femnist at B=512 within this much extra memory (MiB).
 TARGET_FEMNIST_512_MB = 2048.0
+#: the per-subject-norm step (``uldp_sgd``'s) on the mlp at most this many times plain SGD
+TARGET_SUBJECT_NORM_MLP = 2.0
 
 
 def step_checks(rows: Sequence[Row]) -> list[Row]:
@@ -266,6 +268,8 @@ def step_checks(rows: Sequence[Row]) -> list[Row]:
             check["noise_ratio"] = ratio
             check["noise_target"] = f"<= {TARGET_NOISE_RATIO:g}"
             check["noise_ok"] = ratio <= TARGET_NOISE_RATIO
+        if model == "mlp":
+            _subject_norm_check(check, group)
         if model == "femnist_cnn" and batch == 512:
             mems = [r["peak_rss_mb"] for r in ours if r.get("peak_rss_mb") is not None]
             if mems:
@@ -273,3 +277,17 @@ def step_checks(rows: Sequence[Row]) -> list[Row]:
                 check["memory_ok"] = max(mems) <= TARGET_FEMNIST_512_MB
         out.append(check)
     return out
+
+
+def _subject_norm_check(check: Row, group: Sequence[Row]) -> None:
+    """The slowest per-subject-norm step against :data:`TARGET_SUBJECT_NORM_MLP`, beside the
+    slowest of the same steps through the torch routes (the baseline of the compiled path)."""
+    for suffix, key in (("", "subject_norm"), ("_torch", "torch_routes")):
+        names = {f"subject_norm_uniform{suffix}", f"subject_norm_skewed{suffix}"}
+        ratios = [
+            r["ratio_to_plain"] for r in group if r["method"] in names and r["ratio_to_plain"]
+        ]
+        if ratios:
+            check[f"{key}_ratio"] = max(ratios)
+    if "subject_norm_ratio" in check:
+        check["subject_norm_ok"] = check["subject_norm_ratio"] <= TARGET_SUBJECT_NORM_MLP

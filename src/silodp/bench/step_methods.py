@@ -79,6 +79,8 @@ METHODS = (
     "vmap",
     "subject_norm_uniform",
     "subject_norm_skewed",
+    "subject_norm_uniform_torch",
+    "subject_norm_skewed_torch",
 )
 #: Methods for the character LSTM.
 LSTM_METHODS = (
@@ -107,6 +109,8 @@ NOTES = {
     "vmap": "grad_method=vmap (materialised per-example grads; reference)",
     "subject_norm_uniform": "GhostClipper.subject_norms_and_sum + noise, uniform subjects",
     "subject_norm_skewed": "GhostClipper.subject_norms_and_sum + noise, skewed subjects",
+    "subject_norm_uniform_torch": "the same through the torch routes (compiled=False): baseline",
+    "subject_norm_skewed_torch": "the same through the torch routes (compiled=False): baseline",
     "opacus_plain_dplstm": "plain SGD on the Opacus DPLSTM model (its own baseline)",
     "opacus_hooks_dplstm": "opacus.layers.DPLSTM + GradSampleModule + DPOptimizer",
     "opacus_ghost_dplstm": "opacus.layers.DPLSTM + ghost clipping",
@@ -306,19 +310,23 @@ def _user_ldp_step(model: nn.Module, data: StepData) -> Callable[[], object]:
 
 
 def _subject_norm_step(
-    model: nn.Module, data: StepData, subjects: torch.Tensor
+    model: nn.Module, data: StepData, subjects: torch.Tensor, *, compiled: bool = True
 ) -> Callable[[], object]:
+    """``uldp_sgd``'s step; ``compiled=False``: through the torch routes, where the model has
+    a compiled path (:mod:`silodp.privacy.dense_kernel`; else the same step, not re-timed)."""
     from silodp.algorithms.dp_sgd import noisy_sum
     from silodp.privacy import ghost
     from silodp.privacy.gradients import clip_factors
     from silodp.privacy.randomness import Coins
 
-    clipper = ghost.clipper_for(model)
+    clipper = ghost.clipper_for(model) if compiled else ghost.GhostClipper(model, compiled=False)
     method = getattr(clipper, "subject_norms_and_sum", None)
     if method is None:
         raise Skip("no per-subject norm function in silodp.privacy.ghost")
     if not clipper.fast:
         raise Skip(f"unsupported layers for per-subject norms: {clipper.unsupported}")
+    if not compiled and ghost.GhostClipper(model)._kernel(torch.float32) is None:
+        raise Skip("no compiled path for this model: the same step as subject_norm_*")
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     coins = Coins.secure()
     rate = -LR / float(torch.unique(subjects).numel())
@@ -468,6 +476,6 @@ def build_step(
         subjects = data.uniform if method.endswith("uniform") else data.skewed
         return _dp_step(model, data, subjects, per_subject=True)
     if method.startswith("subject_norm"):
-        subjects = data.uniform if method.endswith("uniform") else data.skewed
-        return _subject_norm_step(model, data, subjects)
+        subjects = data.uniform if "uniform" in method else data.skewed
+        return _subject_norm_step(model, data, subjects, compiled=not method.endswith("_torch"))
     raise ValueError(f"Unknown method {method!r}.")

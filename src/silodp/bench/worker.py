@@ -37,9 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
-    import torch
+    from silodp.bench.common import set_threads
 
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     # Every worker, baselines included, imports what the measured paths import, so the
     # difference to the baseline is memory the computation used, not library code.
     import torch.func  # noqa: F401

@@ -23,6 +23,12 @@ calls of compiled code, with the matrix products in BLAS:
     ``Σ_i w_i g_i ãᵢᵀ`` per layer, in the parameters' dtype or, where the caller asks, in
     float64 (then rounded once to the parameters' dtype).
 
+The matrix products run on one BLAS thread. numba's ``np.dot`` calls SciPy's OpenBLAS, which
+otherwise splits these small products over every core, and its idle workers then spin for a
+while: on the 2-core host a ULDP-SGD run's ``torch.round`` calls took 250 times longer beside
+them. The BLAS libraries are set to one thread for each call and restored after
+(:class:`_OneBlasThread`, through threadpoolctl).
+
 Records whose subject's bound is not finite are left out of the release entirely (a zero
 weight times an infinite input would be NaN). Everything else about the clipped sum (which
 bound, which weights, which dtype) is decided by the caller, the same way for this path and
@@ -32,8 +38,10 @@ this module (numba's ``cache=True``), so later processes load them.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import cast
+from types import TracebackType
+from typing import Any, cast
 
 import numba
 import numpy as np
@@ -49,21 +57,56 @@ __all__ = ["DenseKernel", "KernelPass"]
 GRAM_ALWAYS = 4
 
 
+class _OneBlasThread:
+    """Holds the process's BLAS libraries (NumPy's and SciPy's) to one thread inside the
+    block, then restores their thread counts."""
+
+    _libraries: list[Any] | None = None
+    _lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        libraries = _OneBlasThread._libraries
+        if libraries is None:
+            import scipy.linalg.cython_blas  # noqa: F401  (the BLAS numba calls, loaded)
+            import threadpoolctl
+
+            with _OneBlasThread._lock:
+                controller = threadpoolctl.ThreadpoolController()
+                libraries = [lib for lib in controller.lib_controllers if lib.user_api == "blas"]
+                _OneBlasThread._libraries = libraries
+        self._saved = [(lib, lib.get_num_threads()) for lib in libraries]
+        for lib, threads in self._saved:
+            if threads != 1:
+                lib.set_num_threads(1)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        for lib, threads in self._saved:
+            if threads != 1:
+                lib.set_num_threads(threads)
+
+
 @numba.njit(cache=True, nogil=True)
 def _layout(inverse, subjects):  # type: ignore[no-untyped-def]
     """The records grouped by subject, in their order within each (a stable counting sort),
-    and where each subject's rows start."""
+    where each subject's rows start, and the most records of a subject."""
     starts = np.zeros(subjects + 1, dtype=np.int64)
     for i in range(inverse.shape[0]):
         starts[inverse[i] + 1] += 1
+    largest = 0
     for u in range(subjects):
+        largest = max(largest, starts[u + 1])
         starts[u + 1] += starts[u]
     order = np.empty(inverse.shape[0], dtype=np.int64)
     fill = starts[:subjects].copy()
     for i in range(inverse.shape[0]):
         order[fill[inverse[i]]] = i
         fill[inverse[i]] += 1
-    return order, starts
+    return order, starts, largest
 
 
 @numba.njit(cache=True, nogil=True)
@@ -253,11 +296,7 @@ class KernelPass:
     sq: torch.Tensor  # float64, one per subject
     mag: torch.Tensor  # float64, one per subject
     a_max: float  # the largest input norm ||ã|| of any record and layer
-
-    @property
-    def largest(self) -> int:
-        """The most records of a subject."""
-        return int(np.diff(self.starts).max())
+    largest: int  # the most records of a subject
 
     def release(
         self, coefficients: torch.Tensor, dtype: torch.dtype, drop: torch.Tensor | None
@@ -273,17 +312,18 @@ class KernelPass:
         if drop is not None:
             coef[drop.numpy()] = np.nan
         out = np.empty(int(kernel.o_off[-1]), dtype=a_buf.dtype)
-        _release(
-            a_buf, g_buf, self.a_off, self.g_off, kernel.dims, kernel.outs, kernel.bias,
-            self.starts, coef, out, kernel.o_off,
-        )  # fmt: skip
-        flat = torch.from_numpy(out).to(kernel.dtype)
+        with _OneBlasThread():
+            _release(
+                a_buf, g_buf, self.a_off, self.g_off, kernel.dims, kernel.outs, kernel.bias,
+                self.starts, coef, out, kernel.o_off,
+            )  # fmt: skip
+        if out.dtype != kernel.np_dtype:
+            out = out.astype(kernel.np_dtype)
         summed: Params = {}
-        for (weight, bias), start, shape in kernel.layout:
-            summed[weight] = flat[start : start + shape[0] * shape[1]].view(shape)
+        for (weight, bias), start, (p, d) in kernel.layout:  # numpy views: cheaper than torch's
+            summed[weight] = torch.from_numpy(out[start : start + p * d].reshape(p, d))
             if bias is not None:
-                end = start + shape[0] * shape[1]
-                summed[bias] = flat[end : end + shape[0]]
+                summed[bias] = torch.from_numpy(out[start + p * d : start + p * d + p])
         return summed
 
 
@@ -295,7 +335,8 @@ class DenseKernel:
         modules = [cast(nn.Linear, op.module) for op in linear]
         assert all(isinstance(m, nn.Linear) for m in modules)
         self.dtype = dtype
-        self.np_dtype = np.float64 if dtype == torch.float64 else np.float32
+        dt = np.float64 if dtype == torch.float64 else np.float32
+        self.np_dtype = dt
         self.names = [
             (op.prefix + "weight", None if m.bias is None else op.prefix + "bias")
             for op, m in zip(linear, modules, strict=True)
@@ -313,6 +354,16 @@ class DenseKernel:
         ]
         self._zeros = [np.zeros(int(p), dtype=self.np_dtype) for p in self.outs]
         self._offsets: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.layers = len(self.names)
+        #: the longest dot product of a layer (``d + p + 2``, as the torch path counts)
+        self.width = int((self.dims + self.outs).max()) + 2
+        #: bytes of captured inputs and output gradients per record
+        self.record_bytes = int(self.dims.sum() + self.outs.sum()) * np.dtype(dt).itemsize
+        #: the most records of a subject that takes the Gram route on some layer
+        cheaper = self.outs * (self.dims + 1) // (self.outs + self.dims + 1)
+        self.largest_gram = max(GRAM_ALWAYS, int(cheaper.max()))
+        #: the most entries of one layer's weight and bias gradient
+        self.largest_gradient = int((self.outs * (self.dims + 1)).max())
 
     @classmethod
     def build(cls, body: list[Op], dtype: torch.dtype) -> DenseKernel | None:
@@ -324,31 +375,6 @@ class DenseKernel:
         if any(kind != ("linear" if i % 2 == 0 else "relu") for i, kind in enumerate(kinds)):
             return None
         return cls(body, dtype)
-
-    @property
-    def layers(self) -> int:
-        return len(self.names)
-
-    @property
-    def width(self) -> int:
-        """The longest dot product of a layer (``d + p + 2``, as the torch path counts)."""
-        return int((self.dims + self.outs).max()) + 2
-
-    @property
-    def record_bytes(self) -> int:
-        """Bytes of captured inputs and output gradients per record."""
-        return int(self.dims.sum() + self.outs.sum()) * np.dtype(self.np_dtype).itemsize
-
-    @property
-    def largest_gram(self) -> int:
-        """The most records of a subject that takes the Gram route on some layer."""
-        cheaper = self.outs * (self.dims + 1) // (self.outs + self.dims + 1)
-        return max(GRAM_ALWAYS, int(cheaper.max()))
-
-    @property
-    def largest_gradient(self) -> int:
-        """The most entries of one layer's weight and bias gradient."""
-        return int((self.outs * (self.dims + 1)).max())
 
     def _offsets_for(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
         if batch not in self._offsets:
@@ -381,19 +407,20 @@ class DenseKernel:
             return None
         if y.dtype != torch.long or y.shape != (batch,):
             return None
-        order, starts = _layout(inverse.numpy(), int(counts.numel()))
+        order, starts, largest = _layout(inverse.numpy(), int(counts.numel()))
         a_off, g_off = self._offsets_for(batch)
         a_buf = np.empty(int(a_off[-1]), dtype=self.np_dtype)
         g_buf = np.empty(int(g_off[-1]), dtype=self.np_dtype)
-        ok = _passes(
-            np.ascontiguousarray(x.detach().numpy()), y.numpy(), order, starts, tuple(weights),
-            tuple(biases), a_buf, g_buf, a_off, g_off,
-        )  # fmt: skip
-        if not ok:  # a label out of range: the torch path raises or ignores it as torch does
-            return None
-        sq, mag, a_max = _subject_sq(
-            a_buf, g_buf, a_off, g_off, self.dims, self.outs, self.bias, starts
-        )
+        with _OneBlasThread():
+            ok = _passes(
+                np.ascontiguousarray(x.detach().numpy()), y.numpy(), order, starts,
+                tuple(weights), tuple(biases), a_buf, g_buf, a_off, g_off,
+            )  # fmt: skip
+            if not ok:  # a label out of range: the torch path raises or ignores it, as torch
+                return None
+            sq, mag, a_max = _subject_sq(
+                a_buf, g_buf, a_off, g_off, self.dims, self.outs, self.bias, starts
+            )
         return KernelPass(
             self,
             starts,
@@ -404,4 +431,5 @@ class DenseKernel:
             torch.from_numpy(sq),
             torch.from_numpy(mag),
             float(np.sqrt(a_max)),
+            int(largest),
         )

@@ -887,8 +887,8 @@ def _wide_release(dtype: torch.dtype, weights: torch.Tensor, high: float | None)
     if dtype == torch.float64:
         return dtype
     magnitude = np.abs(weights.detach().numpy())
-    low = np.where(magnitude == 0, math.inf, magnitude).min() if magnitude.size else math.inf
-    if float(low) < RELEASE_WEIGHT:
+    nonzero = magnitude[magnitude > 0]
+    if nonzero.size and float(nonzero.min()) < RELEASE_WEIGHT:
         return torch.float64
     if high is not None and high > RELEASE_INPUT:
         return torch.float64

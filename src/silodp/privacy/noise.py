@@ -90,21 +90,20 @@ def _snapped(
         and -126 <= shift <= 127  # the scaling factor is a normal float32
         and all(values[k].dtype == torch.float32 for k in names)
     )
-    flat = torch.empty(d, dtype=torch.float32 if low_precision else torch.float64)
+    x: np.ndarray = np.empty(d, dtype=np.float32 if low_precision else np.float64)
     start = 0
-    for k in names:
+    for k in names:  # numpy copies: a few µs less per tensor than torch's
         numel = values[k].numel()
-        flat[start : start + numel] = values[k].detach().reshape(-1)
+        x[start : start + numel] = values[k].detach().reshape(-1).numpy()
         start += numel
     limit = 2.0**52 * math.ldexp(1.0, exponent)
     if d:
-        low, high = (float(v) for v in torch.aminmax(flat))
+        low, high = (float(v) for v in torch.aminmax(torch.from_numpy(x)))
         if not (-limit < low and high < limit):
             raise ValueError(
                 f"Expected finite values below 2^52 grid steps ({limit:.3g}) for the Gaussian "
                 f"mechanism, got values in [{low:.3g}, {high:.3g}]."
             )
-    x = flat.numpy()
     if low_precision:  # |x|/g < 2^52 < 2^127: no overflow; underflow only rounds to 0 anyway
         x *= np.float32(_power_of_two(shift))
         q = np.rint(x, out=x)
@@ -185,12 +184,11 @@ def gaussian_mechanism(
         part = total[start : start + CHUNK]
         np.add(grid[start : start + CHUNK], noise[start : start + CHUNK], out=part)  # exact
         part *= g
-    out_flat = torch.from_numpy(total)
     out: dict[str, torch.Tensor] = {}
     start = 0
     for k in names:
         numel = values[k].numel()
-        out[k] = out_flat[start : start + numel].view(values[k].shape)
+        out[k] = torch.from_numpy(total[start : start + numel].reshape(values[k].shape))
         start += numel
     return out
 
