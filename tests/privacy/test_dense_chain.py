@@ -97,15 +97,20 @@ def test_capture_equals_hooks_and_autograd(name, scaled) -> None:
         torch.testing.assert_close(g, expected[layer][1], rtol=1e-12, atol=1e-12)
 
 
-def test_the_ghost_clipper_uses_it_for_mlps_and_matches_vmap(monkeypatch) -> None:
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_ghost_clipper_uses_it_for_mlps_and_matches_vmap(monkeypatch, compiled) -> None:
+    """The written-out passes (``compiled=False``), or the compiled path built on the same
+    trace; either way no hooks."""
     model = build_model("mlp", (1, 4, 4), 6).double()
-    clipper = GhostClipper(model)
+    clipper = GhostClipper(model, compiled=compiled)
     assert clipper._chain is not None
 
     def refuse(*args, **kwargs):
-        raise AssertionError("the hooks were used")
+        raise AssertionError("the hooks (or, compiled, the torch passes) were used")
 
     monkeypatch.setattr(clipper, "_hooked_capture", refuse)
+    if compiled:
+        monkeypatch.setattr(clipper, "_capture", refuse)
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(11, 1, 4, 4, generator=gen, dtype=torch.float64)
     y = torch.randint(0, 6, (11,), generator=gen)

@@ -83,10 +83,12 @@ def _cases(dtype: torch.dtype):
     )
 
 
-@pytest.fixture(params=["per_example", "gram"])
+@pytest.fixture(params=["per_example", "gram", "compiled"])
 def route(request, monkeypatch) -> str:
-    """Both ways a layer's norms are computed: materialised per-example gradients where they
-    are small, Gram matrices otherwise (forced here by a zero size limit)."""
+    """The ways a layer's norms are computed: materialised per-example gradients where they
+    are small, Gram matrices otherwise (forced here by a zero size limit), both through
+    torch (``compiled=False``); or, for a plain MLP, the compiled path
+    (:mod:`silodp.privacy.dense_kernel`; the other models then take the first route)."""
     if request.param == "gram":
         monkeypatch.setattr(ghost, "PER_EXAMPLE_LIMIT", 0)
     return request.param
@@ -123,7 +125,7 @@ def test_fast_path_equals_materialised_per_example_gradients(
         norms = per_example_norms(grads)
         factors = clip_factors(norms, 0.3)
         expected = weighted_sum(grads, factors if weigh is None else weigh(factors))
-        clipper = GhostClipper(model)
+        clipper = GhostClipper(model, compiled=route == "compiled")
         assert clipper.fast, name
         got_norms, got = clipper.norms_and_sum(params, x, y, clip=0.3, weigh=weigh)
         _assert_bounds(got_norms, norms, tol, name)
@@ -180,7 +182,9 @@ def test_per_subject_norms_and_sum_equal_materialised_subject_gradients(dtype, t
         coeff = torch.linspace(-1.0, 2.0, len(ids), dtype=dtype)
         expected = weighted_sum(mean, coeff * clip_factors(norms, 0.2))
         for max_batch in (256, 2):  # one pass, or several passes of whole subjects
-            got_norms, got = GhostClipper(model).subject_norms_and_sum(
+            got_norms, got = GhostClipper(
+                model, compiled=route == "compiled"
+            ).subject_norms_and_sum(
                 params,
                 x,
                 y,

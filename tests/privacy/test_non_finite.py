@@ -88,13 +88,14 @@ def test_dp_sgd_clipped_sum_skips_a_non_finite_record(kind, grad_method, value) 
     _finite_close(got, want)
 
 
-@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.parametrize("kind", ["mlp", "mlp_torch", "cnn"])
 @pytest.mark.parametrize("value", BAD)
 def test_subject_norms_and_sum_skips_a_non_finite_subject(kind, value) -> None:
-    model = _model(kind)
+    """``mlp``: the compiled path; ``mlp_torch``: the same model through torch."""
+    model = _model(kind.removesuffix("_torch"))
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    silo = _silo(kind)
-    clipper = ghost.clipper_for(model)
+    silo = _silo(kind.removesuffix("_torch"))
+    clipper = ghost.GhostClipper(model, compiled=not kind.endswith("_torch"))
     weights = torch.linspace(0.5, 1.0, 6, dtype=torch.float64)
 
     def weigh(norms: torch.Tensor) -> torch.Tensor:

@@ -737,10 +737,19 @@ class GhostClipper:
             factors = clip_factors(norms, clip)
             weights = factors if weigh is None else weigh(factors)
             return norms, clipped_weighted_sum(grads, norms, weights)
+        kernel = self._kernel(next(iter(params.values())).dtype)
+        if kernel is not None:  # every record its own subject
+            batch = int(x.shape[0])
+            ones = torch.ones(batch, dtype=torch.long)
+            compiled = self._compiled_pass(kernel, params, x, y, torch.arange(batch), ones)
+            if compiled is not None:
+                norms, fused_release = compiled
+                factors = clip_factors(norms, clip)
+                return norms, fused_release(factors if weigh is None else weigh(factors))
         stats, rebuild = self._capture(params, x, y, None)
         sq = torch.stack([layer.sq for layer in stats.values()]).sum(0)
         release = next(iter(params.values())).dtype
-        mag = _magnitudes(stats, per_subject=False)
+        mag = _magnitudes(stats)
         norms = _norm_bounds(sq, mag, stats, release, int(x.shape[0]))
         factors = clip_factors(norms, clip)
         weights = factors if weigh is None else weigh(factors)
@@ -834,13 +843,33 @@ class GhostClipper:
         """Upper bounds of the norms of one pass's per-subject sums, and the function
         giving ``Σ_a v_a G_a`` from the coefficients ``v`` (one per subject of the pass): in
         compiled code where ``kernel`` applies to this pass, else from the layers' stats."""
+        compiled = self._compiled_pass(kernel, params, x, y, inverse, counts)
+        if compiled is not None:
+            return compiled
         dtype = next(iter(params.values())).dtype
-        fused = None
-        if kernel is not None and self._chain is not None:
-            rows = x.flatten(1) if self._chain.flatten else x
-            fused = kernel.capture(params, rows, y, inverse, counts)
+        scale = counts.to(dtype).reciprocal_().index_select(0, inverse)
+        stats, rebuild = self._capture(params, x, y, scale)
+        bounds = _subject_norm_bounds(stats, inverse, counts, dtype)
+        stats = _without_non_finite(stats, rebuild, bounds, inverse)
+        return bounds, lambda v: self._assemble(params, stats, v.index_select(0, inverse))
+
+    def _compiled_pass(
+        self,
+        kernel: DenseKernel | None,
+        params: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        inverse: torch.Tensor,
+        counts: torch.Tensor,
+    ) -> tuple[torch.Tensor, Callable[[torch.Tensor], Params]] | None:
+        """:meth:`_subject_pass` in compiled code; ``None`` where ``kernel`` does not apply
+        to this pass (see :meth:`DenseKernel.capture`)."""
+        if kernel is None or self._chain is None:
+            return None
+        dtype = next(iter(params.values())).dtype
+        rows = x.flatten(1) if self._chain.flatten else x
+        fused = kernel.capture(params, rows, y, inverse, counts)
         if fused is not None:
-            assert kernel is not None
             self._record_bytes[tuple(x.shape[1:])] = kernel.record_bytes
             largest = fused.largest
             # a Gram sum adds up to gram² products of dot products; a materialised gradient
@@ -858,11 +887,7 @@ class GhostClipper:
                 return fused.release(coefficients, wide, drop)
 
             return bounds, fused_release
-        scale = counts.to(dtype).reciprocal_().index_select(0, inverse)
-        stats, rebuild = self._capture(params, x, y, scale)
-        bounds = _subject_norm_bounds(stats, inverse, counts, dtype)
-        stats = _without_non_finite(stats, rebuild, bounds, inverse)
-        return bounds, lambda v: self._assemble(params, stats, v.index_select(0, inverse))
+        return None
 
 
 #: a release in float32 is exact enough where every nonzero weight is at least this and every
@@ -895,14 +920,14 @@ def _wide_release(dtype: torch.dtype, weights: torch.Tensor, high: float | None)
     return dtype
 
 
-def _magnitudes(stats: dict[str, _Stats], *, per_subject: bool) -> torch.Tensor | None:
-    """Per example, the scale of the rounding error of its squared norm: ``Σ_layers mag``
-    over the Gram layers; for per-subject norms every layer counts, the others by their
-    per-example norm (a subject's norm sums its records' gradients before squaring)."""
+def _magnitudes(stats: dict[str, _Stats]) -> torch.Tensor | None:
+    """Per example, the scale of the rounding errors behind its norm and its share of the
+    release: ``Σ_layers mag`` for the Gram layers, the per-example norm for the others (the
+    release rounds every layer's terms in proportion to it, and a subject's norm sums its
+    records' gradients before squaring); ``None`` without layers."""
     parts = [
         layer.mag if layer.mag is not None else layer.sq.clamp(min=0).sqrt()
         for layer in stats.values()
-        if layer.mag is not None or per_subject
     ]
     return _sum_layers(parts) if parts else None
 
@@ -917,8 +942,8 @@ def _norm_bounds(
     narrow_pairs: bool = False,
 ) -> torch.Tensor:
     """Norms to clip by that are upper bounds of the exact ones, from squared norms ``sq``
-    computed in float64 (:func:`_wide`) and the scale ``mag`` of their rounding (``None``:
-    ``sq`` is a product of norms or the norm of the very vector released). ``release``: the
+    computed in float64 (:func:`_wide`) and the scale ``mag`` of their rounding and of the
+    release's (:func:`_magnitudes`; ``None``: no layers, the norm as it is). ``release``: the
     dtype of the weighted sum; ``records``: the records in the pass; ``largest``: for
     per-subject norms, the largest subject's number of records.
 
@@ -986,7 +1011,7 @@ def _subject_norm_bounds(
     """Upper bounds of the norms of the per-subject summed gradients (:func:`_norm_bounds`
     over :func:`_model_subject_sq`), one per subject row."""
     sq, narrow = _model_subject_sq(stats, inverse, counts)
-    mag = _magnitudes(stats, per_subject=True)
+    mag = _magnitudes(stats)
     assert mag is not None
     subject_mag = mag.new_zeros(int(counts.numel())).index_add_(0, inverse, mag)
     largest = int(counts.max()) if counts.numel() else 0
