@@ -9,6 +9,7 @@ for the counts and one weighted reduction.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
@@ -69,8 +70,9 @@ def tree_norm(tensors: Params) -> torch.Tensor:
 def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
     """``min(1, C / ||g||)``: scaling that brings each norm to at most ``clip``; 0 where the
     norm is not finite (callers also drop that gradient, see :func:`drop_non_finite`)."""
-    factors = torch.clamp(clip / (norms + 1e-12), max=1.0)
-    return factors.masked_fill_(~torch.isfinite(norms), 0.0)
+    values = norms.detach().numpy()  # numpy: a few µs less per call than torch's kernels
+    factors = np.where(np.isfinite(values), np.minimum(clip / (values + 1e-12), 1.0), 0.0)
+    return torch.from_numpy(np.asarray(factors, dtype=values.dtype))
 
 
 def drop_non_finite(values: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:

@@ -98,7 +98,7 @@ def _snapped(
         start += numel
     limit = 2.0**52 * math.ldexp(1.0, exponent)
     if d:
-        low, high = (float(v) for v in torch.aminmax(torch.from_numpy(x)))
+        low, high = float(x.min()), float(x.max())  # NaN propagates: refused below
         if not (-limit < low and high < limit):
             raise ValueError(
                 f"Expected finite values below 2^52 grid steps ({limit:.3g}) for the Gaussian "
