@@ -227,3 +227,39 @@ def test_a_clipped_record_stays_within_the_clip_after_the_float32_release(compil
         _, summed = clipper.norms_and_sum(params, x, y, clip=clip)
         worst = max(worst, _released(summed) / clip)
     assert worst <= 1.0, worst
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_small_clip_weight_beside_a_large_input_is_released_in_float64(compiled) -> None:
+    """A weight of 2^-95 times a clip of 1 on a record with inputs just below 2^40: the
+    products ``w·g`` are float32 subnormals whose absolute rounding, times the input, went
+    out up to 2.3e-5 relative above the bound; such units now release in float64
+    (``ghost.RELEASE_SCALE``)."""
+    model = nn.Sequential(nn.Linear(1, 2))
+    params = {"0.weight": torch.zeros(2, 1), "0.bias": torch.tensor([26.0, 0.0])}
+    weight = 2.0**-95
+    clipper = GhostClipper(model, compiled=compiled)
+    worst = 0.0
+    for value in torch.linspace(2.0**38.6, 2.0**39.9, 400, dtype=torch.float64):
+        x = torch.tensor([[float(value)]])
+        _, summed = clipper.norms_and_sum(
+            params, x, torch.tensor([0]), clip=1.0, weigh=lambda f: f * weight
+        )
+        worst = max(worst, _released(summed) / weight)
+    assert worst <= 1.0, worst
+
+
+def test_a_non_finite_record_does_not_hide_a_huge_input_from_the_release_dtype() -> None:
+    """A record with a NaN input (dropped) beside one with an input of ~2^125: the largest
+    input norm came out NaN and the release stayed in float32, 1.6e-4 above the clip."""
+    model = nn.Sequential(nn.Linear(1, 2))
+    params = {"0.weight": torch.zeros(2, 1), "0.bias": torch.tensor([26.0, 0.0])}
+    clip = 2.0**-12
+    clipper = GhostClipper(model)
+    assert clipper._kernel(torch.float32) is not None
+    worst = 0.0
+    for value in torch.linspace(2.0**124.5, 2.0**125.5, 400, dtype=torch.float64):
+        x = torch.tensor([[float(value)], [math.nan]])
+        _, summed = clipper.norms_and_sum(params, x, torch.tensor([0, 0]), clip=clip)
+        worst = max(worst, _released(summed) / clip)
+    assert worst <= 1.0, worst

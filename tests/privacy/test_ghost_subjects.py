@@ -5,6 +5,7 @@ plain MLP) equal those of materialised per-subject gradients."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -13,7 +14,12 @@ from torch import nn
 from silodp.models import build_model
 from silodp.privacy import dense_kernel, ghost
 from silodp.privacy.ghost import GhostClipper
-from silodp.privacy.gradients import per_example_gradients, per_example_norms, weighted_sum
+from silodp.privacy.gradients import (
+    clip_factors,
+    per_example_gradients,
+    per_example_norms,
+    weighted_sum,
+)
 
 TOL = 1e-10  # float64
 
@@ -261,3 +267,75 @@ def test_the_compiled_path_applies_only_to_plain_relu_chains() -> None:
     assert clipper._kernel(torch.float32) is None  # hooks: the torch path runs them
     handle.remove()
     assert clipper._kernel(torch.float32) is not None
+
+
+def _both(model: nn.Module, params, x, y, subjects, weigh):
+    """The compiled path's and the torch routes' results, or the exception each raised."""
+    out = []
+    for compiled in (True, False):
+        try:
+            out.append(
+                GhostClipper(model, compiled=compiled).subject_norms_and_sum(
+                    params, x, y, subjects, weigh=weigh
+                )
+            )
+        except Exception as err:  # noqa: BLE001
+            out.append(err)
+    return out
+
+
+def _relu_mlp() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 6, bias=False), nn.ReLU(), nn.Linear(6, 3)
+    )
+    return model, {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_the_compiled_path_applies_relu_to_minus_infinity_as_torch() -> None:
+    """A pre-activation of -inf: ReLU gives 0, as ``torch.relu``; the record is kept."""
+    model, params = _relu_mlp()
+    gen = torch.Generator().manual_seed(5)
+    x, y = torch.randn(8, 5, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+    x[0] = 0.0
+    x[0, 0] = 3e38
+    params["0.weight"][:, 0] = -10.0  # -3e39 overflows to -inf before the ReLU
+    subjects = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    weigh = lambda n: clip_factors(n, 1.0)  # noqa: E731
+    (norms, got), (want_norms, want) = _both(model, params, x, y, subjects, weigh)
+    assert torch.isfinite(norms).all()
+    torch.testing.assert_close(norms, want_norms, rtol=1e-3, atol=0)
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-6)
+
+
+def test_the_compiled_path_refuses_parameters_that_do_not_fit_the_model() -> None:
+    """Wrong shapes go to the torch path, which raises as torch does (the compiled code
+    would read past its buffers); a non-contiguous bias is fine."""
+    model, params = _relu_mlp()
+    x, y, subjects = torch.randn(8, 5), torch.randint(0, 3, (8,)), torch.arange(8) % 3
+    weigh = lambda n: torch.ones_like(n)  # noqa: E731
+    for name, shape in (("2.weight", (4, 7)), ("0.bias", (3,))):
+        bad = dict(params, **{name: torch.randn(shape)})
+        compiled, torch_routes = _both(model, bad, x, y, subjects, weigh)
+        assert isinstance(compiled, RuntimeError) and isinstance(torch_routes, RuntimeError)
+    strided = dict(params, **{"0.bias": torch.randn(14)[::2]})
+    (norms, got), (want_norms, want) = _both(model, strided, x, y, subjects, weigh)
+    torch.testing.assert_close(norms, want_norms, rtol=1e-4, atol=0)
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-6)
+
+
+def test_the_compiled_release_checks_its_coefficients() -> None:
+    """One coefficient per subject, or a ValueError naming the shapes; a NaN coefficient
+    for a kept subject spreads as in torch (the mechanism then refuses the release)."""
+    model, params = _relu_mlp()
+    x, y, subjects = torch.randn(6, 5), torch.randint(0, 3, (6,)), torch.arange(6) % 3
+    with pytest.raises(ValueError, match=r"one coefficient per subject, shape \(3,\)"):
+        GhostClipper(model).subject_norms_and_sum(
+            params, x, y, subjects, weigh=lambda n: torch.ones(1, dtype=n.dtype)
+        )
+    nan_first = lambda n: torch.tensor([math.nan, 1.0, 1.0], dtype=n.dtype)  # noqa: E731
+    (_, got), (_, want) = _both(model, params, x, y, subjects, nan_first)
+    for key, value in want.items():
+        assert torch.isnan(value).any() and torch.isnan(got[key]).any(), key

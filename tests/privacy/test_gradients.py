@@ -135,6 +135,23 @@ def test_clip_factors(clip) -> None:
     torch.testing.assert_close(clipped[~below], torch.full_like(clipped[~below], clip))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_clip_factors_equal_torchs_formula(dtype) -> None:
+    """The numpy implementation gives torch's ``clamp(clip / (n + 1e-12), max=1)`` exactly
+    (torch divides by a tensor as a reciprocal and a product), integers promoted as torch
+    promotes them, 0 where the norm is not finite, 0-d tensors included."""
+    gen = torch.Generator().manual_seed(0)
+    norms = (torch.rand(20_000, generator=gen, dtype=torch.float64) * 10).to(dtype)
+    if dtype.is_floating_point:
+        norms[:3] = torch.tensor([math.inf, math.nan, 0.0], dtype=dtype)
+    expected = torch.clamp(0.3 / (norms + 1e-12), max=1.0)
+    expected = expected.masked_fill(~torch.isfinite(norms), 0.0)
+    got = clip_factors(norms, 0.3)
+    assert got.dtype == expected.dtype
+    assert torch.equal(got, expected)
+    assert torch.equal(clip_factors(norms[4], 0.3), expected[4])
+
+
 def _naive_subject_sum(per, subjects, clip):
     """For each subject: mean of its clipped per-example gradients; summed over subjects."""
     out = {k: torch.zeros_like(g[0]) for k, g in per.items()}

@@ -136,8 +136,9 @@ def _passes(x, y, order, starts, weights, biases, a_buf, g_buf, a_off, g_off):  
             for j in range(p):
                 v = h[i, j] + b[j]
                 if hidden and v < 0:  # ReLU (NaN passes, as torch.relu)
-                    v = v - v
-                h[i, j] = v
+                    h[i, j] = 0
+                else:
+                    h[i, j] = v
     # the last layer's output gradient: (softmax − onehot) / (the subject's records)
     g = g_buf[g_off[layers - 1] :].reshape((batch, classes))
     for u in range(starts.shape[0] - 1):
@@ -247,11 +248,11 @@ def _subject_sq(a_buf, g_buf, a_off, g_off, dims, outs, bias, starts):  # type: 
 
 
 @numba.njit(cache=True, nogil=True)
-def _release(a_buf, g_buf, a_off, g_off, dims, outs, bias, starts, coef, out, o_off):  # type: ignore[no-untyped-def]
+def _release(a_buf, g_buf, a_off, g_off, dims, outs, bias, starts, coef, drop, out, o_off):  # type: ignore[no-untyped-def]
     batch = starts[starts.shape[0] - 1]
     dropped = False
     for u in range(coef.shape[0]):
-        if coef[u] != coef[u]:  # NaN: the subject is left out
+        if drop[u]:  # the subject is left out
             dropped = True
     for k in range(dims.shape[0]):
         d = dims[k]
@@ -264,7 +265,7 @@ def _release(a_buf, g_buf, a_off, g_off, dims, outs, bias, starts, coef, out, o_
         for u in range(starts.shape[0] - 1):
             c = coef[u]
             for i in range(starts[u], starts[u + 1]):
-                if c != c:  # zero rows (0·inf would be NaN)
+                if drop[u]:  # zero rows (0·inf would be NaN)
                     for j in range(p):
                         gw[i, j] = 0
                     for j in range(d):
@@ -298,6 +299,17 @@ class KernelPass:
     a_max: float  # the largest input norm ||ã|| of any record and layer
     largest: int  # the most records of a subject
 
+    def check(self, coefficients: torch.Tensor) -> int:
+        """The number of subjects, if ``coefficients`` has one value per subject; else a
+        ValueError naming both shapes."""
+        subjects = self.starts.shape[0] - 1
+        if tuple(coefficients.shape) != (subjects,):
+            raise ValueError(
+                f"Expected one coefficient per subject, shape ({subjects},), got "
+                f"{tuple(coefficients.shape)}."
+            )
+        return subjects
+
     def release(
         self, coefficients: torch.Tensor, dtype: torch.dtype, drop: torch.Tensor | None
     ) -> Params:
@@ -308,14 +320,14 @@ class KernelPass:
         a_buf, g_buf = self.a_buf, self.g_buf
         if dtype == torch.float64 and a_buf.dtype != np.float64:
             a_buf, g_buf = a_buf.astype(np.float64), g_buf.astype(np.float64)
-        coef = coefficients.detach().numpy().astype(a_buf.dtype)  # a copy: NaN marks the dropped
-        if drop is not None:
-            coef[drop.numpy()] = np.nan
+        subjects = self.check(coefficients)
+        coef = np.ascontiguousarray(coefficients.detach().numpy(), dtype=a_buf.dtype)
+        gone = np.zeros(subjects, dtype=np.bool_) if drop is None else drop.numpy()
         out = np.empty(int(kernel.o_off[-1]), dtype=a_buf.dtype)
         with _OneBlasThread():
             _release(
                 a_buf, g_buf, self.a_off, self.g_off, kernel.dims, kernel.outs, kernel.bias,
-                self.starts, coef, out, kernel.o_off,
+                self.starts, coef, gone, out, kernel.o_off,
             )  # fmt: skip
         if out.dtype != kernel.np_dtype:
             out = out.astype(kernel.np_dtype)
@@ -377,14 +389,16 @@ class DenseKernel:
         return cls(body, dtype)
 
     def _offsets_for(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
-        if batch not in self._offsets:
+        offsets = self._offsets.get(batch)
+        if offsets is None:
             if len(self._offsets) > 64:
-                self._offsets.clear()
-            self._offsets[batch] = (
+                self._offsets = {}
+            offsets = (
                 np.concatenate([[0], np.cumsum(self.dims * batch)]).astype(np.int64),
                 np.concatenate([[0], np.cumsum(self.outs * batch)]).astype(np.int64),
             )
-        return self._offsets[batch]
+            self._offsets[batch] = offsets
+        return offsets
 
     def capture(
         self, params: Params, x: torch.Tensor, y: torch.Tensor, inverse: torch.Tensor,
@@ -396,12 +410,17 @@ class DenseKernel:
         (dtypes, shapes, labels)."""
         weights = []
         biases = []
-        for (wname, bname), zeros in zip(self.names, self._zeros, strict=True):
+        for (wname, bname), zeros, (_, _, shape) in zip(
+            self.names, self._zeros, self.layout, strict=True
+        ):
             w = params[wname]
-            if w.dtype != self.dtype or (bname is not None and params[bname].dtype != self.dtype):
+            bias = None if bname is None else params[bname]
+            if w.dtype != self.dtype or tuple(w.shape) != shape:
+                return None  # the torch path raises what torch raises
+            if bias is not None and (bias.dtype != self.dtype or tuple(bias.shape) != shape[:1]):
                 return None
             weights.append(np.ascontiguousarray(w.detach().numpy()))
-            biases.append(zeros if bname is None else params[bname].detach().numpy())
+            biases.append(zeros if bias is None else np.ascontiguousarray(bias.detach().numpy()))
         batch = int(x.shape[0])
         if x.dtype != self.dtype or x.dim() != 2 or x.shape[1] != int(self.dims[0]) or not batch:
             return None

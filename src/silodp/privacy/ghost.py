@@ -869,31 +869,34 @@ class GhostClipper:
         dtype = next(iter(params.values())).dtype
         rows = x.flatten(1) if self._chain.flatten else x
         fused = kernel.capture(params, rows, y, inverse, counts)
-        if fused is not None:
-            self._record_bytes[tuple(x.shape[1:])] = kernel.record_bytes
-            largest = fused.largest
-            # a Gram sum adds up to gram² products of dot products; a materialised gradient
-            # sums each entry over the subject's records, then the entries' squares
-            gram = min(largest, kernel.largest_gram)
-            terms = kernel.width + 2 * largest + gram * gram + kernel.largest_gradient
-            bounds = _rounded_bounds(
-                fused.sq, fused.mag, terms, kernel.width, kernel.layers, dtype, int(x.shape[0])
-            )
-            bad = ~np.isfinite(bounds.numpy())
-            drop = torch.from_numpy(bad) if bad.any() else None
+        if fused is None:
+            return None
+        self._record_bytes[tuple(x.shape[1:])] = kernel.record_bytes
+        largest = fused.largest
+        # a Gram sum adds up to gram² products of dot products; a materialised gradient sums
+        # each entry over the subject's records, then the entries' squares
+        gram = min(largest, kernel.largest_gram)
+        terms = kernel.width + 2 * largest + gram * gram + kernel.largest_gradient
+        bounds = _rounded_bounds(
+            fused.sq, fused.mag, terms, kernel.width, kernel.layers, dtype, int(x.shape[0])
+        )
+        bad = ~np.isfinite(bounds.numpy())
+        drop = torch.from_numpy(bad) if bad.any() else None
 
-            def fused_release(coefficients: torch.Tensor) -> Params:
-                wide = _wide_release(dtype, coefficients, fused.a_max)
-                return fused.release(coefficients, wide, drop)
+        def fused_release(coefficients: torch.Tensor) -> Params:
+            fused.check(coefficients)
+            wide = _wide_release(dtype, coefficients, fused.a_max, fused.mag)
+            return fused.release(coefficients, wide, drop)
 
-            return bounds, fused_release
-        return None
+        return bounds, fused_release
 
 
-#: a release in float32 is exact enough where every nonzero weight is at least this and every
-#: input norm at most RELEASE_INPUT; beyond, the weighted sums run in float64
+#: a release in float32 is exact enough where every nonzero weight is at least this, every
+#: input norm at most RELEASE_INPUT and every kept unit's ``|weight|·mag`` at least
+#: RELEASE_SCALE; beyond, the weighted sums run in float64
 RELEASE_WEIGHT = 2.0**-100
 RELEASE_INPUT = 2.0**40
+RELEASE_SCALE = 2.0**-60
 
 
 def _release_dtype(params: Params, stats: dict[str, _Stats], weights: torch.Tensor) -> torch.dtype:
@@ -903,20 +906,34 @@ def _release_dtype(params: Params, stats: dict[str, _Stats], weights: torch.Tens
     dtype = next(iter(params.values())).dtype
     scales = [layer.a_scale for layer in stats.values() if layer.a_scale is not None]
     high = float(torch.stack(scales).amax()) if scales else None
-    return _wide_release(dtype, weights, high)
+    return _wide_release(dtype, weights, high, _magnitudes(stats))
 
 
-def _wide_release(dtype: torch.dtype, weights: torch.Tensor, high: float | None) -> torch.dtype:
-    """:func:`_release_dtype` from the parameters' ``dtype``, the weights and the largest
-    input norm ``high`` (``None``: no input)."""
+def _wide_release(
+    dtype: torch.dtype, weights: torch.Tensor, high: float | None, mag: torch.Tensor | None
+) -> torch.dtype:
+    """:func:`_release_dtype` from the parameters' ``dtype``, the weights, the largest input
+    norm ``high`` (``None``: no input; not finite: float64) and the units' rounding scales
+    ``mag`` (one per weight).
+
+    The bound's slack covers the release's rounding as ``γ_r·|w|·mag`` per unit, a relative
+    error. Where a product ``w·g`` (or its product with ``a``) falls below float32's normal
+    range its rounding is absolute instead: at most 2^-150 per product, times an input of at
+    most 2^40, so per unit (up to 2^20 outputs of a layer, 2^10 positions) at most 2^-90,
+    below the slack's ``γ_r·RELEASE_SCALE ≥ 2^-23·2^-60``."""
     if dtype == torch.float64:
         return dtype
+    if high is not None and not high <= RELEASE_INPUT:  # NaN: a dropped record's
+        return torch.float64
     magnitude = np.abs(weights.detach().numpy())
-    nonzero = magnitude[magnitude > 0]
-    if nonzero.size and float(nonzero.min()) < RELEASE_WEIGHT:
-        return torch.float64
-    if high is not None and high > RELEASE_INPUT:
-        return torch.float64
+    kept = magnitude > 0
+    if mag is not None:  # a unit without gradient adds exact zeros
+        kept &= mag.numpy() > 0
+    if kept.any():
+        if float(magnitude[kept].min()) < RELEASE_WEIGHT:
+            return torch.float64
+        if mag is not None and bool((magnitude[kept] * mag.numpy()[kept] < RELEASE_SCALE).any()):
+            return torch.float64
     return dtype
 
 

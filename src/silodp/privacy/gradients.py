@@ -70,9 +70,13 @@ def tree_norm(tensors: Params) -> torch.Tensor:
 def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
     """``min(1, C / ||g||)``: scaling that brings each norm to at most ``clip``; 0 where the
     norm is not finite (callers also drop that gradient, see :func:`drop_non_finite`)."""
-    values = norms.detach().numpy()  # numpy: a few µs less per call than torch's kernels
-    factors = np.where(np.isfinite(values), np.minimum(clip / (values + 1e-12), 1.0), 0.0)
-    return torch.from_numpy(np.asarray(factors, dtype=values.dtype))
+    if not norms.is_floating_point():
+        norms = norms.to(torch.get_default_dtype())
+    # numpy (a few µs less per call than torch's kernels), computed as torch computes
+    # ``clip / t``: the reciprocal, then the product
+    values = norms.detach().numpy()
+    factors = np.minimum(np.reciprocal(values + 1e-12) * clip, 1.0)
+    return torch.from_numpy(np.asarray(np.where(np.isfinite(values), factors, 0.0), values.dtype))
 
 
 def drop_non_finite(values: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
