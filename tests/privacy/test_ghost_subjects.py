@@ -339,3 +339,35 @@ def test_the_compiled_release_checks_its_coefficients() -> None:
     (_, got), (_, want) = _both(model, params, x, y, subjects, nan_first)
     for key, value in want.items():
         assert torch.isnan(value).any() and torch.isnan(got[key]).any(), key
+
+
+def test_the_compiled_path_from_several_threads_gives_the_same_sums_and_restores_blas() -> None:
+    import threading
+
+    import threadpoolctl
+
+    model, params = _relu_mlp()
+    gen = torch.Generator().manual_seed(6)
+    x, y = torch.randn(64, 5, generator=gen), torch.randint(0, 3, (64,), generator=gen)
+    subjects = torch.randint(0, 9, (64,), generator=gen)
+    clipper = GhostClipper(model)
+    weigh = lambda n: clip_factors(n, 0.5)  # noqa: E731
+    want_norms, want = clipper.subject_norms_and_sum(params, x, y, subjects, weigh=weigh)
+    before = [lib["num_threads"] for lib in threadpoolctl.threadpool_info()]
+    failures: list[str] = []
+
+    def work() -> None:
+        for _ in range(20):
+            norms, got = clipper.subject_norms_and_sum(params, x, y, subjects, weigh=weigh)
+            if not torch.equal(norms, want_norms) or any(
+                not torch.equal(got[k], want[k]) for k in want
+            ):
+                failures.append("differs")
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+    assert [lib["num_threads"] for lib in threadpoolctl.threadpool_info()] == before

@@ -59,25 +59,30 @@ GRAM_ALWAYS = 4
 
 class _OneBlasThread:
     """Holds the process's BLAS libraries (NumPy's and SciPy's) to one thread inside the
-    block, then restores their thread counts."""
+    block, then restores their thread counts. One block at a time per process: a thread's
+    restore must not change the count while another thread's compiled call is in BLAS."""
 
     _libraries: list[Any] | None = None
     _lock = threading.Lock()
 
     def __enter__(self) -> None:
-        libraries = _OneBlasThread._libraries
-        if libraries is None:
-            import scipy.linalg.cython_blas  # noqa: F401  (the BLAS numba calls, loaded)
-            import threadpoolctl
+        _OneBlasThread._lock.acquire()
+        try:
+            libraries = _OneBlasThread._libraries
+            if libraries is None:
+                import scipy.linalg.cython_blas  # noqa: F401  (the BLAS numba calls, loaded)
+                import threadpoolctl
 
-            with _OneBlasThread._lock:
                 controller = threadpoolctl.ThreadpoolController()
                 libraries = [lib for lib in controller.lib_controllers if lib.user_api == "blas"]
                 _OneBlasThread._libraries = libraries
-        self._saved = [(lib, lib.get_num_threads()) for lib in libraries]
-        for lib, threads in self._saved:
-            if threads != 1:
-                lib.set_num_threads(1)
+            self._saved = [(lib, lib.get_num_threads()) for lib in libraries]
+            for lib, threads in self._saved:
+                if threads != 1:
+                    lib.set_num_threads(1)
+        except BaseException:
+            _OneBlasThread._lock.release()
+            raise
 
     def __exit__(
         self,
@@ -85,9 +90,12 @@ class _OneBlasThread:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        for lib, threads in self._saved:
-            if threads != 1:
-                lib.set_num_threads(threads)
+        try:
+            for lib, threads in self._saved:
+                if threads != 1:
+                    lib.set_num_threads(threads)
+        finally:
+            _OneBlasThread._lock.release()
 
 
 @numba.njit(cache=True, nogil=True)
