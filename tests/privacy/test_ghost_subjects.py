@@ -195,15 +195,21 @@ def test_passes_and_one_pass_agree(route) -> None:
             assert err <= TOL, (max_batch, key, err)
 
 
+def _zipf_batch(records: int, pool: int, seed: int):
+    """The library's MLP (float64), its parameters, and a batch with Zipf subjects."""
+    model = _mlp(True)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    subjects = _zipf(records, pool, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(records, 12, dtype=torch.float64, generator=gen)
+    y = torch.randint(0, 5, (records,), generator=gen)
+    return model, params, x, y, subjects
+
+
 def test_a_small_batch_takes_the_dense_route_and_a_non_finite_record_the_other(
     monkeypatch,
 ) -> None:
-    model = _mlp(True)
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    subjects = _zipf(20, 5, seed=9)
-    gen = torch.Generator().manual_seed(10)
-    x = torch.randn(20, 12, dtype=torch.float64, generator=gen)
-    y = torch.randint(0, 5, (20,), generator=gen)
+    model, params, x, y, subjects = _zipf_batch(20, 5, seed=9)
     listed = []
     original = ghost._linear_subject_sq
 
@@ -228,12 +234,7 @@ def test_a_small_batch_takes_the_dense_route_and_a_non_finite_record_the_other(
 def test_the_compiled_path_leaves_out_a_non_finite_subject(monkeypatch) -> None:
     """A record with an infinite input: its subject's norm is not finite and its records are
     left out of the sum, which equals the torch routes' (the other subjects only)."""
-    model = _mlp(True)
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    subjects = _zipf(40, 6, seed=11)
-    gen = torch.Generator().manual_seed(12)
-    x = torch.randn(40, 12, dtype=torch.float64, generator=gen)
-    y = torch.randint(0, 5, (40,), generator=gen)
+    model, params, x, y, subjects = _zipf_batch(40, 6, seed=11)
     x[5] = float("inf")
     weigh = lambda n: torch.where(torch.isfinite(n), 1.0 / (1.0 + n), 0.0)  # noqa: E731
     expected_norms, expected = GhostClipper(model, compiled=False).subject_norms_and_sum(
