@@ -393,6 +393,26 @@ def test_python_warnings_print_once_as_warning_lines(capsys: pytest.CaptureFixtu
     assert capsys.readouterr().err == "warning: overflow encountered\n"
 
 
+def test_progress_of_long_steps_prints_as_plain_lines_while_a_command_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import logging
+
+    from silodp.cli.common import cli_messages
+
+    progress = logging.getLogger("silodp.progress")
+    level = progress.level
+    with cli_messages():
+        progress.info("fixed-point weights: prime %d/%d done", 1, 3)
+        progress.debug("not shown")
+        progress.warning("shown once, as a warning")
+    progress.info("after the command: not printed")
+    assert capsys.readouterr().err == (
+        "fixed-point weights: prime 1/3 done\nwarning: shown once, as a warning\n"
+    )
+    assert progress.level == level and not progress.handlers
+
+
 # --- numeric options: refused, never clamped or replaced --------------------------------------
 
 ACCOUNT = ["account", "--algorithm", "local_item_dp", "--noise-multiplier", "1", "--silos", "3"]

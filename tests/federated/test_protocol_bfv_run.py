@@ -50,11 +50,12 @@ def _model(out: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_digits_mlp_trains_through_bfv_as_with_clear_weights(tmp_path: Path) -> None:
+@pytest.mark.parametrize("encoding", ["exact", "fixed_point"])
+def test_digits_mlp_trains_through_bfv_as_with_clear_weights(tmp_path: Path, encoding: str) -> None:
     """Every subject each round (q = 1): with q < 1 the clear run's silos draw their sample
     from another key than the protocol's seed; sampled rounds are compared below."""
     lines: list[str] = []
-    config = parse_config(_raw("protocol", "bfv"))
+    config = parse_config(_raw("protocol", "bfv", weight_encoding=encoding))
     (bfv,) = run_experiment(config, tmp_path / "bfv", log=lines.append)["runs"]
     (clear,) = run_experiment(parse_config(_raw("clear")), tmp_path / "clear")["runs"]
     assert bfv["weights_private"] is True and clear["weights_private"] is False
@@ -63,6 +64,8 @@ def test_digits_mlp_trains_through_bfv_as_with_clear_weights(tmp_path: Path) -> 
     estimates = [line for line in lines if "private weighting protocol, " in line]
     assert len(estimates) == 1, lines
     assert "BFV, " in estimates[0] and "Paillier" not in estimates[0]
+    once = [line for line in lines if "fixed-point weights once" in line]
+    assert len(once) == (encoding == "fixed_point"), lines
     assert bfv["epsilon"] == clear["epsilon"]
     a, b = _model(tmp_path / "bfv"), _model(tmp_path / "clear")
     assert a.keys() == b.keys()
@@ -122,10 +125,21 @@ def _bfv(cfg: dict, train: FederatedDataset, seed: int) -> UldpAvgW:
     return algo
 
 
-@pytest.mark.parametrize("sampler", ["server", "silos"])
-def test_bfv_round_equals_the_clear_weighted_sum_over_the_sample(sampler: str) -> None:
+@pytest.mark.parametrize(
+    ("sampler", "encoding"), [("server", "exact"), ("silos", "exact"), ("silos", "fixed_point")]
+)
+def test_bfv_round_equals_the_clear_weighted_sum_over_the_sample(
+    sampler: str, encoding: str
+) -> None:
     train = _federation(n=40, silos=2, subjects=6, seed=4)
-    cfg = dict(noise_multiplier=0.0, clip=1.0, subject_rate=0.5, n_max=40, subject_sampler=sampler)
+    cfg = dict(
+        noise_multiplier=0.0,
+        clip=1.0,
+        subject_rate=0.5,
+        n_max=40,
+        subject_sampler=sampler,
+        weight_encoding=encoding,
+    )
     algo = _bfv(cfg, train, seed=1)
     params = _params(1)
     algo.initial_state(params)  # the simulator's first call: the model's size sets up BFV
@@ -145,7 +159,7 @@ def test_bfv_round_equals_the_clear_weighted_sum_over_the_sample(sampler: str) -
     new = algo.aggregate(params, updates)
     weights = record_weights(train.histogram()) * sampled.numpy()
     clear = UldpAvgW(
-        {**cfg, "weighting": "clear", "subject_sampler": "server"},
+        {**cfg, "weighting": "clear", "subject_sampler": "server", "weight_encoding": "exact"},
         weights=record_weights(train.histogram()),
     )
     round_weights = RoundWeights(torch.from_numpy(weights), sampled, 1)
@@ -156,6 +170,8 @@ def test_bfv_round_equals_the_clear_weighted_sum_over_the_sample(sampler: str) -
     for k in params:
         torch.testing.assert_close(new[k], ref[k], rtol=0, atol=1e-8)
     assert any(not torch.equal(new[k], params[k]) for k in params)
+    if encoding == "fixed_point":
+        assert algo.protocol.session().plan.weights == "fixed_point"
     # the comparison can fail: every subject's weight instead of the sample's moves the sum
     everyone = clear.aggregate(
         params,
@@ -204,6 +220,31 @@ def test_scheme_refuses_an_unknown_value_naming_it() -> None:
     raw = _raw("protocol", "ckks")
     with pytest.raises(ValueError, match="ckks"):
         parse_config(raw)
+
+
+def test_fixed_point_weights_are_validated_with_the_config() -> None:
+    UldpAvgWConfig(scheme="bfv", weight_encoding="fixed_point", n_max=16383)
+    with pytest.raises(InvalidValueError, match=r"weight_encoding='fixed_point' only with"):
+        UldpAvgWConfig(weight_encoding="fixed_point")  # Paillier
+    with pytest.raises(InvalidValueError, match=r"n_max=16384 < 16384"):
+        UldpAvgWConfig(scheme="bfv", weight_encoding="fixed_point", n_max=16384)
+    with pytest.raises(InvalidValueError, match=r"subject_sampler\)?='silos'"):
+        UldpAvgWConfig(
+            scheme="bfv", weight_encoding="fixed_point", subject_rate=0.5, subject_sampler="server"
+        )
+    with pytest.raises(InvalidValueError, match=r"weight_encoding='float'.*'exact', 'fixed_point'"):
+        UldpAvgWConfig(scheme="bfv", weight_encoding="float")
+    raw = _raw("protocol", "bfv", weight_encoding="fixed_point", n_max=20000)
+    with pytest.raises(ValueError, match="n_max=20000"):
+        parse_config(raw)
+
+
+def test_fixed_point_run_notes_say_what_the_weights_are() -> None:
+    train = _federation(n=30, silos=3, subjects=5, seed=3)
+    notes = _bfv(dict(n_max=30, weight_encoding="fixed_point"), train, seed=0).run_notes()
+    assert any("fixed-point weights floor(2^k/n_a)/2^k" in n for n in notes), notes
+    assert not any("blinded histograms" in n for n in notes)
+    assert not any("weights n_{s,a}/n_a, per-subject" in n for n in notes)
 
 
 def test_bfv_scheme_needs_the_protocol() -> None:

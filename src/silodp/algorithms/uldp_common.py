@@ -69,6 +69,11 @@ class UldpConfig(UldpNaiveConfig):
 
 #: encryption schemes of the private weighting protocol (``UldpAvgWConfig.scheme``)
 SCHEMES = ("paillier", "bfv")
+#: how BFV encodes the weights (``UldpAvgWConfig.weight_encoding``;
+#: :data:`silodp.crypto.bfv.params.WEIGHTS`, repeated here: importing it needs tenseal)
+WEIGHT_ENCODINGS = ("exact", "fixed_point")
+#: the ring degree of fixed-point weights (``silodp.crypto.bfv.params.FIXED_POINT_DEGREE``)
+FIXED_POINT_MAX_N = 16384
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +86,11 @@ class UldpAvgWConfig(UldpConfig):
       scheme: the weighting protocol's encryption: ``paillier`` (the default) or ``bfv``
         (lattice-based, :mod:`silodp.crypto.bfv`; the in-process simulator only). ``bfv``
         needs ``weighting = "protocol"``.
+      weight_encoding: with ``scheme = "bfv"``: ``exact`` weights through
+        ``L = lcm(1..n_max)`` and the server's inverted blinded counts, or ``fixed_point``
+        weights ``floor(2^k/n_a)/2^k`` (never above ``n_{s,a}/n_a``) that the silos compute
+        under encryption (:mod:`silodp.crypto.bfv.fixed_weights`), for an ``n_max`` too large
+        for ``L`` (up to 16383); subjects then may be sampled only by the silos.
       key_bits: Paillier modulus size of the weighting protocol (at least 2048).
       n_max: public bound on one subject's records in the federation (weighting protocol).
     """
@@ -97,6 +107,12 @@ class UldpAvgWConfig(UldpConfig):
         "uldp_avg_w with weighting = protocol: paillier or bfv (lattice-based; in-process "
         "simulator only).",
     )
+    weight_encoding: str = hyperparameter(
+        "exact",
+        "privacy",
+        "uldp_avg_w with scheme = bfv: exact (L = lcm(1..n_max)) or fixed_point "
+        "(floor(2^k/n_a)/2^k computed by the silos under encryption; n_max < 16384).",
+    )
     key_bits: int = hyperparameter(3072, "privacy", "Paillier modulus bits (>= 2048).")
     n_max: int = hyperparameter(2000, "privacy", "Bound on a subject's records (protocol).")
 
@@ -110,8 +126,28 @@ class UldpAvgWConfig(UldpConfig):
                 f"{self.key('weighting')}='protocol' (the scheme encrypts the weighting "
                 f"protocol; got {self.key('weighting')}={self.weighting!r})."
             )
+        check_choice(self.key("weight_encoding"), self.weight_encoding, WEIGHT_ENCODINGS)
         check_key_bits(self.key_bits)  # the protocol's own rule: at least 2048 bits
         check_int(self.key("n_max"), self.n_max, 1)
+        if self.weight_encoding == "fixed_point":
+            key = self.key("weight_encoding")
+            if self.scheme != "bfv":
+                raise InvalidValueError(
+                    f"Expected {key}='fixed_point' only with {self.key('scheme')}='bfv' (got "
+                    f"{self.key('scheme')}={self.scheme!r})."
+                )
+            if self.n_max >= FIXED_POINT_MAX_N:
+                raise InvalidValueError(
+                    f"Expected {self.key('n_max')}={self.n_max} < {FIXED_POINT_MAX_N} with "
+                    f"{key}='fixed_point' (a count is the exponent of X in a ring of degree "
+                    f"{FIXED_POINT_MAX_N})."
+                )
+            if self.subject_sampler == "server" and self.subject_rate < 1.0:
+                raise InvalidValueError(
+                    f"Expected {self.key('subject_sampler')}='silos' with {key}='fixed_point' "
+                    "and a subject sample: the silos compute the weights, so the server cannot "
+                    f"hide a sample of its own in them (got subject_rate={self.subject_rate})."
+                )
 
 
 SECURE_AGGREGATION = (
@@ -146,6 +182,13 @@ PROTOCOL_AGGREGATION_NOTE = (
 BFV_ENCRYPTION = (
     "under BFV encryption (lattice-based, 128-bit parameters, CRT over plaintext primes, "
     "each silo's ciphertexts re-randomised and noise-flooded)"
+)
+
+#: with fixed-point weights, in place of "weights n_{s,a}/n_a, per-subject weighting" above
+FIXED_POINT_WEIGHTS = (
+    "fixed-point weights floor(2^k/n_a)/2^k (at most n_{s,a}/n_a; computed by the silos "
+    "from their counts under the server's key, each passing the ciphertexts on "
+    "re-randomised), per-subject weighting"
 )
 
 WEIGHTS_IN_CLEAR_NOTE = (

@@ -23,6 +23,7 @@ from silodp.algorithms.registry import register
 from silodp.algorithms.uldp_avg import UldpAvg
 from silodp.algorithms.uldp_common import (
     BFV_ENCRYPTION,
+    FIXED_POINT_WEIGHTS,
     OWN_NOISE_NOTE,
     PROTOCOL_AGGREGATION_NOTE,
     UldpAvgWConfig,
@@ -182,7 +183,10 @@ class UldpAvgW(UldpAvg):
         (:meth:`initial_state`)."""
         from silodp.crypto.bfv.simulation import BfvProtocol, BfvProtocolConfig
 
-        public = BfvProtocolConfig(**_public_fields(config, len(histograms), num_subjects))
+        public = BfvProtocolConfig(
+            **_public_fields(config, len(histograms), num_subjects),
+            weights=config.weight_encoding,
+        )
         return BfvProtocol(public, histograms, source=source)
 
     def initial_state(self, params: Params) -> Any:
@@ -264,6 +268,10 @@ class UldpAvgW(UldpAvg):
         note = PROTOCOL_AGGREGATION_NOTE
         if self.config.scheme == "bfv":
             note = note.replace("under Paillier encryption", BFV_ENCRYPTION)
+        if self.config.weight_encoding == "fixed_point":
+            note = note.replace(
+                "weights n_{s,a}/n_a, per-subject weighting", FIXED_POINT_WEIGHTS
+            ).replace("with blinded histograms and pairwise masks", "with pairwise masks")
         return [note, *self._sampling_notes(), OWN_NOISE_NOTE]
 
     def silo_sample(self, round_index: int) -> torch.Tensor:

@@ -94,7 +94,14 @@ def _moduli(silos: int, subjects: int, k: int, plain_bits: int, **bounds: float)
     """CRT primes of ``plain_bits`` bits for the aggregate bounded with ``2^k`` for ``L``
     (``bounds``: ``delta_bound``, ``noise_bound``, ``precision``)."""
     unit = WeightingEncoding(
-        modulus=1 << 30000, n_max=1, num_subjects=subjects, num_silos=silos, packing=False, **bounds
+        modulus=1 << 30000,
+        n_max=1,
+        num_subjects=subjects,
+        num_silos=silos,
+        packing=False,
+        delta_bound=bounds["delta_bound"],
+        noise_bound=bounds["noise_bound"],
+        precision=bounds["precision"],
     )
     need = (2 * (unit.aggregate_bound << k)) << TAMPER_MARGIN_BITS
     return math.ceil(need.bit_length() / (plain_bits - 1))

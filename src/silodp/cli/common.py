@@ -227,15 +227,32 @@ class _LineHandler(logging.Handler):
             self.handleError(record)
 
 
+class _ProgressHandler(logging.Handler):
+    """Progress of long steps (logger ``silodp.progress``, level INFO) as plain lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if record.levelno < logging.WARNING:
+                _echo_line(record.getMessage())
+        except Exception:  # pragma: no cover - as logging.Handler does
+            self.handleError(record)
+
+
 @contextlib.contextmanager
 def cli_messages() -> Iterator[None]:
     """While a command runs, silodp's log warnings and Python warnings print as
-    ``warning: message`` lines on stderr, each distinct message once."""
+    ``warning: message`` lines on stderr, each distinct message once, and the progress of
+    long steps (logger ``silodp.progress``) as plain lines."""
     handler = _LineHandler(level=logging.WARNING)
     once = _Once()
     handler.addFilter(once)
     logger = logging.getLogger("silodp")
     logger.addHandler(handler)
+    progress_logger = logging.getLogger("silodp.progress")
+    progress_handler = _ProgressHandler(level=logging.INFO)
+    progress_logger.addHandler(progress_handler)
+    progress_level = progress_logger.level
+    progress_logger.setLevel(logging.INFO)
     # printed here only: a dependency may give the root logger a handler mid-run (absl's
     # logging.warning calls logging.basicConfig), which would print each warning again
     propagate, logger.propagate = logger.propagate, False
@@ -254,6 +271,8 @@ def cli_messages() -> Iterator[None]:
         warnings.showwarning = previous
         logger.removeHandler(handler)
         logger.propagate = propagate
+        progress_logger.removeHandler(progress_handler)
+        progress_logger.setLevel(progress_level)
 
 
 def _postfix(row: dict[str, Any]) -> dict[str, str]:

@@ -34,6 +34,12 @@ std is that mechanism plus independent noise, again a post-processing). Each sil
 to sample ``round(y_s)`` exactly (its law is all that enters ``D``); without the factor ``S``
 (``D = X + sum_s round(y_s)``), ``D`` is no such function.
 
+With ``weight_bits = k`` (fixed-point weights, :mod:`silodp.crypto.bfv.fixed_weights`), ``L``
+is ``2^k`` and the weight ``n_{s,a}/n_a`` enters as ``n_{s,a} floor(2^k/n_a)``, never more: a
+subject's weights still sum to at most one, and the weighted sum is lower by at most
+``A n_max delta_bound / 2^k`` (:attr:`WeightingEncoding.max_abs_error`). The rest (the noise,
+the factor ``S``, the bound on ``|D|``) is unchanged.
+
 That is exact if the true ``|D| < n / 2``. With ``|delta| <= delta_bound`` and
 ``|noise| <= noise_bound`` per coordinate, ``A`` subjects (the per-subject weights sum to at
 most one over silos) and ``S`` silos,
@@ -250,8 +256,9 @@ class WeightingEncoding:
     noise_bound: float = 1e6
     precision: float = 1e-10
     packing: bool = True
+    weight_bits: int | None = None  # k: fixed-point weights floor(2^k/n_a), L = 2^k
     codec: FixedPointCodec = field(init=False, repr=False)
-    lcm: int = field(init=False, repr=False)  # L = lcm(1..n_max)
+    lcm: int = field(init=False, repr=False)  # L = lcm(1..n_max), or 2^k
     multiplier: int = field(init=False, repr=False)  # M = L * num_silos
     noise_scale: int = field(init=False, repr=False)  # M * 10^d
     max_encoded_delta: int = field(init=False, repr=False)
@@ -271,7 +278,10 @@ class WeightingEncoding:
         for name in ("delta_bound", "noise_bound"):
             check_bound(name, getattr(self, name))
         codec = FixedPointCodec(precision_digits(self.precision))
-        big_l = lcm_upto(self.n_max)
+        k = self.weight_bits
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 4096):
+            raise ValueError(f"Expected weight_bits={k!r} to be None or an int in [1, 4096].")
+        big_l = lcm_upto(self.n_max) if k is None else 1 << k
         multiplier = big_l * self.num_silos
         noise_scale = multiplier * codec.scale
         if 4 * self.n_max * self.n_max >= n:
@@ -283,7 +293,8 @@ class WeightingEncoding:
             raise EncodingOverflowError(
                 f"Fixed-point aggregate could wrap around the {n.bit_length()}-bit modulus: "
                 f"2 * (L * S * A * E_delta + S * E_noise) has {(2 * bound).bit_length()} bits "
-                f"with L = lcm(1..{self.n_max}) ({big_l.bit_length()} bits), "
+                f"with L = {f'lcm(1..{self.n_max})' if k is None else f'2^{k}'} "
+                f"({big_l.bit_length()} bits), "
                 f"A={self.num_subjects}, S={self.num_silos}, delta_bound={self.delta_bound}, "
                 f"noise_bound={self.noise_bound}, precision={self.precision}. Use a larger key, "
                 "a smaller n_max, coarser precision or tighter bounds."
@@ -349,8 +360,12 @@ class WeightingEncoding:
 
     @property
     def max_abs_error(self) -> float:
-        """Worst-case decoding error from rounding the inputs (before float64 rounding)."""
-        return self.num_subjects / (2 * self.scale) + self.num_silos / (2 * self.noise_scale)
+        """Worst-case decoding error from rounding the inputs (before float64 rounding), and
+        from the fixed-point weights' floor with ``weight_bits``."""
+        error = self.num_subjects / (2 * self.scale) + self.num_silos / (2 * self.noise_scale)
+        if self.weight_bits is not None:
+            error += self.num_subjects * self.n_max * self.delta_bound / 2.0**self.weight_bits
+        return error
 
     def check_subject_count(self, count: int, subject: object = None) -> int:
         """``count`` if it is an int in ``[0, n_max]``; a larger one is refused."""
@@ -361,8 +376,8 @@ class WeightingEncoding:
         if count > self.n_max:
             raise SubjectBoundError(
                 f"Subject {subject!r} has {count} records > n_max={self.n_max}: its weight "
-                f"n_s,a/n_a would not be an exact multiple of 1/L. Drop excess records or raise "
-                "n_max."
+                f"n_s,a/n_a would not be encoded correctly (a multiple of 1/L, or X^n_a with "
+                "fixed-point weights). Drop excess records or raise n_max."
             )
         return int(count)
 

@@ -291,6 +291,11 @@ def _log_protocol_estimate(
         f"parameters, {est.slots} per ciphertext: about {minutes:.3g} CPU-minutes per round "
         f"of cryptography on this machine ({run.training.rounds} rounds; estimate)"
     )
+    if est.setup_cpu_seconds > 0:
+        log(
+            f"{run.name}: the silos compute the encrypted fixed-point weights once, before the "
+            f"first round: about {est.setup_cpu_seconds / 60:.3g} CPU-minutes (estimate)"
+        )
 
 
 def _prepare_data(

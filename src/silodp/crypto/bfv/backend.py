@@ -239,6 +239,15 @@ def evaluation_keys(ctx: BfvContext, secret_key: Any, galois_elements: Sequence[
     return relin, galois
 
 
+def galois_keys(ctx: BfvContext, secret_key: Any, galois_elements: Sequence[int]) -> Any:
+    """Galois keys only (no relinearisation keys) for ``galois_elements`` under
+    ``secret_key``."""
+    keygen = sealapi.KeyGenerator(ctx.context, secret_key)
+    galois = sealapi.GaloisKeys()
+    keygen.create_galois_keys([int(g) for g in galois_elements], galois)
+    return galois
+
+
 def multiply_relinearize(ctx: BfvContext, a: Any, b: Any, relin: Any) -> Any:
     """``a·b``, relinearised back to two components."""
     out = sealapi.Ciphertext(ctx.context)

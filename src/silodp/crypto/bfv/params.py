@@ -2,11 +2,11 @@
 
 The ring has degree ``N`` (8192 or 16384) and a ciphertext modulus of at most the Homomorphic
 Encryption Standard's 128-bit bound (``log2 Q <= 218`` for ``N = 8192``, 438 for 16384),
-checked again by SEAL; the last prime is SEAL's special prime (unused: nothing here switches
-keys), the others form ``q``. Plaintexts are coefficient vectors: the encrypted weight is a
-constant polynomial, so ``w * P(x)`` multiplies every coefficient of ``P`` by ``w`` and no
-batching (slot) encoding is needed. The aggregate must be an exact integer of up to
-``log2(2 |D|_max)`` bits (:class:`~silodp.crypto.encoding.WeightingEncoding` with
+checked again by SEAL; the last prime is SEAL's special prime (used only by the key
+switching of fixed-point weights), the others form ``q``. Plaintexts are coefficient vectors:
+the encrypted weight is a constant polynomial, so ``w * P(x)`` multiplies every coefficient
+of ``P`` by ``w`` and no batching (slot) encoding is needed. The aggregate must be an exact
+integer of up to ``log2(2 |D|_max)`` bits (:class:`~silodp.crypto.encoding.WeightingEncoding` with
 ``L = lcm(1..N_max)``), more than one plaintext modulus (< 2^60) holds, so it is computed
 modulo several primes ``t_1 .. t_m`` (distinct from the ciphertext primes) and recombined by
 the CRT: ``T = prod t_j > 2 |D|_max 2^32`` (the ``2^32`` makes a tampered or wrongly keyed
@@ -27,6 +27,23 @@ bounded by :data:`MAX_ERROR` (centred binomial, sigma 3.2) and ternary ``s``, ``
   ``N C E_s / 2^(beta+1) <= 2^-(lambda+1)``: the key holder learns nothing from the noise;
 * the sum over ``S`` silos decrypts correctly when ``2 t (S (E_s + 2^beta) + S + 1) < q``.
 
+With ``weights = "fixed_point"`` (:mod:`silodp.crypto.bfv.fixed_weights`) the silos compute
+the weight ``Enc(floor(2^k/n_a))`` themselves, and its noise ``E_w`` takes the place of
+``E_f`` in ``E_p``. Each step's worst case, with ``P`` SEAL's special prime, ``l`` the primes
+of ``q`` and ``q_max`` the largest:
+
+* the chain of the ``S`` silos: one fresh encryption and ``S - 1`` products by a monomial
+  ``X^c`` (a signed permutation of the noise's coefficients: the bound is unchanged; since
+  every partial count stays below ``N`` the scaled plaintext is permuted exactly) each
+  followed by a fresh ``Enc(0)``: ``E_c <= S E_f``;
+* the product by the public plaintext ``F`` (``n_max`` non-zero coefficients below ``t``):
+  ``E_F <= n_max t E_c + t + 1`` (``t + 1``: the rounding of the scaled monomial times ``F``
+  and of the reduced product);
+* one key switching (SEAL's hybrid method: RNS digits below ``q_j`` times the key's errors,
+  divided by ``P`` and rounded): ``E_ks <= l N q_max MAX_ERROR / P + N + 2``;
+* the trace, ``log2 N`` steps ``c + σ(c)`` (an automorphism permutes the noise, the key
+  switching adds ``E_ks``, the sum's rounding at most 1): ``E_w <= N (E_F + E_ks + 1)``.
+
 :func:`plan_bfv_round` picks the prime size minimising the number of moduli under these
 conditions and refuses parameters that cannot meet them, naming the values.
 """
@@ -46,8 +63,14 @@ __all__ = [
     "TAMPER_MARGIN_BITS",
     "BfvParameters",
     "BfvPlan",
+    "FIXED_POINT_COEFF_BITS",
+    "FIXED_POINT_DEGREE",
+    "WEIGHTS",
     "batching_primes",
+    "fixed_point_bits",
+    "fixed_weight_noise",
     "plan_bfv_round",
+    "trace_elements",
 ]
 
 #: largest |coefficient| of SEAL's error distribution (centred binomial of 42 bits: <= 21)
@@ -60,6 +83,17 @@ SUPPORTED_DEGREES = {8192: 218, 16384: 438}
 DEFAULT_COEFF_BITS = (60, 60, 60, 38)
 MIN_PLAIN_BITS = 20
 MAX_PLAIN_BITS = 60
+#: the largest prime size a plan picks: the silos' residue products
+#: (:func:`silodp.crypto.bfv.weighting.mulmod`) are exact below 2^52
+MAX_PLAN_BITS = 52
+#: how the weights ``n_{s,a}/n_a`` are encoded: exactly through ``L = lcm(1..n_max)`` and the
+#: server's inverted blinded counts, or as ``floor(2^k/n_a)/2^k`` computed by the silos under
+#: encryption (:mod:`silodp.crypto.bfv.fixed_weights`)
+WEIGHTS = ("exact", "fixed_point")
+#: the ring fixed-point weights need (``n_max < N``, and room for the trace's noise) and
+#: SEAL's 128-bit default modulus for it (389 bits of ``q``, a 49-bit special prime last)
+FIXED_POINT_DEGREE = 16384
+FIXED_POINT_COEFF_BITS = (48, 48, 48, 49, 49, 49, 49, 49, 49)
 
 
 @dataclass(frozen=True)
@@ -134,16 +168,49 @@ class BfvPlan:
     blocks: int
     flood_log2: int  # beta: flooding noise is uniform in [-2^beta, 2^beta)
     silo_noise_bound: int  # E_s
+    weights: str = "exact"  # WEIGHTS
+    weight_noise_bound: int = 0  # E_w of a fixed-point weight (0: exact weights)
 
     @property
     def ciphertexts_per_silo(self) -> int:
         return self.blocks * len(self.plain_moduli)
 
 
-def _silo_noise(n: int, t: int, subjects: int) -> int:
-    fresh = MAX_ERROR * (2 * n + 1)
-    pair = n * t * fresh + t + 1
-    return subjects * pair + fresh + 2
+def _fresh_noise(n: int) -> int:
+    return MAX_ERROR * (2 * n + 1)
+
+
+def _silo_noise(n: int, t: int, subjects: int, weight_noise: int) -> int:
+    pair = n * t * weight_noise + t + 1
+    return subjects * pair + _fresh_noise(n) + 2
+
+
+def trace_elements(poly_degree: int) -> tuple[int, ...]:
+    """The Galois elements ``2^j + 1``, ``j = 1..log2 N``, of the trace to the constant
+    coefficient: ``c <- c + σ_g(c)`` for each in turn keeps ``N`` times the constant
+    coefficient and zeroes every other."""
+    return tuple((1 << j) + 1 for j in range(1, poly_degree.bit_length()))
+
+
+def fixed_point_bits(num_subjects: int, n_max: int, *, delta_bound: float, precision: float) -> int:
+    """``k`` of the fixed-point weights ``floor(2^k/n_a)``: the weighting error
+    ``sum_a sum_s n_{s,a} (1/n_a - floor(2^k/n_a)/2^k) |delta| <= A n_max delta_bound / 2^k``
+    stays below ``precision``."""
+    return max(1, math.ceil(math.log2(num_subjects * n_max * delta_bound / precision)))
+
+
+def fixed_weight_noise(
+    poly_degree: int, t: int, *, num_silos: int, n_max: int, ciphertext_primes: tuple[int, ...]
+) -> int:
+    """``E_w``: the worst-case noise of a fixed-point weight ciphertext under plaintext prime
+    ``t`` (module docstring; ``ciphertext_primes`` with SEAL's special prime last)."""
+    n = poly_degree
+    qs = [int(p) for p in ciphertext_primes[:-1]]
+    special = int(ciphertext_primes[-1])
+    chain = num_silos * _fresh_noise(n)
+    after_f = n_max * t * chain + t + 1
+    key_switch = -(-len(qs) * n * max(qs) * MAX_ERROR // special) + n + 2
+    return n * (after_f + key_switch + 1)
 
 
 def plan_bfv_round(
@@ -157,12 +224,15 @@ def plan_bfv_round(
     delta_bound: float = 1.0,
     noise_bound: float = 1e6,
     precision: float = 1e-10,
+    weights: str = "exact",
 ) -> BfvPlan:
     """The plaintext primes, block count and flooding bound for a ``dim``-parameter round
     (``ciphertext_primes``: SEAL's primes for ``params.coeff_bits``, the special prime last);
     raises :class:`EncodingOverflowError` if no prime size meets the noise conditions."""
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
         raise ValueError(f"Expected dim={dim!r} to be a positive int.")
+    if weights not in WEIGHTS:
+        raise ValueError(f"Expected weights={weights!r} in {list(WEIGHTS)}.")
     if len(ciphertext_primes) != len(params.coeff_bits):
         raise ValueError(
             f"Expected {len(params.coeff_bits)} ciphertext primes, got {len(ciphertext_primes)}."
@@ -173,6 +243,22 @@ def plan_bfv_round(
         raise ValueError(f"Expected a ciphertext modulus of >= 100 bits, got {q.bit_length()}.")
     n = params.poly_degree
     blocks = -(-dim // n)
+    fixed = weights == "fixed_point"
+    bits_k = None
+    if fixed:
+        if n_max >= n:
+            raise EncodingOverflowError(
+                f"Fixed-point weights encode a subject's count as X^n_a in a ring of degree "
+                f"{n}: expected n_max={n_max} < poly_degree={n}."
+            )
+        bits_k = fixed_point_bits(num_subjects, n_max, delta_bound=delta_bound, precision=precision)
+
+    def weight_noise(t: int) -> int:
+        if not fixed:
+            return _fresh_noise(n)
+        return fixed_weight_noise(
+            n, t, num_silos=num_silos, n_max=n_max, ciphertext_primes=ciphertext_primes
+        )
 
     def encoding(modulus: int) -> WeightingEncoding:
         return WeightingEncoding(
@@ -184,12 +270,13 @@ def plan_bfv_round(
             noise_bound=noise_bound,
             precision=precision,
             packing=False,
+            weight_bits=bits_k,
         )
 
     probe = encoding(1 << 30000)
     need = (2 * probe.aggregate_bound) << TAMPER_MARGIN_BITS
     best: tuple[int, int, tuple[int, ...], int, int] | None = None
-    for bits in range(MIN_PLAIN_BITS, MAX_PLAIN_BITS + 1):
+    for bits in range(MIN_PLAIN_BITS, MAX_PLAN_BITS + 1):
         count = max(1, math.ceil(need.bit_length() / bits))
         try:
             primes = batching_primes(n, bits, count, taken)
@@ -199,7 +286,7 @@ def plan_bfv_round(
         except ValueError:  # not enough primes of this size
             continue
         t = primes[0]
-        silo = _silo_noise(n, t, num_subjects)
+        silo = _silo_noise(n, t, num_subjects, weight_noise(t))
         beta = (silo * n * count * blocks << params.flood_bits).bit_length()
         total = num_silos * (silo + (1 << beta)) + num_silos + 1
         if 2 * t * total >= q:
@@ -209,10 +296,21 @@ def plan_bfv_round(
             # cheapest for the silos' residue arithmetic
     if best is None:
         raise EncodingOverflowError(
-            f"No plaintext prime size in [{MIN_PLAIN_BITS}, {MAX_PLAIN_BITS}] bits keeps the "
+            f"No plaintext prime size in [{MIN_PLAIN_BITS}, {MAX_PLAN_BITS}] bits keeps the "
             f"flooded noise of {num_silos} silos x {num_subjects} subjects below q / 2t for "
-            f"poly_degree={n} (q of {q.bit_length()} bits, flood_bits={params.flood_bits}); "
-            f"expected a larger poly_degree or fewer subjects."
+            f"poly_degree={n} (q of {q.bit_length()} bits, flood_bits={params.flood_bits}, "
+            f"weights={weights!r}); expected a larger poly_degree or fewer subjects."
         )
     count, _bits, primes, beta, silo = best
-    return BfvPlan(params, encoding(math.prod(primes)), primes, q, dim, blocks, beta, silo)
+    return BfvPlan(
+        params,
+        encoding(math.prod(primes)),
+        primes,
+        q,
+        dim,
+        blocks,
+        beta,
+        silo,
+        weights=weights,
+        weight_noise_bound=weight_noise(primes[0]) if fixed else 0,
+    )

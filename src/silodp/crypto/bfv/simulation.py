@@ -16,6 +16,7 @@ timed once here, times how often a round performs it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass, field
@@ -32,7 +33,14 @@ from silodp.crypto.bfv.backend import (
     new_ciphertext,
     new_plaintext,
 )
-from silodp.crypto.bfv.params import BfvParameters, BfvPlan, plan_bfv_round
+from silodp.crypto.bfv.params import (
+    FIXED_POINT_COEFF_BITS,
+    FIXED_POINT_DEGREE,
+    WEIGHTS,
+    BfvParameters,
+    BfvPlan,
+    plan_bfv_round,
+)
 from silodp.crypto.bfv.weighting import (
     BfvSilo,
     BfvWeightingSession,
@@ -44,6 +52,9 @@ from silodp.crypto.errors import ProtocolError, SiloDropoutError, StageError
 from silodp.crypto.protocol.estimate import RoundEstimate
 from silodp.crypto.randomness import RandomSource, SystemRandomSource
 from silodp.crypto.sampling import SharedSampleKey
+
+#: where long steps report their progress (``silodp`` commands print its INFO lines)
+PROGRESS = logging.getLogger("silodp.progress")
 
 __all__ = [
     "BfvProtocol",
@@ -66,13 +77,32 @@ class BfvProtocolConfig:
     delta_bound: float
     noise_bound: float
     precision: float
-    params: BfvParameters = field(default_factory=BfvParameters)
+    params: BfvParameters | None = None  # None: the default for ``weights``
+    weights: str = "exact"  # or "fixed_point" (silodp.crypto.bfv.fixed_weights)
+
+    def __post_init__(self) -> None:
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"Expected weights={self.weights!r} in {list(WEIGHTS)}.")
+        if self.params is None:
+            fixed = self.weights == "fixed_point"
+            params = (
+                BfvParameters(FIXED_POINT_DEGREE, FIXED_POINT_COEFF_BITS)
+                if fixed
+                else BfvParameters()
+            )
+            object.__setattr__(self, "params", params)
+
+    @property
+    def parameters(self) -> BfvParameters:
+        assert self.params is not None  # set in __post_init__
+        return self.params
 
     def plan(self, dim: int) -> BfvPlan:
         """The round's public BFV plan for ``dim`` parameters."""
+        params = self.parameters
         return plan_bfv_round(
-            self.params,
-            ciphertext_primes=ciphertext_primes(self.params.poly_degree, self.params.coeff_bits),
+            params,
+            ciphertext_primes=ciphertext_primes(params.poly_degree, params.coeff_bits),
             n_max=self.n_max,
             num_subjects=len(self.subject_ids),
             num_silos=len(self.silo_ids),
@@ -80,6 +110,7 @@ class BfvProtocolConfig:
             delta_bound=self.delta_bound,
             noise_bound=self.noise_bound,
             precision=self.precision,
+            weights=self.weights,
         )
 
 
@@ -114,7 +145,6 @@ class _ServerSide:
 
     def __init__(self, owner: BfvProtocol) -> None:
         self._owner = owner
-        self._cached: list[list[Any]] | None = None
         self._round: int | None = None
         self._replies: dict[int, BfvWeightedSum] = {}
 
@@ -122,14 +152,14 @@ class _ServerSide:
         self, round_index: int, dim: int | None = None, *, sampled: Collection[int] | None = None
     ) -> BfvWeights:
         """The round's encrypted weights. Without a server sample they do not change between
-        rounds, so they are encrypted once and reused (sent once per training)."""
+        rounds, so they are computed once and reused (sent once per training): encrypted by
+        the server (exact weights), or by the silos' chain (fixed-point weights, which refuse
+        a server sample)."""
         session = self._owner.session(dim)
         if sampled is not None:
             weights = session.server.encrypt_weights(sampled)
         else:
-            if self._cached is None:
-                self._cached = session.server.encrypt_weights()
-            weights = self._cached
+            weights = session.weights()
         self._round = round_index
         self._replies = {}
         return BfvWeights(round_index, weights)
@@ -208,6 +238,7 @@ class BfvProtocol:
         histograms: Mapping[int, Mapping[int, int]],
         *,
         source: RandomSource | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         if sorted(histograms) != list(config.silo_ids):
             raise ValueError(
@@ -218,6 +249,8 @@ class BfvProtocol:
             s: {a: int(c) for a, c in h.items()} for s, h in histograms.items()
         }
         self._root = source if source is not None else SystemRandomSource()
+        # long steps (the fixed-point weights) report to logger silodp.progress by default
+        self._progress = progress if progress is not None else PROGRESS.info
         self._setup = authenticated_setup(config.silo_ids, self._root)
         seeds = self._setup[1]
         self._session: BfvWeightingSession | None = None
@@ -240,13 +273,15 @@ class BfvProtocol:
                 self._histograms,
                 n_max=cfg.n_max,
                 dim=dim,
-                params=cfg.params,
+                params=cfg.parameters,
                 subject_ids=cfg.subject_ids,
                 delta_bound=cfg.delta_bound,
                 noise_bound=cfg.noise_bound,
                 precision=cfg.precision,
                 source=self._root,
                 setup=self._setup,
+                weights=cfg.weights,
+                progress=self._progress,
             )
         elif dim is not None and dim != self._session.plan.dim:
             raise ValueError(f"Expected dim={self._session.plan.dim} (set up), got {dim}.")
@@ -280,10 +315,16 @@ def estimate_bfv_round(
     samples): per prime, ``num_subjects`` weight encryptions; per pair, the exact encoding of
     its delta and, per block and prime, one plaintext, its NTT and a plaintext product; per
     silo, block and prime, the fixed work (``Enc(0)``, noise and masks, flooding); per block
-    and prime, one decryption. Each operation is timed here once (median of three)."""
+    and prime, one decryption. Each operation is timed here once (median of three).
+
+    With fixed-point weights the server encrypts none; the silos' chain is the estimate's
+    ``setup_cpu_seconds`` (once per training): per prime and subject, one encryption,
+    ``num_silos - 1`` monomial products with an ``Enc(0)``, the product by ``F`` and the
+    trace's ``log2 N`` automorphisms and additions."""
     params = plan.params
     n = params.poly_degree
     m = len(plan.plain_moduli)
+    fixed = plan.weights == "fixed_point"
     ctx = BfvContext(n, params.coeff_bits, plan.plain_moduli[0])
     keys = BfvKeyPair.generate([ctx])
     enc = encryptor(ctx, keys.public_keys[0])
@@ -322,11 +363,41 @@ def estimate_bfv_round(
     encode = _cpu(lambda: plan.encoding.encode_deltas_array(delta))
     cts = plan.blocks * m
     seconds = (
-        num_subjects * m * _cpu(encrypt_weight)
+        (0 if fixed else num_subjects * m * _cpu(encrypt_weight))
         + pairs * (encode + cts * _cpu(product))
         + num_silos * cts * _cpu(silo_fixed)
         + cts * _cpu(decrypt)
     )
+    setup = _chain_seconds(ctx, keys, plan, num_silos) * num_subjects * m if fixed else 0.0
     return RoundEstimate(
-        pairs=pairs, dim=plan.dim, slots=n, cpu_seconds=seconds, scheme=f"BFV, {m} primes"
+        pairs=pairs,
+        dim=plan.dim,
+        slots=n,
+        cpu_seconds=seconds,
+        scheme=f"BFV, {m} primes" + (", fixed-point weights" if fixed else ""),
+        setup_cpu_seconds=setup,
     )
+
+
+def _chain_seconds(ctx: BfvContext, keys: BfvKeyPair, plan: BfvPlan, num_silos: int) -> float:
+    """CPU seconds of one subject's fixed-point weight under one prime (one Galois key timed
+    for the trace's ``log2 N`` automorphisms)."""
+    from silodp.crypto.bfv import fixed_weights
+    from silodp.crypto.bfv.backend import apply_galois, galois_keys
+
+    enc = encryptor(ctx, keys.public_keys[0])
+    ev = ctx.evaluator
+    first = fixed_weights.chain_start(ctx, enc, [1])
+    f_plain = ctx.plaintext(
+        fixed_weights.weight_polynomial(
+            ctx.poly_degree, ctx.plain_modulus, plan.encoding.n_max, plan.encoding.weight_bits or 1
+        )
+    )
+    galois = galois_keys(ctx, keys.secret_keys[0], [3])
+    out = new_ciphertext(ctx)
+    hop = _cpu(lambda: fixed_weights.chain_hop(ctx, enc, first, [1]))
+    times_f = _cpu(lambda: ev.multiply_plain(first[0], f_plain, out))
+    trace = _cpu(lambda: ev.add_inplace(out, apply_galois(ctx, first[0], 3, galois)))
+    start = _cpu(lambda: fixed_weights.chain_start(ctx, enc, [1]))
+    steps = ctx.poly_degree.bit_length() - 1
+    return start + (num_silos - 1) * hop + times_f + steps * trace

@@ -22,6 +22,12 @@ Per prime ``t`` (all parties derive the primes from public values):
   honest bound by 2^32: an inconsistent aggregate raises
   :class:`~silodp.crypto.errors.ValueOutOfRangeError`).
 
+With ``weights = "fixed_point"`` (:mod:`~silodp.crypto.bfv.fixed_weights`, for ``n_max``
+too large for ``L``) there is no blind, histogram or inverse: the silos compute
+``Enc(floor(2^k/n_a))`` themselves, once per training, and multiply by ``n_{s,a} S e_{s,a}``
+(the weight carries ``L = 2^k``); the round is otherwise the same. The server cannot then
+hide a sample of its own in the weights, so only the silos may sample.
+
 What each party learns (honest-but-curious, as the Paillier protocol):
 
 * **Silos** see BFV ciphertexts of the weights only: IND-CPA under RLWE at 128-bit security
@@ -41,22 +47,24 @@ What each party learns (honest-but-curious, as the Paillier protocol):
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from silodp.crypto.bfv import fixed_weights
 from silodp.crypto.bfv.backend import (
     BfvContext,
     BfvKeyPair,
     ciphertext_primes,
     decryptor,
     encryptor,
+    galois_keys,
     new_ciphertext,
     new_plaintext,
 )
-from silodp.crypto.bfv.params import BfvParameters, BfvPlan, plan_bfv_round
+from silodp.crypto.bfv.params import BfvParameters, BfvPlan, plan_bfv_round, trace_elements
 from silodp.crypto.errors import ProtocolError, SiloDropoutError, SubjectBoundError
 from silodp.crypto.identity import generate_identity, verify_key_share
 from silodp.crypto.keyagree import (
@@ -149,6 +157,7 @@ class BfvSilo:
     def __post_init__(self) -> None:
         for a, c in self.histogram.items():
             self.plan.encoding.check_subject_count(int(c), a)
+        self._encryptors: dict[int, Any] = {}
         prg = _stream(self.seed, "silodp/bfv/blinds")
         self._blinds = [
             [random_unit(prg, t) for _ in self.subject_ids] for t in self.plan.plain_moduli
@@ -169,6 +178,40 @@ class BfvSilo:
             signed = mask if self.silo_id < other else (t - mask) % t
             total = np.asarray((total + signed) % t, dtype=np.uint64)
         return total
+
+    @property
+    def fixed_point(self) -> bool:
+        return self.plan.weights == "fixed_point"
+
+    def _encryptor(self, j: int) -> Any:
+        if j not in self._encryptors:
+            self._encryptors[j] = encryptor(self.contexts[j], self.public_keys[j])
+        return self._encryptors[j]
+
+    def _counts(self) -> list[int]:
+        return [int(self.histogram.get(a, 0)) for a in self.subject_ids]
+
+    def chain_start(self, j: int) -> list[Any]:
+        """Fixed-point weights, the first silo, prime ``j``: ``Enc(X^{n_{s,a}})`` for every
+        public subject (:mod:`~silodp.crypto.bfv.fixed_weights`)."""
+        return fixed_weights.chain_start(self.contexts[j], self._encryptor(j), self._counts())
+
+    def chain_hop(self, j: int, ciphertexts: Sequence[Any]) -> list[Any]:
+        """Fixed-point weights, a following silo: times ``X^{n_{s,a}}``, re-randomised."""
+        return fixed_weights.chain_hop(
+            self.contexts[j], self._encryptor(j), ciphertexts, self._counts()
+        )
+
+    def finish_weights(self, j: int, ciphertexts: Sequence[Any], galois: Any) -> list[Any]:
+        """Fixed-point weights, the last silo: ``Enc(floor(2^k/n_a))`` for every subject."""
+        ctx, plan = self.contexts[j], self.plan
+        k = plan.encoding.weight_bits
+        if k is None:
+            raise ProtocolError("Exact weights come from the server, not from the silos.")
+        f = fixed_weights.weight_polynomial(
+            ctx.poly_degree, ctx.plain_modulus, plan.encoding.n_max, k
+        )
+        return fixed_weights.finish_weights(ctx, ciphertexts, ctx.plaintext(f), galois)
 
     def masked_histogram(self) -> list[np.ndarray]:
         """Per prime: ``r_a n_{s,a} + masks mod t`` for every public subject."""
@@ -213,14 +256,17 @@ class BfvSilo:
         if len(noise) != dim:
             raise ValueError(f"Expected {dim} encoded noise values, got {len(noise)}.")
         out: list[list[Any]] = []
-        for j, (ctx, pk) in enumerate(zip(self.contexts, self.public_keys, strict=True)):
+        for j, ctx in enumerate(self.contexts):
             t = ctx.plain_modulus
             ev = ctx.evaluator
             acc: list[Any] = [None] * plan.blocks
             tmp = new_ciphertext(ctx)
             for a, e in zip(own, rows, strict=True):
                 i = index[a]
-                scalar = self._blinds[j][i] * int(self.histogram[a]) * enc.multiplier % t
+                if self.fixed_point:  # the weight floor(2^k/n_a) holds L = 2^k already
+                    scalar = int(self.histogram[a]) * enc.num_silos % t
+                else:
+                    scalar = self._blinds[j][i] * int(self.histogram[a]) * enc.multiplier % t
                 values = mulmod(np.mod(e, t).astype(np.uint64), scalar, t)
                 lifted = new_ciphertext(ctx)
                 ev.transform_to_ntt(weights[j][i], lifted)
@@ -240,7 +286,7 @@ class BfvSilo:
                 np.array([v % t for v in noise], dtype=np.uint64)
                 + self._masks(f"round/{round_index}", j, dim)
             ) % np.uint64(t)
-            encryptor_j = encryptor(ctx, pk)
+            encryptor_j = self._encryptor(j)
             blocks = []
             for b in range(plan.blocks):
                 zero = new_ciphertext(ctx)
@@ -259,7 +305,8 @@ class BfvSilo:
 
 
 class BfvServer:
-    """The key holder: BFV keys per prime, the inverted blinded counts, the aggregate."""
+    """The key holder: BFV keys per prime, the inverted blinded counts (exact weights) or the
+    Galois keys of the trace (fixed-point weights), the aggregate."""
 
     def __init__(self, plan: BfvPlan, subject_ids: tuple[Hashable, ...]) -> None:
         self.plan = plan
@@ -269,6 +316,13 @@ class BfvServer:
             BfvContext(params.poly_degree, params.coeff_bits, t) for t in plan.plain_moduli
         )
         self.keys = BfvKeyPair.generate(self.contexts)
+        self.galois_keys: tuple[Any, ...] = ()
+        if plan.weights == "fixed_point":
+            elements = trace_elements(params.poly_degree)
+            self.galois_keys = tuple(
+                galois_keys(ctx, sk, elements)
+                for ctx, sk in zip(self.contexts, self.keys.secret_keys, strict=True)
+            )
         self._inverses: list[list[int]] | None = None
         self._histograms: list[list[np.ndarray]] = []
 
@@ -300,6 +354,11 @@ class BfvServer:
     def encrypt_weights(self, sampled: Collection[Hashable] | None = None) -> list[list[Any]]:
         """Per prime, ``Enc((r_a n_a)^-1)`` (a constant polynomial) for every public subject
         (``Enc(0)`` for subjects outside ``sampled``)."""
+        if self.plan.weights == "fixed_point":
+            raise ProtocolError(
+                "With fixed-point weights the silos compute the weights (chain of monomials); "
+                "the server encrypts none, so it cannot hide a sample of its own in them."
+            )
         if self._inverses is None:
             raise ProtocolError("Set-up is not finished.")
         out = []
@@ -408,6 +467,8 @@ class BfvWeightingSession:
         precision: float = 1e-10,
         source: RandomSource | None = None,
         setup: tuple[Mapping[int, Mapping[int, bytes]], Mapping[int, bytes]] | None = None,
+        weights: str = "exact",
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         silos = tuple(sorted(histograms))
         if len(silos) < 2:
@@ -442,7 +503,9 @@ class BfvWeightingSession:
             delta_bound=delta_bound,
             noise_bound=noise_bound,
             precision=precision,
+            weights=weights,
         )
+        self._progress = progress
         self.server = BfvServer(self.plan, subjects)
         self._tick("keygen", t0)
         t0 = time.perf_counter()
@@ -465,15 +528,45 @@ class BfvWeightingSession:
             )
             for s in silos
         }
-        for silo in self.silos.values():
-            self.server.receive_histogram(silo.masked_histogram())
-        self.server.finish_setup(len(silos))
+        if self.plan.weights == "exact":  # fixed-point weights need no histogram at the server
+            for silo in self.silos.values():
+                self.server.receive_histogram(silo.masked_histogram())
+            self.server.finish_setup(len(silos))
         self._tick("histogram", t0)
         self._round = 0
         self._weights: list[list[Any]] | None = None
 
     def _tick(self, name: str, start: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+    def weights(self) -> list[list[Any]]:
+        """Per prime, the encrypted weight of every public subject, the same every round:
+        the server's ``Enc((r_a n_a)^-1)`` (exact) or the silos' chain (fixed-point,
+        :mod:`~silodp.crypto.bfv.fixed_weights`: the silos in order, the last one finishing);
+        computed once."""
+        if self._weights is not None:
+            return self._weights
+        t0 = time.perf_counter()
+        if self.plan.weights == "exact":
+            self._weights = self.server.encrypt_weights()
+            self._tick("server_weights", t0)
+            return self._weights
+        order = list(self.silos.values())
+        moduli = self.plan.plain_moduli
+        out = []
+        for j in range(len(moduli)):
+            cts = order[0].chain_start(j)
+            for silo in order[1:]:
+                cts = silo.chain_hop(j, cts)
+            out.append(order[-1].finish_weights(j, cts, self.server.galois_keys[j]))
+            if self._progress is not None:
+                self._progress(
+                    f"fixed-point weights: prime {j + 1}/{len(moduli)} done "
+                    f"({len(cts)} subjects, {time.perf_counter() - t0:.0f} s)"
+                )
+        self._weights = out
+        self._tick("silo_weights", t0)
+        return out
 
     def run_round(
         self,
@@ -496,14 +589,12 @@ class BfvWeightingSession:
         if sampled is not None and silo_sampling_rate is not None:
             raise ValueError("Sample either at the server or at the silos, not both.")
         enc = self.plan.encoding
-        t0 = time.perf_counter()
         if sampled is not None:
+            t0 = time.perf_counter()
             weights = self.server.encrypt_weights(sampled)
+            self._tick("server_weights", t0)
         else:
-            if self._weights is None:
-                self._weights = self.server.encrypt_weights()
-            weights = self._weights
-        self._tick("server_weights", t0)
+            weights = self.weights()
         t0 = time.perf_counter()
         replies = []
         for s, silo in self.silos.items():

@@ -22,6 +22,8 @@ class RoundEstimate:
     slots: int  # coordinates per ciphertext
     cpu_seconds: float
     scheme: str = "Paillier"  # what the estimate models, as the run's log names it
+    setup_cpu_seconds: float = 0.0  # once per training before the first round (BFV
+    # fixed-point weights)
 
 
 def estimate_round(
