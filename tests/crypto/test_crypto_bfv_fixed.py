@@ -67,6 +67,7 @@ def test_the_weights_decrypt_to_floor_2k_over_n_as_constant_polynomials(session)
     assert k == fixed_point_bits(5, N_MAX, delta_bound=1.0, precision=1e-10)
     weights = session.weights()
     assert len(weights) == len(plan.plain_moduli) >= 2  # a CRT over several primes
+    assert plan.level_drop > 0  # the weights are switched down before the silos' products
     for j, (ctx, sk) in enumerate(
         zip(session.server.contexts, session.server.keys.secret_keys, strict=True)
     ):
@@ -77,11 +78,13 @@ def test_the_weights_decrypt_to_floor_2k_over_n_as_constant_polynomials(session)
             coeffs = ctx.coefficients(plain)
             assert int(coeffs[0]) == ((1 << k) // n_a) % t if n_a else int(coeffs[0]) == 0
             assert not coeffs[1:].any(), (j, a)
+            assert weights[j][a].parms_id() == ctx.level(plan.level_drop)[0]
             # the planned worst case bounds the noise SEAL measures: the invariant noise
             # |t (c0 + c1 s) mod q| has bits(q) - budget - 1 bits, about bits(t) + bits(v)
             budget = noise_budget(ctx, sk, weights[j][a])
             assert budget > 0
-            noise_bits = plan.coeff_modulus.bit_length() - budget - 1 - (t.bit_length() - 1)
+            q_level = math.prod(ctx.level(plan.level_drop)[1])  # switched down to it
+            noise_bits = q_level.bit_length() - budget - 1 - (t.bit_length() - 1)
             assert noise_bits <= plan.weight_noise_bound.bit_length(), (noise_bits, j, a)
     assert session.timings["silo_weights"] > 0
     assert "server_weights" not in session.timings  # the server encrypted no weight
@@ -123,6 +126,31 @@ def test_silos_sample_and_the_weights_are_computed_once() -> None:
     assert first.shape == second.shape == (dim,)
     with pytest.raises(ProtocolError, match="cannot hide a sample"):
         session.run_round(deltas, sampled={0, 1})
+
+
+def test_worker_processes_compute_the_same_weights() -> None:
+    """The chain split over two processes (subjects halved, ciphertexts serialised back)
+    decrypts to the same weights as in one process."""
+    lines: list[str] = []
+    session = _session(seed=5, workers=2, progress=lines.append)
+    weights = session.weights()
+    plan, k = session.plan, session.plan.encoding.weight_bits
+    assert len(lines) == 2 * len(plan.plain_moduli) and "parts done" in lines[-1]
+    for j, (ctx, sk) in enumerate(
+        zip(session.server.contexts, session.server.keys.secret_keys, strict=True)
+    ):
+        assert len(weights[j]) == 5
+        for a, n_a in TOTALS.items():
+            plain = new_plaintext()
+            decryptor(ctx, sk).decrypt(weights[j][a], plain)
+            coeffs = ctx.coefficients(plain)
+            want = ((1 << k) // n_a) % ctx.plain_modulus if n_a else 0
+            assert int(coeffs[0]) == want and not coeffs[1:].any(), (j, a)
+    rng = np.random.default_rng(6)
+    deltas = {s: {a: rng.uniform(-1.0, 1.0, plan.dim) for a in h} for s, h in HIST.items()}
+    got = session.run_round(deltas)
+    want_sum = plaintext_weighted_sum(deltas, HIST)
+    assert float(np.abs(got - want_sum).max()) <= plan.encoding.max_abs_error
 
 
 def test_each_hop_re_randomises_the_chain() -> None:

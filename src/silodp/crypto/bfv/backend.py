@@ -156,9 +156,22 @@ class BfvContext:
         total = _HEADER.size + len(payload)
         return _HEADER.pack(_MAGIC, _HEADER.size, major, minor, 0, 0, total) + payload
 
-    def flooding(self, source: RandomSource, log2_bound: int) -> Any:
+    def level(self, drop: int = 0) -> tuple[Any, tuple[int, ...]]:
+        """The ``parms_id`` and the primes of ``q`` with its last ``drop`` primes dropped
+        (modulus switching: ciphertexts at that level are smaller and cheaper)."""
+        data = self.context.first_context_data()
+        for _ in range(drop):
+            data = data.next_context_data()
+            if data is None:
+                raise ValueError(f"Expected drop={drop} below {len(self.primes)} primes.")
+        primes = tuple(int(m.value()) for m in data.parms().coeff_modulus())
+        return data.parms_id(), primes
+
+    def flooding(self, source: RandomSource, log2_bound: int, drop: int = 0) -> Any:
         """The ciphertext ``(f, 0)``, ``f`` uniform in ``[-2^log2_bound, 2^log2_bound)`` per
-        coefficient; adding it floods ``c0``'s noise."""
+        coefficient, at the level with ``drop`` primes dropped; adding it floods ``c0``'s
+        noise."""
+        parms_id, primes = self.level(drop)
         n = self.poly_degree
         nbytes = (log2_bound + 1 + 7) // 8
         raw = source.token_bytes(n * nbytes)
@@ -169,13 +182,13 @@ class BfvContext:
             for i in range(0, n * nbytes, nbytes)
         ]
         obj = np.array(values, dtype=object)
-        rows = [np.asarray(obj % q, dtype=np.uint64) for q in self.primes]
-        data = np.concatenate(rows + [np.zeros(n * len(self.primes), dtype=np.uint64)])
+        rows = [np.asarray(obj % q, dtype=np.uint64) for q in primes]
+        data = np.concatenate(rows + [np.zeros(n * len(primes), dtype=np.uint64)])
         dyn = self._framed(struct.pack("<Q", data.size) + data.tobytes())
         body = (
-            struct.pack("<4Q", *self.parms_id)
+            struct.pack("<4Q", *parms_id)
             + b"\x00"
-            + struct.pack("<QQQdQ", 2, n, len(self.primes), 1.0, 1)
+            + struct.pack("<QQQdQ", 2, n, len(primes), 1.0, 1)
             + dyn
         )
         return self.ciphertext_from_bytes(self._framed(body))
@@ -209,6 +222,24 @@ class BfvKeyPair:
 
     def __repr__(self) -> str:  # never print keys
         return f"BfvKeyPair(moduli={len(self.contexts)})"
+
+
+def public_key_from_bytes(ctx: BfvContext, blob: bytes) -> Any:
+    """Loads a public key (for ``ctx``) saved with :meth:`BfvContext.to_bytes`."""
+    key = sealapi.PublicKey()
+    ctx._load(key, blob)
+    return key
+
+
+def save_galois_keys(galois: Any, path: str) -> None:
+    """Writes Galois keys (public evaluation keys, hundreds of MB at N = 16384) to ``path``."""
+    galois.save(path)
+
+
+def load_galois_keys(ctx: BfvContext, path: str) -> Any:
+    galois = sealapi.GaloisKeys()
+    galois.load(ctx.context, path)
+    return galois
 
 
 def encryptor(ctx: BfvContext, public_key: Any) -> Any:

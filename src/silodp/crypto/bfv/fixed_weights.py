@@ -17,7 +17,8 @@ CRT modulus for large ``n_max`` (8,790 bits for 6,095). Here ``L`` is ``2^k``
 3. and applies the trace ``c <- c + σ_g(c)`` over :func:`~silodp.crypto.bfv.params.trace_elements`
    (Galois keys from the key holder): every other coefficient becomes 0 and the constant one
    is multiplied by ``N``. The result, ``Enc(floor(2^k/n_a))`` as a constant polynomial, is
-   what the silos' plaintext x ciphertext sums take, as the exact weights.
+   what the silos' plaintext x ciphertext sums take, as the exact weights, after switching
+   it down to the plan's level (fewer primes of ``q``: smaller, and cheaper products).
 
 The floor keeps ``sum_s n_{s,a} floor(2^k/n_a) / 2^k <= 1``, which the sensitivity needs.
 The worst-case noise of every step is bounded in :mod:`silodp.crypto.bfv.params`.
@@ -37,15 +38,37 @@ What each party learns (honest-but-curious, no collusion):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import multiprocessing
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from silodp.crypto.bfv.backend import BfvContext, apply_galois, new_ciphertext
+from silodp.crypto.bfv.backend import (
+    BfvContext,
+    apply_galois,
+    encryptor,
+    load_galois_keys,
+    new_ciphertext,
+    public_key_from_bytes,
+    save_galois_keys,
+)
 from silodp.crypto.bfv.params import trace_elements
 
-__all__ = ["chain_hop", "chain_start", "finish_weights", "monomial", "weight_polynomial"]
+__all__ = [
+    "ChainSpec",
+    "chain_hop",
+    "chain_start",
+    "compute_weights",
+    "finish_weights",
+    "monomial",
+    "run_chain",
+    "weight_polynomial",
+]
 
 
 def weight_polynomial(poly_degree: int, t: int, n_max: int, k: int) -> np.ndarray:
@@ -103,10 +126,14 @@ def chain_hop(
 
 
 def finish_weights(
-    ctx: BfvContext, ciphertexts: Sequence[Any], f_plain: Any, galois: Any
+    ctx: BfvContext,
+    ciphertexts: Sequence[Any],
+    f_plain: Any,
+    galois: Any,
+    parms_id: Any = None,
 ) -> list[Any]:
     """The last silo: each ``Enc(X^{n_a})`` times ``F``, then the trace: ``Enc(floor(2^k/n_a))``
-    as a constant polynomial."""
+    as a constant polynomial, switched down to ``parms_id`` (the plan's level) if given."""
     ev = ctx.evaluator
     elements = trace_elements(ctx.poly_degree)
     out = []
@@ -115,5 +142,108 @@ def finish_weights(
         ev.multiply_plain(ct, f_plain, weight)
         for g in elements:
             ev.add_inplace(weight, apply_galois(ctx, weight, g, galois))
+        if parms_id is not None:
+            ev.mod_switch_to_inplace(weight, parms_id)
         out.append(weight)
     return out
+
+
+def run_chain(
+    ctx: BfvContext,
+    enc: Any,
+    counts: Sequence[Sequence[int]],
+    f_plain: Any,
+    galois: Any,
+    parms_id: Any = None,
+) -> list[Any]:
+    """The whole chain for some subjects under one prime: ``counts[i]`` are the ``i``-th silo's
+    counts of those subjects, silos in chain order (each step is that silo's own call)."""
+    cts = chain_start(ctx, enc, counts[0])
+    for row in counts[1:]:
+        cts = chain_hop(ctx, enc, cts, row)
+    return finish_weights(ctx, cts, f_plain, galois, parms_id)
+
+
+@dataclass(frozen=True)
+class ChainSpec:
+    """Public parameters of the weights under one prime, as a worker process rebuilds them."""
+
+    poly_degree: int
+    coeff_bits: tuple[int, ...]
+    plain_modulus: int
+    n_max: int
+    weight_bits: int
+    level_drop: int
+    public_key: bytes = field(repr=False)
+
+
+def _context(spec: ChainSpec) -> tuple[BfvContext, Any, Any, Any]:
+    ctx = BfvContext(spec.poly_degree, spec.coeff_bits, spec.plain_modulus)
+    enc = encryptor(ctx, public_key_from_bytes(ctx, spec.public_key))
+    f = weight_polynomial(spec.poly_degree, spec.plain_modulus, spec.n_max, spec.weight_bits)
+    level, _ = ctx.level(spec.level_drop)
+    return ctx, enc, ctx.plaintext(f), level
+
+
+def _worker(spec: ChainSpec, galois_path: str, counts: list[list[int]]) -> list[bytes]:
+    ctx, enc, f_plain, level = _context(spec)
+    galois = load_galois_keys(ctx, galois_path)
+    return [ctx.to_bytes(ct) for ct in run_chain(ctx, enc, counts, f_plain, galois, level)]
+
+
+def compute_weights(
+    contexts: Sequence[BfvContext],
+    specs: Sequence[ChainSpec],
+    galois: Sequence[Any],
+    counts: Sequence[Sequence[int]],
+    *,
+    workers: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> list[list[Any]]:
+    """Per prime, the weight ciphertexts of every subject (``counts``: per silo in chain order,
+    per subject). With ``workers > 1`` the subjects are split over that many processes (each
+    runs the same calls for its share, the Galois keys passed through a temporary file); the
+    ciphertexts come back serialised and are loaded into ``contexts``."""
+    subjects = len(counts[0])
+    if workers <= 1 or subjects < 2:
+        out = []
+        for j, (ctx, spec) in enumerate(zip(contexts, specs, strict=True)):
+            _, enc, f_plain, level = _context(spec)
+            out.append(run_chain(ctx, enc, counts, f_plain, galois[j], level))
+            if progress is not None:
+                progress(f"fixed-point weights: prime {j + 1}/{len(specs)} done")
+        return out
+    parts = min(workers, subjects)
+    bounds = np.linspace(0, subjects, parts + 1).astype(int)
+    results: list[list[list[bytes]]] = [[[] for _ in range(parts)] for _ in specs]
+    paths = []
+    try:
+        for g in galois:
+            fd, path = tempfile.mkstemp(prefix="silodp-galois-")
+            os.close(fd)
+            paths.append(path)
+            save_galois_keys(g, path)
+        spawn = multiprocessing.get_context("spawn")  # no fork of a process holding threads
+        with ProcessPoolExecutor(max_workers=parts, mp_context=spawn) as pool:
+            futures = {
+                pool.submit(
+                    _worker,
+                    spec,
+                    paths[j],
+                    [list(row[bounds[c] : bounds[c + 1]]) for row in counts],
+                ): (j, c)
+                for j, spec in enumerate(specs)
+                for c in range(parts)
+            }
+            for done, future in enumerate(as_completed(futures), start=1):
+                j, c = futures[future]
+                results[j][c] = future.result()
+                if progress is not None:
+                    progress(f"fixed-point weights: {done}/{len(futures)} parts done")
+    finally:
+        for path in paths:
+            os.unlink(path)
+    return [
+        [ctx.ciphertext_from_bytes(blob) for chunk in per_prime for blob in chunk]
+        for ctx, per_prime in zip(contexts, results, strict=True)
+    ]

@@ -42,7 +42,12 @@ of ``q`` and ``q_max`` the largest:
 * one key switching (SEAL's hybrid method: RNS digits below ``q_j`` times the key's errors,
   divided by ``P`` and rounded): ``E_ks <= l N q_max MAX_ERROR / P + N + 2``;
 * the trace, ``log2 N`` steps ``c + σ(c)`` (an automorphism permutes the noise, the key
-  switching adds ``E_ks``, the sum's rounding at most 1): ``E_w <= N (E_F + E_ks + 1)``.
+  switching adds ``E_ks``, the sum's rounding at most 1): ``E_w <= N (E_F + E_ks + 1)``;
+* then the weight is switched down by ``level_drop`` primes to ``q'``, the smallest level at
+  which the decryption condition above still holds with ``q'`` for ``q``
+  (:func:`switched_noise`): ``E_w' <= ceil(E_w q'/q) + level_drop (N + 2)``. The silos'
+  products, ``Enc(0)`` and flooding are at that level. A fresh encryption there has noise at
+  most ``E_f`` as well (SEAL encrypts one level higher and divides by the dropped prime).
 
 :func:`plan_bfv_round` picks the prime size minimising the number of moduli under these
 conditions and refuses parameters that cannot meet them, naming the values.
@@ -70,6 +75,7 @@ __all__ = [
     "fixed_point_bits",
     "fixed_weight_noise",
     "plan_bfv_round",
+    "switched_noise",
     "trace_elements",
 ]
 
@@ -169,7 +175,8 @@ class BfvPlan:
     flood_log2: int  # beta: flooding noise is uniform in [-2^beta, 2^beta)
     silo_noise_bound: int  # E_s
     weights: str = "exact"  # WEIGHTS
-    weight_noise_bound: int = 0  # E_w of a fixed-point weight (0: exact weights)
+    weight_noise_bound: int = 0  # E_w of a fixed-point weight at level_drop (0: exact)
+    level_drop: int = 0  # primes of q dropped (modulus switching) before the silos' products
 
     @property
     def ciphertexts_per_silo(self) -> int:
@@ -190,6 +197,14 @@ def trace_elements(poly_degree: int) -> tuple[int, ...]:
     coefficient: ``c <- c + σ_g(c)`` for each in turn keeps ``N`` times the constant
     coefficient and zeroes every other."""
     return tuple((1 << j) + 1 for j in range(1, poly_degree.bit_length()))
+
+
+def switched_noise(noise: int, q: int, q_level: int, poly_degree: int, drop: int) -> int:
+    """The noise bound after switching from ``q`` down to ``q_level`` (``drop`` primes, each
+    step ``c <- round(c q'/q)``): the noise scales by ``q'/q`` and each step's rounding adds at
+    most ``(1 + ||s||_1)/2 + 1 <= N + 2`` (ternary ``s``, and the scaled plaintext's
+    rounding)."""
+    return -(-noise * q_level // q) + drop * (poly_degree + 2)
 
 
 def fixed_point_bits(num_subjects: int, n_max: int, *, delta_bound: float, precision: float) -> int:
@@ -275,7 +290,10 @@ def plan_bfv_round(
 
     probe = encoding(1 << 30000)
     need = (2 * probe.aggregate_bound) << TAMPER_MARGIN_BITS
-    best: tuple[int, int, tuple[int, ...], int, int] | None = None
+    q_primes = [int(p) for p in ciphertext_primes[:-1]]
+    # fixed-point weights are switched down before the silos' products when the noise allows
+    drops = range(len(q_primes) - 1, -1, -1) if fixed else (0,)
+    best: tuple[int, int, tuple[int, ...], int, int, int, int] | None = None
     for bits in range(MIN_PLAIN_BITS, MAX_PLAN_BITS + 1):
         count = max(1, math.ceil(need.bit_length() / bits))
         try:
@@ -286,14 +304,20 @@ def plan_bfv_round(
         except ValueError:  # not enough primes of this size
             continue
         t = primes[0]
-        silo = _silo_noise(n, t, num_subjects, weight_noise(t))
-        beta = (silo * n * count * blocks << params.flood_bits).bit_length()
-        total = num_silos * (silo + (1 << beta)) + num_silos + 1
-        if 2 * t * total >= q:
+        for drop in drops:  # the largest drop that still decrypts
+            q_level = math.prod(q_primes[: len(q_primes) - drop])
+            weight = switched_noise(weight_noise(t), q, q_level, n, drop)
+            silo = _silo_noise(n, t, num_subjects, weight)
+            beta = (silo * n * count * blocks << params.flood_bits).bit_length()
+            total = num_silos * (silo + (1 << beta)) + num_silos + 1
+            if 2 * t * total < q_level:
+                break
+        else:
             continue
-        if best is None or count < best[0] or (count == best[0] and bits <= 32):
-            best = (count, bits, primes, beta, silo)  # among equals, primes below 2^32 are
-            # cheapest for the silos' residue arithmetic
+        cost = count * (len(q_primes) - drop)  # products cost about the primes of q left
+        if best is None or cost < best[0] or (cost == best[0] and bits <= 32):
+            best = (cost, bits, primes, beta, silo, drop, weight)  # among equals, primes
+            # below 2^32 are cheapest for the silos' residue arithmetic
     if best is None:
         raise EncodingOverflowError(
             f"No plaintext prime size in [{MIN_PLAIN_BITS}, {MAX_PLAN_BITS}] bits keeps the "
@@ -301,7 +325,7 @@ def plan_bfv_round(
             f"poly_degree={n} (q of {q.bit_length()} bits, flood_bits={params.flood_bits}, "
             f"weights={weights!r}); expected a larger poly_degree or fewer subjects."
         )
-    count, _bits, primes, beta, silo = best
+    _cost, _bits, primes, beta, silo, drop, weight = best
     return BfvPlan(
         params,
         encoding(math.prod(primes)),
@@ -312,5 +336,6 @@ def plan_bfv_round(
         beta,
         silo,
         weights=weights,
-        weight_noise_bound=weight_noise(primes[0]) if fixed else 0,
+        weight_noise_bound=weight if fixed else 0,
+        level_drop=drop,
     )

@@ -331,8 +331,10 @@ def estimate_bfv_round(
     ev = ctx.evaluator
     rng = np.random.default_rng(0)
     values = rng.integers(0, plan.plain_moduli[0], n, dtype=np.uint64)
+    level, _ = ctx.level(plan.level_drop)  # where the silos' products run
     weight = new_ciphertext(ctx)
     enc.encrypt(ctx.constant(3), weight)
+    ev.mod_switch_to_inplace(weight, level)
     lifted = new_ciphertext(ctx)
     ev.transform_to_ntt(weight, lifted)
     acc = new_ciphertext(ctx)
@@ -344,15 +346,15 @@ def estimate_bfv_round(
 
     def product() -> None:
         plain = ctx.plaintext(values)
-        ev.transform_to_ntt_inplace(plain, ctx.parms_id)
+        ev.transform_to_ntt_inplace(plain, level)
         ev.multiply_plain(lifted, plain, tmp)
         ev.add_inplace(acc, tmp)
 
     def silo_fixed() -> None:
         zero = new_ciphertext(ctx)
-        enc.encrypt_zero(zero)
+        enc.encrypt_zero(level, zero)
         ev.add_plain_inplace(zero, ctx.plaintext(values))
-        ev.add_inplace(zero, ctx.flooding(SystemRandomSource(), plan.flood_log2))
+        ev.add_inplace(zero, ctx.flooding(SystemRandomSource(), plan.flood_log2, plan.level_drop))
 
     def decrypt() -> None:
         plain = new_plaintext()
@@ -399,5 +401,7 @@ def _chain_seconds(ctx: BfvContext, keys: BfvKeyPair, plan: BfvPlan, num_silos: 
     times_f = _cpu(lambda: ev.multiply_plain(first[0], f_plain, out))
     trace = _cpu(lambda: ev.add_inplace(out, apply_galois(ctx, first[0], 3, galois)))
     start = _cpu(lambda: fixed_weights.chain_start(ctx, enc, [1]))
+    level, _ = ctx.level(plan.level_drop)
+    switch = _cpu(lambda: ev.mod_switch_to(out, level, new_ciphertext(ctx)))
     steps = ctx.poly_degree.bit_length() - 1
-    return start + (num_silos - 1) * hop + times_f + steps * trace
+    return start + (num_silos - 1) * hop + times_f + steps * trace + switch

@@ -46,6 +46,7 @@ What each party learns (honest-but-curious, as the Paillier protocol):
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -87,6 +88,17 @@ __all__ = [
     "subject_sample_key",
     "uniform_residues",
 ]
+
+
+#: subjects x primes from which the fixed-point weights are computed in worker processes
+PARALLEL_MIN_WORK = 64
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 def mulmod(values: np.ndarray, scalar: int, modulus: int) -> np.ndarray:
@@ -188,30 +200,10 @@ class BfvSilo:
             self._encryptors[j] = encryptor(self.contexts[j], self.public_keys[j])
         return self._encryptors[j]
 
-    def _counts(self) -> list[int]:
+    def counts(self) -> list[int]:
+        """This silo's count of every public subject: its input to the fixed-point weights'
+        chain, in which it multiplies each subject's ciphertext by ``X^count``."""
         return [int(self.histogram.get(a, 0)) for a in self.subject_ids]
-
-    def chain_start(self, j: int) -> list[Any]:
-        """Fixed-point weights, the first silo, prime ``j``: ``Enc(X^{n_{s,a}})`` for every
-        public subject (:mod:`~silodp.crypto.bfv.fixed_weights`)."""
-        return fixed_weights.chain_start(self.contexts[j], self._encryptor(j), self._counts())
-
-    def chain_hop(self, j: int, ciphertexts: Sequence[Any]) -> list[Any]:
-        """Fixed-point weights, a following silo: times ``X^{n_{s,a}}``, re-randomised."""
-        return fixed_weights.chain_hop(
-            self.contexts[j], self._encryptor(j), ciphertexts, self._counts()
-        )
-
-    def finish_weights(self, j: int, ciphertexts: Sequence[Any], galois: Any) -> list[Any]:
-        """Fixed-point weights, the last silo: ``Enc(floor(2^k/n_a))`` for every subject."""
-        ctx, plan = self.contexts[j], self.plan
-        k = plan.encoding.weight_bits
-        if k is None:
-            raise ProtocolError("Exact weights come from the server, not from the silos.")
-        f = fixed_weights.weight_polynomial(
-            ctx.poly_degree, ctx.plain_modulus, plan.encoding.n_max, k
-        )
-        return fixed_weights.finish_weights(ctx, ciphertexts, ctx.plaintext(f), galois)
 
     def masked_histogram(self) -> list[np.ndarray]:
         """Per prime: ``r_a n_{s,a} + masks mod t`` for every public subject."""
@@ -259,6 +251,7 @@ class BfvSilo:
         for j, ctx in enumerate(self.contexts):
             t = ctx.plain_modulus
             ev = ctx.evaluator
+            level, _ = ctx.level(plan.level_drop)  # the weights' level
             acc: list[Any] = [None] * plan.blocks
             tmp = new_ciphertext(ctx)
             for a, e in zip(own, rows, strict=True):
@@ -275,7 +268,7 @@ class BfvSilo:
                     if not chunk.any():  # adds nothing (and SEAL refuses a zero product)
                         continue
                     plain = ctx.plaintext(chunk)
-                    ev.transform_to_ntt_inplace(plain, ctx.parms_id)
+                    ev.transform_to_ntt_inplace(plain, level)
                     if acc[b] is None:
                         acc[b] = new_ciphertext(ctx)
                         ev.multiply_plain(lifted, plain, acc[b])
@@ -290,7 +283,7 @@ class BfvSilo:
             blocks = []
             for b in range(plan.blocks):
                 zero = new_ciphertext(ctx)
-                encryptor_j.encrypt_zero(zero)
+                encryptor_j.encrypt_zero(level, zero)
                 if acc[b] is None:
                     ct = zero
                 else:
@@ -298,7 +291,7 @@ class BfvSilo:
                     ev.transform_from_ntt_inplace(ct)
                     ev.add_inplace(ct, zero)
                 ev.add_plain_inplace(ct, ctx.plaintext(extra[b * n : (b + 1) * n]))
-                ev.add_inplace(ct, ctx.flooding(self.source, plan.flood_log2))
+                ev.add_inplace(ct, ctx.flooding(self.source, plan.flood_log2, plan.level_drop))
                 blocks.append(ct)
             out.append(blocks)
         return out
@@ -469,6 +462,7 @@ class BfvWeightingSession:
         setup: tuple[Mapping[int, Mapping[int, bytes]], Mapping[int, bytes]] | None = None,
         weights: str = "exact",
         progress: Callable[[str], None] | None = None,
+        workers: int | None = None,
     ) -> None:
         silos = tuple(sorted(histograms))
         if len(silos) < 2:
@@ -506,6 +500,7 @@ class BfvWeightingSession:
             weights=weights,
         )
         self._progress = progress
+        self._workers = workers
         self.server = BfvServer(self.plan, subjects)
         self._tick("keygen", t0)
         t0 = time.perf_counter()
@@ -551,19 +546,33 @@ class BfvWeightingSession:
             self._weights = self.server.encrypt_weights()
             self._tick("server_weights", t0)
             return self._weights
-        order = list(self.silos.values())
-        moduli = self.plan.plain_moduli
-        out = []
-        for j in range(len(moduli)):
-            cts = order[0].chain_start(j)
-            for silo in order[1:]:
-                cts = silo.chain_hop(j, cts)
-            out.append(order[-1].finish_weights(j, cts, self.server.galois_keys[j]))
-            if self._progress is not None:
-                self._progress(
-                    f"fixed-point weights: prime {j + 1}/{len(moduli)} done "
-                    f"({len(cts)} subjects, {time.perf_counter() - t0:.0f} s)"
-                )
+        plan, ctxs = self.plan, self.server.contexts
+        k = plan.encoding.weight_bits
+        assert k is not None  # fixed-point weights
+        specs = [
+            fixed_weights.ChainSpec(
+                plan.params.poly_degree,
+                plan.params.coeff_bits,
+                ctx.plain_modulus,
+                plan.encoding.n_max,
+                k,
+                plan.level_drop,
+                ctx.to_bytes(pk),
+            )
+            for ctx, pk in zip(ctxs, self.server.public_keys, strict=True)
+        ]
+        workers = self._workers
+        if workers is None:  # processes pay off only for a larger chain
+            work = len(self.server.subject_ids) * len(specs)
+            workers = min(available_cores(), 2) if work >= PARALLEL_MIN_WORK else 1
+        out = fixed_weights.compute_weights(
+            ctxs,
+            specs,
+            self.server.galois_keys,
+            [silo.counts() for silo in self.silos.values()],  # the chain in silo order
+            workers=workers,
+            progress=self._progress,
+        )
         self._weights = out
         self._tick("silo_weights", t0)
         return out
