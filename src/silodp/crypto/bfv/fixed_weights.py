@@ -223,8 +223,11 @@ def compute_weights(
             os.close(fd)
             paths.append(path)
             save_galois_keys(g, path)
-        spawn = multiprocessing.get_context("spawn")  # no fork of a process holding threads
-        with ProcessPoolExecutor(max_workers=parts, mp_context=spawn) as pool:
+        # as silodp.crypto.weighted_sum.run_chunks: fork where there is one (no re-import of
+        # the caller's __main__; the workers use SEAL only, from files and pickled counts)
+        methods = multiprocessing.get_all_start_methods()
+        start = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        with ProcessPoolExecutor(max_workers=parts, mp_context=start) as pool:
             futures = {
                 pool.submit(
                     _worker,
