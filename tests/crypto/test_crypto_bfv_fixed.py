@@ -14,9 +14,11 @@ import pytest
 from silodp.algorithms.uldp_common import FIXED_POINT_MAX_N, WEIGHT_ENCODINGS
 from silodp.crypto.bfv import BfvParameters, BfvWeightingSession, fixed_weights, plan_bfv_round
 from silodp.crypto.bfv.backend import (
+    BfvContext,
     ciphertext_primes,
     decryptor,
     encryptor,
+    galois_keys,
     new_ciphertext,
     new_plaintext,
     noise_budget,
@@ -26,6 +28,7 @@ from silodp.crypto.bfv.params import (
     FIXED_POINT_DEGREE,
     WEIGHTS,
     fixed_point_bits,
+    fixed_weight_noise,
     trace_elements,
 )
 from silodp.crypto.encoding import WeightingEncoding
@@ -81,13 +84,52 @@ def test_the_weights_decrypt_to_floor_2k_over_n_as_constant_polynomials(session)
             assert weights[j][a].parms_id() == ctx.level(plan.level_drop)[0]
             # the planned worst case bounds the noise SEAL measures: the invariant noise
             # |t (c0 + c1 s) mod q| has bits(q) - budget - 1 bits, about bits(t) + bits(v)
-            budget = noise_budget(ctx, sk, weights[j][a])
-            assert budget > 0
+            assert noise_budget(ctx, sk, weights[j][a]) > 0
             q_level = math.prod(ctx.level(plan.level_drop)[1])  # switched down to it
-            noise_bits = q_level.bit_length() - budget - 1 - (t.bit_length() - 1)
+            noise_bits = _noise_bits(ctx, sk, weights[j][a], q_level, t)
             assert noise_bits <= plan.weight_noise_bound.bit_length(), (noise_bits, j, a)
     assert session.timings["silo_weights"] > 0
     assert "server_weights" not in session.timings  # the server encrypted no weight
+    assert session.server.galois_keys == ()  # dropped once the weights exist
+
+
+def test_the_trace_and_a_silos_message_stay_within_their_worst_case_noise(
+    session, monkeypatch
+) -> None:
+    """The bounds the plan relies on, against SEAL's measured noise: the weight before the
+    switch down (chain, F, trace) and one silo's message without its flooding."""
+    plan = session.plan
+    ctx, sk = session.server.contexts[0], session.server.keys.secret_keys[0]
+    t = ctx.plain_modulus
+    k = plan.encoding.weight_bits
+    enc = encryptor(ctx, session.server.public_keys[0])
+    f_plain = ctx.plaintext(fixed_weights.weight_polynomial(FIXED_POINT_DEGREE, t, N_MAX, k))
+    counts = [[HIST[s].get(a, 0) for a in range(5)] for s in sorted(HIST)]
+    galois = galois_keys(ctx, sk, trace_elements(FIXED_POINT_DEGREE))  # the server's are
+    # dropped once the weights exist
+    top = fixed_weights.run_chain(ctx, enc, counts, f_plain, galois)
+    bound = fixed_weight_noise(
+        FIXED_POINT_DEGREE, t, num_silos=3, n_max=N_MAX, ciphertext_primes=PRIMES
+    )
+    for ct in top:
+        assert ct.parms_id() == ctx.parms_id  # not switched
+        assert 30 < _noise_bits(ctx, sk, ct, plan.coeff_modulus, t) <= bound.bit_length()
+    # a silo's message with its flooding cut to [-1, 1): the rest of its noise, E_s
+    real = BfvContext.flooding
+    monkeypatch.setattr(
+        BfvContext, "flooding", lambda self, source, bits, drop=0: real(self, source, 0, drop)
+    )
+    rng = np.random.default_rng(8)
+    deltas = {a: rng.uniform(-1.0, 1.0, plan.dim) for a in HIST[0]}
+    message = session.silos[0].weighted_sum(session.weights(), deltas, [0] * plan.dim, 0)
+    q_level = math.prod(ctx.level(plan.level_drop)[1])
+    measured = _noise_bits(ctx, sk, message[0][0], q_level, t)
+    assert 0 < measured <= plan.silo_noise_bound.bit_length() < plan.flood_log2 - 40
+
+
+def _noise_bits(ctx, sk, ct, modulus: int, t: int) -> int:
+    """SEAL's invariant noise |t (c0 + c1 s) mod q| has bits(q) - budget - 1 bits."""
+    return modulus.bit_length() - noise_budget(ctx, sk, ct) - 1 - (t.bit_length() - 1)
 
 
 def test_a_round_decrypts_to_the_clear_weighted_sum_never_above_it(session) -> None:
@@ -115,15 +157,16 @@ def test_silos_sample_and_the_weights_are_computed_once() -> None:
     rng = np.random.default_rng(4)
     dim = session.plan.dim
     deltas = {s: {a: rng.uniform(-1.0, 1.0, dim) for a in h} for s, h in HIST.items()}
-    first = session.run_round(deltas, silo_sampling_rate=0.5)
-    spent = session.timings["silo_weights"]
-    sample = session.silos[0].subject_sample(1, 0.5)
-    second = session.run_round(deltas, silo_sampling_rate=0.5)
-    assert session.timings["silo_weights"] == spent  # reused, not recomputed
-    kept = {s: {a: d for a, d in h.items() if a in sample} for s, h in deltas.items()}
-    want = plaintext_weighted_sum(kept, HIST)
-    assert float(np.abs(second - want).max()) <= session.plan.encoding.max_abs_error
-    assert first.shape == second.shape == (dim,)
+    for round_index in (0, 1):
+        got = session.run_round(deltas, silo_sampling_rate=0.5)
+        if round_index == 0:
+            spent = session.timings["silo_weights"]
+        else:
+            assert session.timings["silo_weights"] == spent  # reused, not recomputed
+        sample = session.silos[0].subject_sample(round_index, 0.5)
+        kept = {s: {a: d for a, d in h.items() if a in sample} for s, h in deltas.items()}
+        want = plaintext_weighted_sum(kept, HIST)
+        assert float(np.abs(got - want).max()) <= session.plan.encoding.max_abs_error
     with pytest.raises(ProtocolError, match="cannot hide a sample"):
         session.run_round(deltas, sampled={0, 1})
 
@@ -153,6 +196,26 @@ def test_worker_processes_compute_the_same_weights() -> None:
     assert float(np.abs(got - want_sum).max()) <= plan.encoding.max_abs_error
 
 
+def test_a_failed_worker_part_names_itself() -> None:
+    session = _session(seed=6)
+    ctx = session.server.contexts[0]
+    spec = fixed_weights.ChainSpec(
+        FIXED_POINT_DEGREE,
+        FIXED_POINT_COEFF_BITS,
+        ctx.plain_modulus,
+        N_MAX,
+        session.plan.encoding.weight_bits,
+        session.plan.level_drop,
+        b"not a public key",
+    )
+    counts = [session.silos[s].counts() for s in sorted(session.silos)]
+    galois = [galois_keys(ctx, session.server.keys.secret_keys[0], trace_elements(16384))]
+    with pytest.raises(
+        RuntimeError, match=r"part of prime 1/1 with subjects (0\.\.1|2\.\.4) failed"
+    ):
+        fixed_weights.compute_weights([ctx], [spec], galois, counts, workers=2)
+
+
 def test_each_hop_re_randomises_the_chain() -> None:
     session = _session(hist={0: {0: 1}, 1: {0: 2}}, seed=2)
     ctx, sk = session.server.contexts[0], session.server.keys.secret_keys[0]
@@ -164,6 +227,8 @@ def test_each_hop_re_randomises_the_chain() -> None:
         ctx.evaluator.multiply_plain(start, fixed_weights.monomial(ctx, max(count, 0)), shifted)
         assert ctx.to_bytes(hop) != ctx.to_bytes(shifted)  # a fresh Enc(0) was added
         assert ctx.to_bytes(hop) != ctx.to_bytes(start)
+        (again,) = fixed_weights.chain_hop(ctx, enc, [start], [count])
+        assert ctx.to_bytes(again) != ctx.to_bytes(hop)  # a new Enc(0) every time
         plain = new_plaintext()
         decryptor(ctx, sk).decrypt(hop, plain)
         coeffs = ctx.coefficients(plain)
@@ -204,7 +269,8 @@ def test_the_plan_refuses_what_the_ring_cannot_hold() -> None:
     plan = plan_bfv_round(PARAMS, ciphertext_primes=PRIMES, n_max=N_MAX, **kw)
     assert plan.weights == "fixed_point" and plan.weight_noise_bound > 0
     # the flooding covers a silo's noise with the weight's: 2^beta >= 2^40 N C E_s
-    assert 1 << plan.flood_log2 >= (plan.silo_noise_bound << 40) * 16384
+    cts = plan.blocks * len(plan.plain_moduli)
+    assert 1 << plan.flood_log2 >= (plan.silo_noise_bound << 40) * 16384 * cts
     kw["weights"] = "exact"
     exact = plan_bfv_round(PARAMS, ciphertext_primes=PRIMES, n_max=N_MAX, **kw)
     assert exact.weight_noise_bound == 0 and exact.encoding.weight_bits is None

@@ -8,7 +8,9 @@ The row: the plan :class:`~silodp.crypto.bfv.simulation.BfvProtocolConfig` makes
 weight's worst-case noise bound); one subject spread over 12 of the silos, its chain run
 through every silo under the plan's first prime with the code a run uses
 (:func:`~silodp.crypto.bfv.fixed_weights.run_chain`), checked against ``floor(2^k/n_a)`` with
-every other coefficient zero, and its noise as SEAL measures it beside the bound; the costs
+every other coefficient zero, and its noise as SEAL measures it beside the bounds, after the
+trace (``trace_noise_*``, the chain, ``F`` and the trace's bound) and after the switch down
+(``noise_*``); the costs
 extrapolated from that chain's CPU time (the weights, once per training) and from
 :func:`~silodp.crypto.bfv.simulation.estimate_bfv_round` (a round's silo products, ``Enc(0)``,
 flooding and decryptions).
@@ -39,6 +41,8 @@ ZIPF_COLUMNS = [
     "level_drop",
     "k",
     "flood_bits",
+    "trace_noise_bound_bits",
+    "trace_noise_bits",
     "noise_bound_bits",
     "noise_bits",
     "weight_ok",
@@ -92,20 +96,29 @@ def subject_weight(plan: BfvPlan, counts: list[int]) -> Row:
         ctx, enc, [[c] for c in counts], ctx.plaintext(f), galois, level
     )
     seconds = time.process_time() - start
+    (top,) = fixed_weights.run_chain(ctx, enc, [[c] for c in counts], ctx.plaintext(f), galois)
+    trace_noise = _noise_bits(ctx, sk, top, plan.coeff_modulus, t)
     plain = backend.new_plaintext()
     backend.decryptor(ctx, sk).decrypt(weight, plain)
     coeffs = ctx.coefficients(plain)
     want = ((1 << k) // n_a) % t if n_a else 0
     ok = int(coeffs[0]) == want and not coeffs[1:].any()
-    budget = backend.noise_budget(ctx, sk, weight)
-    # SEAL's invariant noise |t (c0 + c1 s) mod q'| has bits(q') - budget - 1 bits
-    noise_bits = math.prod(primes).bit_length() - budget - 1 - (t.bit_length() - 1)
     return {
         "weight_ok": "yes" if ok else "no",
-        "noise_bits": noise_bits,
+        "trace_noise_bits": trace_noise,
+        "noise_bits": _noise_bits(ctx, sk, weight, math.prod(primes), t),
         "subject_prime_s": seconds,
         "ct_bytes": len(ctx.to_bytes(weight)),
     }
+
+
+def _noise_bits(ctx: Any, secret_key: Any, ct: Any, modulus: int, t: int) -> int:
+    """Bits of a ciphertext's noise ``v`` as SEAL measures it: its invariant noise
+    ``|t (c0 + c1 s) mod q|`` has ``bits(q) - budget - 1`` bits, about ``bits(t) + bits(v)``."""
+    from silodp.crypto.bfv import backend
+
+    budget = backend.noise_budget(ctx, secret_key, ct)
+    return modulus.bit_length() - budget - 1 - (t.bit_length() - 1)
 
 
 def run_zipf_route(
@@ -113,6 +126,8 @@ def run_zipf_route(
 ) -> list[Row]:
     """The row described in the module docstring, at ``shape`` (default
     :data:`ZIPF_SHAPE`)."""
+    from silodp.crypto.bfv.backend import ciphertext_primes
+    from silodp.crypto.bfv.params import fixed_weight_noise
     from silodp.crypto.bfv.simulation import estimate_bfv_round
 
     sh = dict(ZIPF_SHAPE if shape is None else shape)
@@ -133,6 +148,13 @@ def run_zipf_route(
         "level_drop": plan.level_drop,
         "k": plan.encoding.weight_bits,
         "flood_bits": plan.flood_log2,
+        "trace_noise_bound_bits": fixed_weight_noise(
+            plan.params.poly_degree,
+            plan.plain_moduli[0],
+            num_silos=sh["silos"],
+            n_max=sh["n_max"],
+            ciphertext_primes=ciphertext_primes(plan.params.poly_degree, plan.params.coeff_bits),
+        ).bit_length(),
         "noise_bound_bits": plan.weight_noise_bound.bit_length(),
         **measured,
         "weights_cpu_min": weights * measured["subject_prime_s"] / 60,

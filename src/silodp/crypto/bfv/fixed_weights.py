@@ -112,16 +112,14 @@ def chain_hop(
     ev = ctx.evaluator
     out = []
     for ct, c in zip(ciphertexts, counts, strict=True):
+        # the same two operations whatever the count (X^0 = 1 included), so a hop's duration
+        # does not tell how many subjects the silo holds
+        shifted = new_ciphertext(ctx)
+        ev.multiply_plain(ct, monomial(ctx, int(c)), shifted)
         fresh = new_ciphertext(ctx)
         encryptor.encrypt_zero(fresh)
-        if c:
-            shifted = new_ciphertext(ctx)
-            ev.multiply_plain(ct, monomial(ctx, int(c)), shifted)
-            ev.add_inplace(shifted, fresh)
-            out.append(shifted)
-        else:  # X^0 = 1: the ciphertext itself, re-randomised
-            ev.add_inplace(fresh, ct)
-            out.append(fresh)
+        ev.add_inplace(shifted, fresh)
+        out.append(shifted)
     return out
 
 
@@ -177,16 +175,17 @@ class ChainSpec:
     public_key: bytes = field(repr=False)
 
 
-def _context(spec: ChainSpec) -> tuple[BfvContext, Any, Any, Any]:
-    ctx = BfvContext(spec.poly_degree, spec.coeff_bits, spec.plain_modulus)
+def _inputs(ctx: BfvContext, spec: ChainSpec) -> tuple[Any, Any, Any]:
+    """The encryptor, ``F`` and the weights' level for ``spec`` in ``ctx``."""
     enc = encryptor(ctx, public_key_from_bytes(ctx, spec.public_key))
     f = weight_polynomial(spec.poly_degree, spec.plain_modulus, spec.n_max, spec.weight_bits)
     level, _ = ctx.level(spec.level_drop)
-    return ctx, enc, ctx.plaintext(f), level
+    return enc, ctx.plaintext(f), level
 
 
 def _worker(spec: ChainSpec, galois_path: str, counts: list[list[int]]) -> list[bytes]:
-    ctx, enc, f_plain, level = _context(spec)
+    ctx = BfvContext(spec.poly_degree, spec.coeff_bits, spec.plain_modulus)
+    enc, f_plain, level = _inputs(ctx, spec)
     galois = load_galois_keys(ctx, galois_path)
     return [ctx.to_bytes(ct) for ct in run_chain(ctx, enc, counts, f_plain, galois, level)]
 
@@ -202,20 +201,21 @@ def compute_weights(
 ) -> list[list[Any]]:
     """Per prime, the weight ciphertexts of every subject (``counts``: per silo in chain order,
     per subject). With ``workers > 1`` the subjects are split over that many processes (each
-    runs the same calls for its share, the Galois keys passed through a temporary file); the
-    ciphertexts come back serialised and are loaded into ``contexts``."""
+    runs the same calls for its share, the Galois keys passed through a temporary file); each
+    part's ciphertexts come back serialised and are loaded into ``contexts`` as it finishes.
+    A failed part cancels the others and raises, naming the part."""
     subjects = len(counts[0])
     if workers <= 1 or subjects < 2:
         out = []
         for j, (ctx, spec) in enumerate(zip(contexts, specs, strict=True)):
-            _, enc, f_plain, level = _context(spec)
+            enc, f_plain, level = _inputs(ctx, spec)
             out.append(run_chain(ctx, enc, counts, f_plain, galois[j], level))
             if progress is not None:
                 progress(f"fixed-point weights: prime {j + 1}/{len(specs)} done")
         return out
     parts = min(workers, subjects)
     bounds = np.linspace(0, subjects, parts + 1).astype(int)
-    results: list[list[list[bytes]]] = [[[] for _ in range(parts)] for _ in specs]
+    results: list[list[list[Any]]] = [[[] for _ in range(parts)] for _ in specs]
     paths = []
     try:
         for g in galois:
@@ -240,13 +240,21 @@ def compute_weights(
             }
             for done, future in enumerate(as_completed(futures), start=1):
                 j, c = futures[future]
-                results[j][c] = future.result()
+                try:
+                    blobs = future.result()
+                except Exception as err:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise RuntimeError(
+                        f"Fixed-point weights: the part of prime {j + 1}/{len(specs)} with "
+                        f"subjects {bounds[c]}..{bounds[c + 1] - 1} failed in its worker "
+                        f"process ({type(err).__name__}: {err}); a killed worker often means "
+                        "too little memory for the ciphertexts."
+                    ) from err
+                results[j][c] = [contexts[j].ciphertext_from_bytes(b) for b in blobs]
+                del blobs
                 if progress is not None:
                     progress(f"fixed-point weights: {done}/{len(futures)} parts done")
     finally:
         for path in paths:
             os.unlink(path)
-    return [
-        [ctx.ciphertext_from_bytes(blob) for chunk in per_prime for blob in chunk]
-        for ctx, per_prime in zip(contexts, results, strict=True)
-    ]
+    return [[ct for chunk in per_prime for ct in chunk] for per_prime in results]

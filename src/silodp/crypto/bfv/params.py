@@ -2,8 +2,9 @@
 
 The ring has degree ``N`` (8192 or 16384) and a ciphertext modulus of at most the Homomorphic
 Encryption Standard's 128-bit bound (``log2 Q <= 218`` for ``N = 8192``, 438 for 16384),
-checked again by SEAL; the last prime is SEAL's special prime (used only by the key
-switching of fixed-point weights), the others form ``q``. Plaintexts are coefficient vectors:
+checked again by SEAL; the last prime is SEAL's special prime (public-key encryption computes
+at it and divides it out; fixed-point weights also use it to switch keys), the others form
+``q``. Plaintexts are coefficient vectors:
 the encrypted weight is a constant polynomial, so ``w * P(x)`` multiplies every coefficient
 of ``P`` by ``w`` and no batching (slot) encoding is needed. The aggregate must be an exact
 integer of up to ``log2(2 |D|_max)`` bits (:class:`~silodp.crypto.encoding.WeightingEncoding` with
@@ -25,7 +26,9 @@ bounded by :data:`MAX_ERROR` (centred binomial, sigma 3.2) and ternary ``s``, ``
   coefficient with ``2^beta >= 2^lambda N C E_s`` (``C`` ciphertexts per silo), so the
   statistical distance between its whole message's noise and flooding alone is at most
   ``N C E_s / 2^(beta+1) <= 2^-(lambda+1)``: the key holder learns nothing from the noise;
-* the sum over ``S`` silos decrypts correctly when ``2 t (S (E_s + 2^beta) + S + 1) < q``.
+* the sum over ``S`` silos decrypts correctly when ``2 t (S (E_s + 2^beta) + S + 1) < q``;
+  the plan asks for :data:`DECRYPT_MARGIN_BITS` more (SEAL's gamma-corrected decryption is
+  exact only a relative ``2^-55`` or so inside that bound).
 
 With ``weights = "fixed_point"`` (:mod:`silodp.crypto.bfv.fixed_weights`) the silos compute
 the weight ``Enc(floor(2^k/n_a))`` themselves, and its noise ``E_w`` takes the place of
@@ -89,6 +92,9 @@ SUPPORTED_DEGREES = {8192: 218, 16384: 438}
 DEFAULT_COEFF_BITS = (60, 60, 60, 38)
 MIN_PLAIN_BITS = 20
 MAX_PLAIN_BITS = 60
+#: bits of margin in the decryption condition: SEAL's decryption (base conversion with
+#: gamma-correction) is exact a hair inside q / 2t, not exactly up to it
+DECRYPT_MARGIN_BITS = 4
 #: the largest prime size a plan picks: the silos' residue products
 #: (:func:`silodp.crypto.bfv.weighting.mulmod`) are exact below 2^52
 MAX_PLAN_BITS = 52
@@ -310,7 +316,7 @@ def plan_bfv_round(
             silo = _silo_noise(n, t, num_subjects, weight)
             beta = (silo * n * count * blocks << params.flood_bits).bit_length()
             total = num_silos * (silo + (1 << beta)) + num_silos + 1
-            if 2 * t * total < q_level:
+            if (2 * t * total) << DECRYPT_MARGIN_BITS < q_level:
                 break
         else:
             continue

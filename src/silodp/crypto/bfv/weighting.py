@@ -564,7 +564,7 @@ class BfvWeightingSession:
         workers = self._workers
         if workers is None:  # processes pay off only for a larger chain
             work = len(self.server.subject_ids) * len(specs)
-            workers = min(available_cores(), 2) if work >= PARALLEL_MIN_WORK else 1
+            workers = available_cores() if work >= PARALLEL_MIN_WORK else 1
         out = fixed_weights.compute_weights(
             ctxs,
             specs,
@@ -574,6 +574,7 @@ class BfvWeightingSession:
             progress=self._progress,
         )
         self._weights = out
+        self.server.galois_keys = ()  # needed for the weights only (about 0.25 GB a prime)
         self._tick("silo_weights", t0)
         return out
 
