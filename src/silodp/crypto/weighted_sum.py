@@ -60,14 +60,15 @@ PARALLEL_MIN_ITEMS = 256
 HALF_DECRYPTION_MARGIN_BITS = 32
 
 
-def resolve_workers(workers: int | None, items: int) -> int:
-    """Worker processes for ``items`` parameters: ``None`` means all usable CPUs when the
-    batch is large enough to repay starting them, else one (in-process)."""
+def resolve_workers(workers: int | None, items: int, *, min_items: int = PARALLEL_MIN_ITEMS) -> int:
+    """Worker processes for ``items`` units of work: ``None`` means all usable CPUs when
+    there are at least ``min_items`` (enough to repay starting them), else one
+    (in-process)."""
     if workers is not None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"Expected workers={workers!r} to be a positive int or None.")
         return workers
-    if items < PARALLEL_MIN_ITEMS:
+    if items < min_items:
         return 1
     try:
         cpus = len(os.sched_getaffinity(0))

@@ -46,7 +46,6 @@ What each party learns (honest-but-curious, as the Paillier protocol):
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +77,7 @@ from silodp.crypto.keyagree import (
 from silodp.crypto.prg import ChaCha20Prg, derive_key
 from silodp.crypto.randomness import RandomSource, SystemRandomSource, random_unit
 from silodp.crypto.sampling import SharedSampleKey
+from silodp.crypto.weighted_sum import resolve_workers
 
 __all__ = [
     "BfvServer",
@@ -92,13 +92,6 @@ __all__ = [
 
 #: subjects x primes from which the fixed-point weights are computed in worker processes
 PARALLEL_MIN_WORK = 64
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def mulmod(values: np.ndarray, scalar: int, modulus: int) -> np.ndarray:
@@ -561,10 +554,9 @@ class BfvWeightingSession:
             )
             for ctx, pk in zip(ctxs, self.server.public_keys, strict=True)
         ]
-        workers = self._workers
-        if workers is None:  # processes pay off only for a larger chain
-            work = len(self.server.subject_ids) * len(specs)
-            workers = available_cores() if work >= PARALLEL_MIN_WORK else 1
+        # processes pay off only for a larger chain
+        work = len(self.server.subject_ids) * len(specs)
+        workers = resolve_workers(self._workers, work, min_items=PARALLEL_MIN_WORK)
         out = fixed_weights.compute_weights(
             ctxs,
             specs,
