@@ -225,6 +225,56 @@ def test_a_round_the_budget_does_not_allow_stops_the_run_cleanly(tmp_path: Path)
     assert verify_ledger(tmp_path / "l.sqlite") == []
 
 
+def test_a_stop_while_a_checkpoint_is_written_leaves_that_round_out_of_the_summary(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C (or SIGTERM) during round 2's checkpoint: the summary counts round 1 only, as
+    the checkpoint does (round 2 runs again on resume)."""
+    import json
+
+    from silodp.data.build import build_federated_data
+    from silodp.experiment.record import record_rounds
+    from silodp.federated import Simulator
+    from silodp.models import build_model
+
+    config = parse_config(_raw())
+    data = build_federated_data(config.data)
+    algorithm = make_algorithm(
+        "user_ldp",
+        config.algorithm_config("user_ldp", num_silos=3, noise_multiplier=20.0),
+        data.train,
+    )
+    engine = Simulator(
+        algorithm=algorithm,
+        model=build_model("mlp", (64,), 10, seed=0),
+        train=data.train,
+        test=data.test,
+        accountant=algorithm.make_accountant(span=3, delta=1e-5),
+        seed=0,
+        noise="seeded",
+    )
+    saved: list[tuple[int, int]] = []
+
+    def checkpoint(round_index: int, rows: list, private_rows: list) -> None:
+        if round_index == 2:
+            raise KeyboardInterrupt  # the stop arrives while round 2 is being saved
+        saved.append((round_index, len(rows)))
+
+    with pytest.raises(KeyboardInterrupt):
+        record_rounds(
+            engine,
+            3,
+            tmp_path,
+            lambda s, r: {"status": s, "rounds_completed": len(r)},
+            checkpoint=checkpoint,
+        )
+    assert saved == [(1, 1)]  # round 1's checkpoint held round 1's row
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary == {"status": "interrupted", "rounds_completed": 1}
+    metrics = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in metrics] == [1]
+
+
 def test_dp_feature_statistics_are_recorded_as_a_release_before_they_are_written(
     tmp_path: Path,
 ) -> None:

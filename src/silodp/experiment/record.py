@@ -357,13 +357,15 @@ def record_rounds(
     results = [RoundResult.from_json(r, private_by_round.get(r["round"])) for r in rows]
 
     def record(result: RoundResult) -> None:
-        results.append(result)
         public, private = split_row(result, extra(result) if extra is not None else None)
+        if checkpoint is not None:
+            checkpoint(result.round, [*rows, public], [*private_rows, private])
+            faults.reached("checkpoint_written", result.round)
+        # counted only once checkpointed: a stop while the checkpoint is written leaves the
+        # round out of the summary, as out of the checkpoint (it runs again on resume)
+        results.append(result)
         rows.append(public)
         private_rows.append(private)
-        if checkpoint is not None:
-            checkpoint(result.round, rows, private_rows)
-            faults.reached("checkpoint_written", result.round)
         write_jsonl(run_dir / "metrics.jsonl", rows)
         if any(len(private) > 1 for private in private_rows):
             write_jsonl(run_dir / PRIVATE_DIR / "diagnostics.jsonl", private_rows)
