@@ -115,6 +115,13 @@ def test_uldp_vectorised_matches_loop() -> None:
         for path in ("vectorised", "loop", "local_update"):
             assert row[f"{path}_user_s"] >= 0 and row[f"{path}_sys_s"] >= 0
             assert row[f"{path}_minflt"] >= 0
+        # the floor: every real record of the round through the mlp (64-64-10), forward and
+        # backward (the first layer's input needs no gradient), at the measured matmul rate
+        macs_per_record = 3 * (64 * 64 + 64 * 10) - 64 * 64
+        assert row["round_gmac"] * 1e9 == pytest.approx(row["passes"] * macs_per_record)
+        assert row["floor_s"] == pytest.approx(row["round_gmac"] / row["gemm_gmac_s"])
+        assert row["max_speedup"] == pytest.approx(row["loop_s"] / row["floor_s"])
+        assert row["floor_s"] < row["loop_s"]
     assert all("speedup" in c for c in uldp_checks(rows))
 
 
@@ -128,8 +135,10 @@ def test_uldp_check_compares_the_papers_setting_with_its_cpu_seconds() -> None:
         "local_update_speedup": 2.5,
         "local_update_user_s": 3.0,
         "local_update_sys_s": 0.4,
+        "max_speedup": 4.5,
     }
     checks = uldp_checks([row])
+    assert checks[0]["max_speedup"] == 4.5 and checks[1]["max_speedup"] is None
     assert [c["target"] for c in checks] == [">= 5x", ">= 5x the paper's 17 CPU-s"]
     assert checks[1]["cpu_s"] == pytest.approx(3.4)
     assert checks[1]["vs_paper"] == pytest.approx(5.0)

@@ -238,10 +238,17 @@ def run_uldp_bench(
     every step, and are less sensitive than wall time to other jobs). ``fill`` is the share
     of the vectorised path's batch slots holding a real record (the vmap path groups subjects
     by record count and cuts each step to its chunk's longest real batch, so it computes on
-    fewer padded slots)."""
+    fewer padded slots). ``round_gmac`` is the round's multiply-adds on its ``passes`` real
+    records (every epoch's; :func:`~silodp.bench.floor.training_macs` each),
+    ``gemm_gmac_s`` the fastest rate of a large matrix product measured before and after the
+    timings, ``floor_s`` their quotient (no implementation of the round's arithmetic beats
+    it on this machine) and ``max_speedup`` = ``loop_s / floor_s``, the largest speed-up
+    over the loop any such implementation could show."""
     from silodp.bench.common import set_threads
+    from silodp.bench.floor import matmul_rate, training_macs
 
     threads = set_threads(threads)
+    rate = matmul_rate()
     rows: list[Row] = []
     for source in sources:
         for count in subject_counts:
@@ -266,6 +273,8 @@ def run_uldp_bench(
                 pairs = sum(int(p.num_subjects) for p in plans)
                 real = sum(int(p.mask.sum()) for p in plans)
                 slots = sum(int(p.mask.numel()) for p in plans)
+                example = fed.silos[0].x[:1].clone()
+                macs = real * training_macs(fed.model, fed.params, example)
                 rows.append(
                     {
                         "source": source,
@@ -285,6 +294,8 @@ def run_uldp_bench(
                         "max_abs_diff": diff,
                         "max_abs_delta": scale,
                         **_cpu_columns(usage),
+                        "passes": real,
+                        "round_gmac": macs / 1e9,
                         "peak_rss_mb": None,
                         "repeats": repeats,
                         "target": f">= {TARGET_SPEEDUP:g}x at 100 subjects"
@@ -294,6 +305,13 @@ def run_uldp_bench(
                 )
                 if log is not None:
                     log(f"done {source} subjects={count} {algorithm}")
+    # the floor takes the fastest rate seen, before or after the timings
+    rate = max(rate, matmul_rate())
+    for row in rows:
+        macs = row["round_gmac"] * 1e9
+        row["gemm_gmac_s"] = rate / 1e9
+        row["floor_s"] = macs / rate
+        row["max_speedup"] = row["loop_s"] * rate / max(macs, 1.0)
     if measure_rss:
         if log is not None:
             log(f"peak memory: {3 * len(rows)} fresh processes ({rss_jobs} at a time)")
@@ -378,6 +396,7 @@ def uldp_checks(rows: Sequence[Row]) -> list[Row]:
             "algorithm": row["algorithm"],
             "speedup": row["speedup"],
             "local_update_speedup": row["local_update_speedup"],
+            "max_speedup": row.get("max_speedup"),
             "extra_mb": row.get("peak_rss_mb"),
         }
         if row["subjects"] == 100:
@@ -393,6 +412,7 @@ def uldp_checks(rows: Sequence[Row]) -> list[Row]:
                     **check,
                     "speedup": None,
                     "local_update_speedup": None,
+                    "max_speedup": None,
                     "target": f">= {TARGET_SPEEDUP:g}x the paper's {paper:g} CPU-s",
                     "cpu_s": cpu,
                     "vs_paper": paper / cpu,
