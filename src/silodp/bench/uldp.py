@@ -240,15 +240,16 @@ def run_uldp_bench(
     by record count and cuts each step to its chunk's longest real batch, so it computes on
     fewer padded slots). ``round_gmac`` is the round's multiply-adds on its ``passes`` real
     records (every epoch's; :func:`~silodp.bench.floor.training_macs` each),
-    ``gemm_gmac_s`` the fastest rate of a large matrix product measured before and after the
-    timings, ``floor_s`` their quotient (no implementation of the round's arithmetic beats
-    it on this machine) and ``max_speedup`` = ``loop_s / floor_s``, the largest speed-up
-    over the loop any such implementation could show."""
+    ``peak_gmac_s`` this machine's fastest rate (:func:`~silodp.bench.floor.peak_rate`,
+    measured before and after the timings, the faster kept), ``floor_s`` their quotient
+    (about the least time any implementation of the round's arithmetic can take here) and
+    ``max_speedup`` = ``loop_s / floor_s``, about the largest speed-up over the loop any such
+    implementation could show."""
     from silodp.bench.common import set_threads
-    from silodp.bench.floor import matmul_rate, training_macs
+    from silodp.bench.floor import peak_rate, training_macs
 
     threads = set_threads(threads)
-    rate = matmul_rate()
+    rate = peak_rate()
     rows: list[Row] = []
     for source in sources:
         for count in subject_counts:
@@ -305,11 +306,11 @@ def run_uldp_bench(
                 )
                 if log is not None:
                     log(f"done {source} subjects={count} {algorithm}")
-    # the floor takes the fastest rate seen, before or after the timings
-    rate = max(rate, matmul_rate())
+    # the floor takes the faster rate seen, before or after the timings
+    rate = max(rate, peak_rate())
     for row in rows:
         macs = row["round_gmac"] * 1e9
-        row["gemm_gmac_s"] = rate / 1e9
+        row["peak_gmac_s"] = rate / 1e9
         row["floor_s"] = macs / rate
         row["max_speedup"] = row["loop_s"] * rate / max(macs, 1.0)
     if measure_rss:
