@@ -237,22 +237,26 @@ def uldp(
         "fill = share of the vectorised batch slots holding a real record; local_update_user_s, "
         "_sys_s, _minflt = user and system CPU seconds and minor page faults of this process "
         "per local_update round (median; the JSON rows have them for every path); "
-        "round_gmac = the round's multiply-adds (forward and backward, real records only), "
-        f"floor_s = round_gmac at {rows[0]['peak_gmac_s'] if rows else 0:.1f} GMAC/s, this "
-        "machine's peak (the faster of a large matrix product and a large convolution, "
-        "measured before and after), about the least time any implementation of the same "
-        "arithmetic can take; max_speedup = loop_s / floor_s, about the largest speed-up over "
-        "the loop any implementation could show.",
+        "round_gmac = the round's multiply-adds (forward and backward, real records only, "
+        "direct algorithm), floor_s = round_gmac at this machine's peak rate (the faster of "
+        "a large matrix product and a large convolution, measured before and after; printed "
+        "below), about the least time any implementation of the same arithmetic can take; "
+        "max_speedup = loop_s / floor_s, about the largest speed-up over the loop any "
+        "implementation could show.",
         as_json,
     )
     _emit(rows, ULDP_COLUMNS, as_json, table="uldp")
+    if rows:
+        plural = "" if used == 1 else "s"
+        _say(f"peak: {rows[0]['peak_gmac_s']:.1f} GMAC/s ({used} thread{plural})", as_json)
     _say(
         f"\nTarget: local_update >= {TARGET_SPEEDUP:g}x faster than the loop at 100 subjects, "
         f"and on the ULDP-FL paper's setting >= {TARGET_SPEEDUP:g}x faster than its own "
         "implementation (vs_paper = its CPU-s per round / local_update's user + system "
-        "CPU-s); memory bounded at 1000. max_speedup / local_update_speedup is how much faster "
-        "than the round's kernels run now the peak is; where max_speedup is near or below "
-        "the target, no implementation of the round's arithmetic could reach it here.",
+        "CPU-s); memory bounded at 1000. max_speedup / local_update_speedup = local_update_s / "
+        "floor_s is how far the round is from its floor; where max_speedup is below the "
+        "target, no implementation of the round's arithmetic could reach it here (to the "
+        "accuracy of the measured peak).",
         as_json,
     )
     _emit(

@@ -238,22 +238,24 @@ def run_uldp_bench(
     every step, and are less sensitive than wall time to other jobs). ``fill`` is the share
     of the vectorised path's batch slots holding a real record (the vmap path groups subjects
     by record count and cuts each step to its chunk's longest real batch, so it computes on
-    fewer padded slots). ``round_gmac`` is the round's multiply-adds on its ``passes`` real
-    records (every epoch's; :func:`~silodp.bench.floor.training_macs` each),
-    ``peak_gmac_s`` this machine's fastest rate (:func:`~silodp.bench.floor.peak_rate`,
-    measured before and after the timings, the faster kept), ``floor_s`` their quotient
+    fewer padded slots). ``round_gmac`` is the round's multiply-adds on its
+    ``record_passes`` real records (every epoch's; :func:`~silodp.bench.floor.training_macs`
+    each), ``peak_gmac_s`` this machine's peak rate
+    (:func:`~silodp.bench.floor.peak_mac_rate`, measured before and after the timings, the
+    faster kept), ``floor_s`` their quotient
     (about the least time any implementation of the round's arithmetic can take here) and
     ``max_speedup`` = ``loop_s / floor_s``, about the largest speed-up over the loop any such
     implementation could show."""
     from silodp.bench.common import set_threads
-    from silodp.bench.floor import peak_rate, training_macs
+    from silodp.bench.floor import peak_mac_rate, training_macs
 
     threads = set_threads(threads)
-    rate = peak_rate()
+    rate = peak_mac_rate()
     rows: list[Row] = []
     for source in sources:
         for count in subject_counts:
             fed = build_federation(source, count)
+            record_macs = training_macs(fed.model, fed.params, fed.silos[0].x[:1])
             for algorithm in algorithms:
                 if log is not None:
                     what = f"{source} subjects={count} {algorithm}"
@@ -274,8 +276,6 @@ def run_uldp_bench(
                 pairs = sum(int(p.num_subjects) for p in plans)
                 real = sum(int(p.mask.sum()) for p in plans)
                 slots = sum(int(p.mask.numel()) for p in plans)
-                example = fed.silos[0].x[:1].clone()
-                macs = real * training_macs(fed.model, fed.params, example)
                 rows.append(
                     {
                         "source": source,
@@ -295,8 +295,8 @@ def run_uldp_bench(
                         "max_abs_diff": diff,
                         "max_abs_delta": scale,
                         **_cpu_columns(usage),
-                        "passes": real,
-                        "round_gmac": macs / 1e9,
+                        "record_passes": real,
+                        "round_gmac": real * record_macs / 1e9,
                         "peak_rss_mb": None,
                         "repeats": repeats,
                         "target": f">= {TARGET_SPEEDUP:g}x at 100 subjects"
@@ -307,12 +307,12 @@ def run_uldp_bench(
                 if log is not None:
                     log(f"done {source} subjects={count} {algorithm}")
     # the floor takes the faster rate seen, before or after the timings
-    rate = max(rate, peak_rate())
+    rate = max(rate, peak_mac_rate())
     for row in rows:
         macs = row["round_gmac"] * 1e9
         row["peak_gmac_s"] = rate / 1e9
         row["floor_s"] = macs / rate
-        row["max_speedup"] = row["loop_s"] * rate / max(macs, 1.0)
+        row["max_speedup"] = row["loop_s"] / row["floor_s"] if macs else None
     if measure_rss:
         if log is not None:
             log(f"peak memory: {3 * len(rows)} fresh processes ({rss_jobs} at a time)")
