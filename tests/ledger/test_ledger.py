@@ -8,6 +8,7 @@ import math
 import sqlite3
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -180,13 +181,9 @@ def _toml_lines(raw: dict) -> list[str]:
     return [text]
 
 
-def test_a_round_the_budget_does_not_allow_stops_the_run_cleanly(tmp_path: Path) -> None:
-    """The in-round check: a ledger whose budget allows two of three rounds ends the run
-    with the model and results of two, status budget_exhausted."""
+def _user_ldp_on_three_silos() -> tuple[Any, Any]:
+    """The test config's data and its ``user_ldp`` (3 silos, noise multiplier 20)."""
     from silodp.data.build import build_federated_data
-    from silodp.experiment.record import record_rounds
-    from silodp.federated import Simulator
-    from silodp.models import build_model
 
     config = parse_config(_raw())
     data = build_federated_data(config.data)
@@ -195,6 +192,17 @@ def test_a_round_the_budget_does_not_allow_stops_the_run_cleanly(tmp_path: Path)
         config.algorithm_config("user_ldp", num_silos=3, noise_multiplier=20.0),
         data.train,
     )
+    return data, algorithm
+
+
+def test_a_round_the_budget_does_not_allow_stops_the_run_cleanly(tmp_path: Path) -> None:
+    """The in-round check: a ledger whose budget allows two of three rounds ends the run
+    with the model and results of two, status budget_exhausted."""
+    from silodp.experiment.record import record_rounds
+    from silodp.federated import Simulator
+    from silodp.models import build_model
+
+    data, algorithm = _user_ldp_on_three_silos()
     accountant = algorithm.make_accountant(span=3, delta=1e-5)
     mu_two = math.sqrt(4) / 10.0 * math.sqrt(3)
     budget = {"subject": gdp_epsilon(mu_two, 1e-5) * 1.02}  # two rounds fit, three do not
@@ -232,18 +240,11 @@ def test_a_stop_while_a_checkpoint_is_written_leaves_that_round_out_of_the_summa
     the checkpoint does (round 2 runs again on resume)."""
     import json
 
-    from silodp.data.build import build_federated_data
     from silodp.experiment.record import record_rounds
     from silodp.federated import Simulator
     from silodp.models import build_model
 
-    config = parse_config(_raw())
-    data = build_federated_data(config.data)
-    algorithm = make_algorithm(
-        "user_ldp",
-        config.algorithm_config("user_ldp", num_silos=3, noise_multiplier=20.0),
-        data.train,
-    )
+    data, algorithm = _user_ldp_on_three_silos()
     engine = Simulator(
         algorithm=algorithm,
         model=build_model("mlp", (64,), 10, seed=0),
