@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 
 from silodp.accounting.conversions import gdp_epsilon
 from silodp.cli import app
+from silodp.cli.common import summary_table
 
 runner = CliRunner()
 
@@ -76,6 +78,46 @@ def test_account_user_ldp_matches_gaussian_dp_closed_form() -> None:
     assert out["mu"]["subject"] == pytest.approx(mu_silo * math.sqrt(3))
     exact = gdp_epsilon(mu_silo * math.sqrt(3), 1e-5)
     assert exact <= out["epsilon"]["subject"] <= exact * 1.01 + 1e-3
+
+
+def test_account_prints_each_epsilon_and_mu_rounded_up() -> None:
+    """The text report's ε and μ are upper bounds too: each is the JSON value rounded up to 4
+    decimals (rounded to nearest, some of these would print below the bound)."""
+    nearest_below = 0
+    for sigma in ("2", "3", "5", "7"):
+        args = ["account", "--algorithm", "user_ldp", "--noise-multiplier", sigma]
+        args += ["--rounds", "10", "--silos", "3"]
+        text = runner.invoke(app, args)
+        out = json.loads(runner.invoke(app, [*args, "--json"]).output)
+        assert text.exit_code == 0, text.output
+        shown = {
+            (kind, unit): float(value)
+            for unit, kind, value in re.findall(r"(\w+): (ε|μ) = ([0-9.]+) ", text.output)
+        }
+        exact = {("ε", u): v for u, v in out["epsilon"].items()}
+        exact.update({("μ", u): v for u, v in out["mu"].items()})
+        assert set(shown) == set(exact)
+        for key, value in exact.items():
+            assert value <= shown[key] < value + 1e-4 + 1e-12, (sigma, key)
+            nearest_below += float(f"{value:.4f}") < value
+    assert nearest_below > 0  # the check above would catch rounding to nearest
+
+
+def test_run_summary_table_rounds_epsilon_up() -> None:
+    """``silodp run``'s closing table: 3 significant figures, rounded up (1.2345 → 1.24, where
+    rounding to nearest would show 1.23), in the table and in the per-adversary lines."""
+    run = {
+        "algorithm": "uldp_avg",
+        "units": ["subject"],
+        "test_accuracy": 0.5,
+        "delta": 1e-5,
+        "adversary": "strongest",
+        "epsilon": {"subject": 1.2345},
+        "epsilon_by_adversary": {"server": {"subject": 0.40011}},
+    }
+    lines = summary_table({"runs": [run]})
+    assert lines[1].split()[-1] == "1.24"
+    assert any(line.strip() == "uldp_avg: ε(subject=0.401) against the server" for line in lines)
 
 
 def test_account_target_epsilon_returns_a_sigma_meeting_it() -> None:

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from silodp import plotting
 from silodp.cli import app
 from silodp.config import parse_config
+from silodp.display import upper
 from silodp.experiment import run_experiment
 from silodp.experiment.grid import load_grid, run_grid
 from silodp.html_report import _rounds_over_seeds
@@ -85,9 +86,9 @@ def test_experiment_report_embeds_every_figure_and_copies_numbers(
     assert len(page.images) == 3 + 3 + 2
     summary = json.loads((experiment / "summary.json").read_text())
     item = next(r for r in summary["runs"] if r["algorithm"] == "local_item_dp")
-    assert (
-        f"{item['epsilon']['subject']:.4g}" in text and f"{item['epsilon']['record']:.4g}" in text
-    )
+    for unit in ("subject", "record"):  # each ε shown rounded up to 4 significant figures
+        shown = upper(item["epsilon"][unit], 4)
+        assert shown in text and float(shown) >= item["epsilon"][unit]
     assert "silo-private" in text and "resolved config" in text and "Ledger" in text
     files = tmp_path / "r_files"
     assert (files / "final.csv").read_text().startswith("algorithm,status,rounds,test accuracy")

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from silodp import plotting
+from silodp import display, plotting
 from silodp.errors import InvalidValueError
 from silodp.io import atomic_write, write_text
 from silodp.reports import columns_of, rows_csv
@@ -94,16 +94,18 @@ def _figure(path: Path, caption: str, files: Path | None = None, name: str = "")
 def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in columns) + "</tr>"
+        "<tr>" + "".join(f"<td>{html.escape(_cell(r.get(c), c))}</td>" for c in columns) + "</tr>"
         for r in rows
     )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, column: str) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
+        if column.startswith(("ε", "epsilon", "μ", "mu_")):
+            return display.upper(value, 4)  # privacy bounds: rounded up
         return f"{value:.4g}"
     return str(value)
 
@@ -113,7 +115,7 @@ def _save_tables(
 ) -> None:
     write_text(files / f"{name}.csv", rows_csv(rows, columns))
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(_cell(r.get(c), c) for c in columns) + " |" for r in rows]
     write_text(files / f"{name}.md", "\n".join(lines) + "\n")
 
 

@@ -13,6 +13,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from silodp import display  # noqa: E402
 from silodp.io import atomic_write  # noqa: E402
 
 __all__ = [
@@ -256,7 +257,7 @@ def plot_units(runs: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
             width=width,
             label=unit,
         )
-        ax.bar_label(bars, fmt="%.3g", fontsize=7)
+        ax.bar_label(bars, labels=[display.upper(v) for v in values if v is not None], fontsize=7)
     ax.set_xticks(range(len(private)), [r["algorithm"] for r in private], rotation=15)
     ax.set_yscale("log")
     ax.set_ylabel("final ε")

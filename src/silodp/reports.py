@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from silodp import display
 from silodp.io import write_text
 
 __all__ = [
@@ -109,6 +110,8 @@ def _cell(key: str, value: Any, row: Mapping[str, Any]) -> str:
             return "∞"
         if key.endswith("accuracy"):
             return f"{100 * value:.2f}"
+        if key == "epsilon" or key.startswith("mu_"):
+            return display.upper(value)  # privacy bounds: rounded up
         return f"{value:.3g}" if key != "client_rate" else f"{value:g}"
     return str(value)
 

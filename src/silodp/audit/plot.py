@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from silodp import display
 from silodp.plotting import plt, save_figure
 
 __all__ = ["dp_tradeoff_tpr", "plot_audit"]
@@ -36,7 +37,7 @@ def plot_audit(fpr: np.ndarray, tpr: np.ndarray, report: dict[str, Any], path: P
             grid,
             dp_tradeoff_tpr(claimed, delta, grid),
             color="C3",
-            label=f"claimed ({claimed:.3g}, {delta:g})-DP bound",
+            label=f"claimed ({display.upper(claimed)}, {delta:g})-DP bound",
         )
     else:
         ax.plot([], [], color="C3", label="claimed: not private (no bound)")
@@ -46,7 +47,7 @@ def plot_audit(fpr: np.ndarray, tpr: np.ndarray, report: dict[str, Any], path: P
         dp_tradeoff_tpr(lower, delta, grid),
         color="C1",
         linestyle="--",
-        label=f"measured lower bound ε ≥ {lower:.3g} ({report['confidence']:.0%})",
+        label=f"measured lower bound ε ≥ {display.lower(lower)} ({report['confidence']:.0%})",
     )
     keep = fpr > 0
     ax.step(fpr[keep], tpr[keep], where="post", color="C0", label="attack ROC")

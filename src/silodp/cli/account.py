@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from silodp import display
 from silodp._validation import check_finite, check_in_range, check_int, check_probability
 from silodp.accounting import PrivacyPlan
 from silodp.accounting.accountant import TARGETS
@@ -156,29 +157,22 @@ def print_report(result: dict[str, Any]) -> None:
     )
     per_unit = result["adjacency"] if isinstance(result["adjacency"], dict) else {}
     for u, eps in result["epsilon"].items():
-        routes = ", ".join(
-            f"{k}={'inf' if v is None else format(v, '.4g')}"
-            for k, v in result["routes"][u].items()
-        )
-        value = "inf" if eps is None else f"{eps:.4f}"
+        routes = ", ".join(f"{k}={display.upper(v, 4)}" for k, v in result["routes"][u].items())
+        value = display.upper(eps, places=4)
         adjacency = f", {per_unit[u]} adjacency" if u in per_unit else ""
         typer.echo(
             f"  {u:>20}: ε = {value}  via {result['method'][u]}  (guarantee{adjacency}; {routes})"
         )
     for who, unit, other in differing(result):
-        typer.echo(
-            f"  {unit:>20}: ε = {'inf' if other is None else format(other, '.4f')} against "
-            f"{WHO[who]}"
-        )
+        typer.echo(f"  {unit:>20}: ε = {display.upper(other, places=4)} against {WHO[who]}")
     for key, eps in result.get("estimates", {}).items():
-        value = "inf" if eps is None else f"{eps:.4f}"
+        value = display.upper(eps, places=4)
         typer.echo(f"  {key:>20}: ε ≈ {value}  (CLT estimate, not a guarantee)")
     for u, m in result.get("mu", {}).items():
-        typer.echo(f"  {u:>20}: μ = {m:.4f} (Gaussian DP; an estimate where labelled)")
+        mu = display.upper(m, places=4)
+        typer.echo(f"  {u:>20}: μ = {mu} (Gaussian DP; an estimate where labelled)")
     for row in result.get("per_round", []):
-        text = ", ".join(
-            f"{u}={'inf' if v is None else format(v, '.4f')}" for u, v in row["epsilon"].items()
-        )
+        text = ", ".join(f"{u}={display.upper(v, places=4)}" for u, v in row["epsilon"].items())
         typer.echo(f"  round {row['round']:>4}: ε({text})")
     typer.echo(f"  threat model: {result['threat_model']}")
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from silodp import display
 from silodp.cli.common import (
     INTERRUPTED_EXIT_CODE,
     TERMINATED_EXIT_CODE,
@@ -37,8 +38,9 @@ def _table(reports: list[dict[str, Any]]) -> str:
             if claim == "finite"
             else ("inf" if claim == "infinite" else "not private")
         )
+        measured = display.lower(r["lower_bound"])
         lines.append(
-            f"{r['algorithm']:>15}  {r['unit']:<7}  {claimed:>10}  {r['lower_bound']:>11.3g}  "
+            f"{r['algorithm']:>15}  {r['unit']:<7}  {claimed:>10}  {measured:>11}  "
             f"{guesses:>12}  {r['wall_time_s']:>7.0f}"
         )
     return "\n".join(lines)

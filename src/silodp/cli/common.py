@@ -21,6 +21,8 @@ from typing import Any, NoReturn, TextIO
 
 import typer
 
+from silodp import display
+
 __all__ = [
     "BUDGET_EXIT_CODE",
     "INTERRUPTED_EXIT_CODE",
@@ -93,7 +95,8 @@ def check_config_file(path: Path, name: str = "CONFIG") -> None:
 
 
 def fmt(value: float | None) -> str:
-    return "inf" if value is None else format(value, ".3g")
+    """An ε or μ to 3 significant figures, rounded up (``None``: no finite bound)."""
+    return display.upper(value)
 
 
 def differing(record: dict[str, Any]) -> list[tuple[str, str, float | None]]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from silodp import display
 from silodp.config import parse_config
 from silodp.errors import ConfigError, OutputExistsError
 from silodp.experiment.run import (
@@ -400,6 +401,13 @@ def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
             return "-"
         return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
+    def pm_up(mean: float | None, std: float | None) -> str:
+        """An ε's mean and spread, both rounded up to 2 decimals."""
+        if mean is None:
+            return "-"
+        text = display.upper(mean, places=2)
+        return text if std is None else f"{text} ± {display.upper(std, places=2)}"
+
     for row in rows:
         name = row["algorithm"] + (" (non-private baseline)" if row["baseline"] else "")
         repeated = row["seeds"] > 1  # a single seed has no spread to show
@@ -417,7 +425,7 @@ def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
             cells.append(
                 pm(row.get("personalised_accuracy_mean"), std("personalised_accuracy_std"), 3)
             )
-        cells += [pm(row.get(f"epsilon_{u}_mean"), std(f"epsilon_{u}_std"), 2) for u in units]
+        cells += [pm_up(row.get(f"epsilon_{u}_mean"), std(f"epsilon_{u}_std")) for u in units]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",

@@ -14,7 +14,7 @@ from typing import Any
 import tomli_w
 import torch
 
-from silodp import plotting, tracking
+from silodp import display, plotting, tracking
 from silodp.accounting import SiloPrivacy
 from silodp.config import ExperimentConfig, SweepConfig, load_config, to_toml_dict
 from silodp.data import FederatedData
@@ -308,9 +308,10 @@ def _prepare_data(
     scaling = None
     if config.data.scaling == "dp":
         data, releases, scaling = dp_scaling(config, data)
+        alone = display.upper(scaling["epsilon_alone"])
         log(
             f"feature scaling: DP mean/std per feature, noise multiplier "
-            f"{scaling['noise_multiplier']:.4g}, subject-level ε {scaling['epsilon_alone']:.3g} "
+            f"{scaling['noise_multiplier']:.4g}, subject-level ε {alone} "
             f"alone at δ={config.privacy.delta:g} (composed into every run's ε)"
         )
     log(

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from silodp import display
 from silodp.accounting import SiloPrivacy
 from silodp.accounting.interface import Accountant, accountant_from_spec
 from silodp.errors import SilodpError
@@ -28,8 +29,9 @@ class BudgetExceededError(SilodpError):
         self, unit: str, spent: float, would_be: float, budget: float, what: str = "next round"
     ) -> None:
         super().__init__(
-            f"Privacy budget for unit {unit!r} would be exceeded: spent ε={spent:.4g}, the "
-            f"{what} would make it {would_be:.4g}, budget {budget:.4g}."
+            f"Privacy budget for unit {unit!r} would be exceeded: spent ε="
+            f"{display.upper(spent, 4)}, the {what} would make it {display.upper(would_be, 4)}, "
+            f"budget {budget!r}."
         )
         self.unit, self.spent, self.would_be, self.budget = unit, spent, would_be, budget
 

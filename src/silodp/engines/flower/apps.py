@@ -19,6 +19,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from silodp import display
 from silodp.engines import wire
 from silodp.engines.factory import remote_engine_factory, silo_file
 from silodp.engines.flower.transport import GridTransport, reply_content, request_of
@@ -80,7 +81,7 @@ def _round_lines(name: str, rounds: int) -> Any:
         if row.get("test_accuracy") is not None:
             parts.append(f"accuracy {row['test_accuracy']:.3f}")
         eps = row.get("epsilon") or {}
-        parts += [f"ε_{unit} {value:.3g}" for unit, value in eps.items() if value is not None]
+        parts += [f"ε_{unit} {display.upper(v)}" for unit, v in eps.items() if v is not None]
         _say(", ".join(parts))
 
     return update
