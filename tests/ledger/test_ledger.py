@@ -314,3 +314,10 @@ def test_dp_feature_statistics_are_recorded_as_a_release_before_they_are_written
     (entry,) = ledger_report(ledger)["runs"]
     assert entry["epsilon"] == pytest.approx(summary["runs"][0]["epsilon"], rel=1e-12)
     assert summary["runs"][0]["epsilon"]["record"] <= 4.0 * (1 + 1e-9)  # the release included
+
+
+def test_budget_error_prints_the_spending_rounded_up() -> None:
+    """A round that would go 4e-5 over a budget of 1 says so: rounded to nearest, it would
+    read "would make it 1, budget 1"."""
+    error = BudgetExceededError("subject", spent=0.99981, would_be=1.00004, budget=1.0)
+    assert "spent ε=0.9999, the next round would make it 1.001, budget 1.0." in str(error)
