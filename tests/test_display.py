@@ -7,7 +7,7 @@ import math
 from fractions import Fraction
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from silodp.display import lower, upper
@@ -73,6 +73,9 @@ def test_fixed_places() -> None:
 
 
 @given(finite, st.integers(1, 6))
+@example(5e-324, 3)
+@example(-5e-324, 3)
+@example(1.7976931348623157e308, 3)
 def test_significant_figures_on_the_safe_side(value: float, digits: int) -> None:
     for side, text in ((True, upper(value, digits)), (False, lower(value, digits))):
         if math.isinf(float(text)):  # rounded up past the largest float: still a bound
@@ -94,7 +97,57 @@ def test_fixed_places_on_the_safe_side(value: float, places: int) -> None:
     assert len(up.partition(".")[2]) == places
 
 
-def test_rounding_to_nearest_would_fail() -> None:
-    """The check above rejects the usual ``.3g``: it prints 1.2345 below itself."""
+def test_the_expected_values_reject_rounding_to_nearest() -> None:
+    """The exact reference above tells the two roundings apart: ``.3g`` prints 1.2345 below
+    itself, and ``_expected`` does not accept it."""
     assert Fraction(format(1.2345, ".3g")) != _expected(1.2345, 3, True)
     assert float(format(1.2345, ".3g")) < 1.2345
+
+
+def test_subnormal_values_print_their_decimal() -> None:
+    assert upper(5e-324) == "5e-324" and lower(-5e-324) == "-5e-324"
+
+
+# --- the tables that show ε: each ε (and μ) cell rounded up, other numbers as before --------
+
+
+def test_report_tables_round_only_privacy_columns_up() -> None:
+    from silodp.html_report import _cell as html_cell
+    from silodp.reports import _cell as md_cell
+
+    # 1.2345 is stored as 1.23449999…: to nearest it reads 1.234 (4 figures), 1.23 (3)
+    assert html_cell(1.2345, "ε (subject)") == "1.235"
+    assert html_cell(1.2345, "epsilon_subject_mean") == "1.235"
+    assert html_cell(1.2345, "σ") == "1.234"
+    assert html_cell(1.2345, "privacy.epsilon") == "1.234"  # a grid axis: a target, an input
+    assert md_cell("epsilon", 1.2345, {}) == "1.24"
+    assert md_cell("mu_weak", 1.2345, {}) == "1.24"
+    assert md_cell("noise_multiplier", 1.2345, {}) == "1.23"
+
+
+def test_bench_tables_round_epsilon_columns_up() -> None:
+    from silodp.bench.common import format_table
+
+    row = {"epsilon": 1.2345, "epsilon_full": 0.012341, "sigma": 1.2345}
+    cells = format_table([row], list(row)).splitlines()[-1].split("|")[1:-1]
+    assert [c.strip() for c in cells] == ["1.24", "0.0124", "1.23"]
+
+
+def test_audit_table_rounds_the_claim_up_the_measurement_down_and_a_violation_whole() -> None:
+    from silodp.cli.audit import _table
+
+    def report(claimed: float, measured: float) -> dict[str, object]:
+        return {
+            "algorithm": "uldp_avg",
+            "unit": "subject",
+            "claimed_epsilon": claimed,
+            "lower_bound": measured,
+            "bound": {"correct": 9, "guesses": 10},
+            "wall_time_s": 1.0,
+        }
+
+    holds = _table([report(1.2345, 0.5678)]).splitlines()[1].split()
+    assert holds[2:4] == ["1.24", "0.567"]
+    # rounded, claimed 1.2341 → 1.24 and measured 1.2349 → 1.23 would read as a claim holding
+    broken = _table([report(1.2341, 1.2349)]).splitlines()[1].split()
+    assert broken[2:4] == ["1.2341", "1.2349"]

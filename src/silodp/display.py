@@ -43,8 +43,7 @@ def _rounded(value: float | None, rounding: str, digits: int, places: int | None
         return "0"
     rounded = Context(prec=digits, rounding=rounding).plus(exact)
     # at most ``digits`` significant figures: the float nearest ``rounded`` prints as it,
-    # in the same style as format(value, ".3g") (below float precision it may not)
+    # in the same style as format(value, ".3g"); subnormal floats may not, so they print the
+    # decimal itself
     text = format(float(rounded), f".{digits}g")
-    if (float(text) < value) if rounding == ROUND_CEILING else (float(text) > value):
-        text = str(rounded)
-    return text
+    return text if Decimal(text) == rounded else format(rounded, "g")
