@@ -86,11 +86,15 @@ def test_experiment_report_embeds_every_figure_and_copies_numbers(
     assert len(page.images) == 3 + 3 + 2
     summary = json.loads((experiment / "summary.json").read_text())
     item = next(r for r in summary["runs"] if r["algorithm"] == "local_item_dp")
-    for unit in ("subject", "record"):  # each ε shown rounded up to 4 significant figures
-        shown = upper(item["epsilon"][unit], 4)
-        assert shown in text and float(shown) >= item["epsilon"][unit]
-    assert "silo-private" in text and "resolved config" in text and "Ledger" in text
     files = tmp_path / "r_files"
+    lines = (files / "final.md").read_text().splitlines()
+    header = [c.strip() for c in lines[0].split("|")[1:-1]]
+    row = next(line for line in lines if line.startswith("| local_item_dp "))
+    cells = dict(zip(header, (c.strip() for c in row.split("|")[1:-1]), strict=True))
+    for unit in ("subject", "record"):  # each ε shown rounded up to 4 significant figures
+        assert cells[f"ε ({unit})"] == upper(item["epsilon"][unit], 4)
+        assert cells[f"ε ({unit})"] in text
+    assert "silo-private" in text and "resolved config" in text and "Ledger" in text
     assert (files / "final.csv").read_text().startswith("algorithm,status,rounds,test accuracy")
     assert (files / "final.md").is_file()
     for name in (

@@ -165,3 +165,20 @@ def test_cli_sweep_refuses_bad_input_and_prints_the_table(tmp_path: Path) -> Non
     assert result.exit_code == 0, result.output
     assert "| local_item_dp | 1.5 | 1 |" in result.output
     assert "fedavg" not in result.output
+
+
+def test_sweep_table_rounds_epsilon_up_and_accuracy_to_nearest() -> None:
+    """results.md: an ε mean and spread 0.12341 ± 0.0301 read 0.13 ± 0.04 (rounded to
+    nearest, 0.12 ± 0.03, below the runs' ε); accuracy keeps ordinary rounding."""
+    spec = grid_module.GridSpec(name="s", base={}, axes={"algorithms": ("a",)}, seeds=(0, 1))
+    row = {
+        "algorithm": "uldp_avg",
+        "baseline": False,
+        "seeds": 2,
+        "accuracy_mean": 0.81234,
+        "accuracy_std": 0.0101,
+        "epsilon_subject_mean": 0.12341,
+        "epsilon_subject_std": 0.0301,
+    }
+    line = grid_module._markdown([row], spec).splitlines()[4]
+    assert line == "| uldp_avg | 2 | 0.812 ± 0.010 | 0.13 ± 0.04 |"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from silodp import display
 from silodp._validation import check_in_range
 from silodp.accounting.accountant import SiloPrivacy
 from silodp.accounting.interface import AccountantFactory
@@ -181,8 +182,8 @@ def find_sigma(
             raise CalibrationError(
                 f"Expected target epsilon={target} to need noise_multiplier >= "
                 f"{MIN_NOISE_MULTIPLIER:g}; ε({MIN_NOISE_MULTIPLIER:g}) = "
-                f"{at(MIN_NOISE_MULTIPLIER):.6g} already meets it: the target is too large "
-                "to calibrate (such a σ gives no meaningful privacy)."
+                f"{display.upper(at(MIN_NOISE_MULTIPLIER), 6)} already meets it: the target is "
+                "too large to calibrate (such a σ gives no meaningful privacy)."
             )
         factor = min(64.0, max(1.5, 1.5 * target / at(sigma) if at(sigma) > 0 else 64.0))
         return max(sigma / factor, MIN_NOISE_MULTIPLIER)
@@ -202,7 +203,9 @@ def find_sigma(
                     )
                 hi = MAX_NOISE_MULTIPLIER
     elif at(hi) > target:
-        raise CalibrationError(f"Expected epsilon({hi:g}) <= {target}, got {at(hi):g}.")
+        raise CalibrationError(
+            f"Expected epsilon({hi:g}) <= {target}, got {display.upper(at(hi), 6)}."
+        )
     elif hi > MIN_NOISE_MULTIPLIER:
         # where ε ∝ 1/σ would meet the target, a hair below (tighter routes than the one that
         # gave ``hi`` are usually close to that); most of them save well under 4x

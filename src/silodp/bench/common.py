@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from silodp import display
+
 __all__ = [
     "Row",
     "Usage",
@@ -237,13 +239,22 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _format(value: Any, column: str, cell: Callable[[Any], str] | None) -> str:
+    """A table cell: an ε column's finite numbers rounded up (3 significant figures, so the
+    text is still an upper bound), else ``cell`` or this module's format."""
+    finite = isinstance(value, float) and math.isfinite(value)
+    if "epsilon" in column and finite:
+        return display.upper(value)
+    return (_cell if cell is None else cell)(value)
+
+
 def format_table(
     rows: Sequence[Row], columns: Sequence[str], cell: Callable[[Any], str] | None = None
 ) -> str:
     """A plain-text table of ``rows`` restricted to ``columns`` (Markdown pipe syntax; numbers
-    right-aligned, text left-aligned); ``cell`` formats a value (default: this module's)."""
-    fmt = _cell if cell is None else cell
-    cells = [[fmt(row.get(c)) for c in columns] for row in rows]
+    right-aligned, text left-aligned); ``cell`` formats a value (default: this module's; ε
+    columns are rounded up either way)."""
+    cells = [[_format(row.get(c), c, cell) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     numeric = [
         all(isinstance(row.get(c), int | float) or row.get(c) is None for row in rows)

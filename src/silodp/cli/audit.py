@@ -39,6 +39,8 @@ def _table(reports: list[dict[str, Any]]) -> str:
             else ("inf" if claim == "infinite" else "not private")
         )
         measured = display.lower(r["lower_bound"])
+        if _violates(r):  # rounded, the two could read the other way round: show them whole
+            claimed, measured = repr(r["claimed_epsilon"]), repr(r["lower_bound"])
         lines.append(
             f"{r['algorithm']:>15}  {r['unit']:<7}  {claimed:>10}  {measured:>11}  "
             f"{guesses:>12}  {r['wall_time_s']:>7.0f}"
