@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 
-__all__ = ["lower", "upper"]
+__all__ = ["lower", "upper", "upper_and_lower"]
 
 
 def upper(value: float | None, digits: int = 3, *, places: int | None = None) -> str:
@@ -27,6 +27,15 @@ def upper(value: float | None, digits: int = 3, *, places: int | None = None) ->
 def lower(value: float | None, digits: int = 3, *, places: int | None = None) -> str:
     """``value`` rounded down, as :func:`upper`; ``None`` is ``"-inf"``."""
     return _rounded(value, ROUND_FLOOR, digits, places)
+
+
+def upper_and_lower(bound: float, measured: float) -> tuple[str, str]:
+    """A claimed upper bound and a measured lower bound: rounded outwards (up and down); when
+    the measurement exceeds the bound, both whole (``repr``), since rounded outwards they could
+    read as the bound holding."""
+    if measured > bound:
+        return repr(bound), repr(measured)
+    return upper(bound), lower(measured)
 
 
 def _rounded(value: float | None, rounding: str, digits: int, places: int | None) -> str:

@@ -104,7 +104,7 @@ def _cell(value: Any, column: str) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        if column.startswith(("ε", "epsilon", "μ", "mu_")):
+        if column.startswith(("ε", "epsilon")):
             return display.upper(value, 4)  # privacy bounds: rounded up
         return f"{value:.4g}"
     return str(value)

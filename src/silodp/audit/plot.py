@@ -33,24 +33,23 @@ def plot_audit(fpr: np.ndarray, tpr: np.ndarray, report: dict[str, Any], path: P
     delta = float(report["delta"])
     claimed = report.get("claimed_epsilon")
     lower = float(report["lower_bound"])
-    # rounded (claimed up, measured down), a violated claim could read as holding: whole then
-    violated = claimed is not None and lower > claimed
-    shown = (repr(claimed), repr(lower)) if violated else (None, display.lower(lower))
     if claimed is not None:
+        shown_claim, shown_lower = display.upper_and_lower(claimed, lower)
         ax.plot(
             grid,
             dp_tradeoff_tpr(claimed, delta, grid),
             color="C3",
-            label=f"claimed ({shown[0] or display.upper(claimed)}, {delta:g})-DP bound",
+            label=f"claimed ({shown_claim}, {delta:g})-DP bound",
         )
     else:
+        shown_lower = display.lower(lower)
         ax.plot([], [], color="C3", label="claimed: not private (no bound)")
     ax.plot(
         grid,
         dp_tradeoff_tpr(lower, delta, grid),
         color="C1",
         linestyle="--",
-        label=f"measured lower bound ε ≥ {shown[1]} ({report['confidence']:.0%})",
+        label=f"measured lower bound ε ≥ {shown_lower} ({report['confidence']:.0%})",
     )
     keep = fpr > 0
     ax.step(fpr[keep], tpr[keep], where="post", color="C0", label="attack ROC")

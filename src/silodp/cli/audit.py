@@ -15,7 +15,6 @@ from silodp.cli.common import (
     TERMINATED_EXIT_CODE,
     Terminated,
     fail,
-    fmt,
     sigterm_interrupts,
 )
 
@@ -33,14 +32,11 @@ def _table(reports: list[dict[str, Any]]) -> str:
             f"{bound['correct']}/{bound['guesses']}" if "guesses" in bound else f"{r['runs']} runs"
         )
         claim = r.get("claim", "finite")
-        claimed = (
-            fmt(r["claimed_epsilon"])
-            if claim == "finite"
-            else ("inf" if claim == "infinite" else "not private")
-        )
-        measured = display.lower(r["lower_bound"])
-        if _violates(r):  # rounded, the two could read the other way round: show them whole
-            claimed, measured = repr(r["claimed_epsilon"]), repr(r["lower_bound"])
+        if claim == "finite":
+            claimed, measured = display.upper_and_lower(r["claimed_epsilon"], r["lower_bound"])
+        else:
+            claimed = "inf" if claim == "infinite" else "not private"
+            measured = display.lower(r["lower_bound"])
         lines.append(
             f"{r['algorithm']:>15}  {r['unit']:<7}  {claimed:>10}  {measured:>11}  "
             f"{guesses:>12}  {r['wall_time_s']:>7.0f}"

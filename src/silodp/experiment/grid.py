@@ -396,17 +396,16 @@ def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
     header += [f"ε ({u})" for u in units]
     lines = [f"# {spec.name}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
 
-    def pm(mean: float | None, std: float | None, digits: int) -> str:
+    def pm(mean: float | None, std: float | None, text: Callable[[float], str]) -> str:
         if mean is None:
             return "-"
-        return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
+        return text(mean) if std is None else f"{text(mean)} ± {text(std)}"
 
-    def pm_up(mean: float | None, std: float | None) -> str:
-        """An ε's mean and spread, both rounded up to 2 decimals."""
-        if mean is None:
-            return "-"
-        text = display.upper(mean, places=2)
-        return text if std is None else f"{text} ± {display.upper(std, places=2)}"
+    def accuracy(value: float) -> str:
+        return f"{value:.3f}"
+
+    def epsilon(value: float) -> str:
+        return display.upper(value, places=2)  # an ε's mean and spread, rounded up
 
     for row in rows:
         name = row["algorithm"] + (" (non-private baseline)" if row["baseline"] else "")
@@ -419,13 +418,17 @@ def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
             name,
             *(str(row.get(k, "")) for k in grid_keys),
             str(row["seeds"]),
-            pm(row["accuracy_mean"], std("accuracy_std"), 3),
+            pm(row["accuracy_mean"], std("accuracy_std"), accuracy),
         ]
         if personal:
             cells.append(
-                pm(row.get("personalised_accuracy_mean"), std("personalised_accuracy_std"), 3)
+                pm(
+                    row.get("personalised_accuracy_mean"),
+                    std("personalised_accuracy_std"),
+                    accuracy,
+                )
             )
-        cells += [pm_up(row.get(f"epsilon_{u}_mean"), std(f"epsilon_{u}_std")) for u in units]
+        cells += [pm(row.get(f"epsilon_{u}_mean"), std(f"epsilon_{u}_std"), epsilon) for u in units]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
