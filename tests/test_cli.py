@@ -120,6 +120,27 @@ def test_run_summary_table_rounds_epsilon_up() -> None:
     assert any(line.strip() == "uldp_avg: ε(subject=0.401) against the server" for line in lines)
 
 
+def test_run_summary_table_marks_any_epsilon_above_the_target() -> None:
+    """An ε a hair above the target prints above it (rounded up) and carries the mark; one at
+    the target prints as the target, unmarked."""
+
+    def run(name: str, epsilon: float) -> dict[str, object]:
+        return {
+            "algorithm": name,
+            "units": ["subject"],
+            "test_accuracy": 0.5,
+            "delta": 1e-5,
+            "adversary": "strongest",
+            "epsilon": {"subject": epsilon},
+            "calibration": {"unit": "subject", "target_epsilon": 1.0},
+        }
+
+    lines = summary_table({"runs": [run("at", 1.0), run("over", 1.0005)]})
+    assert lines[1].split()[-1] == "1"
+    assert lines[2].split()[-2:] == ["1.01", "!"]
+    assert any(line.strip().startswith("! above the target ε=1") for line in lines)
+
+
 def test_account_target_epsilon_returns_a_sigma_meeting_it() -> None:
     result = runner.invoke(
         app,

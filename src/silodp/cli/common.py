@@ -129,7 +129,9 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
     protects and its ε per unit (against every party), then the ε that differ per adversary.
 
     An ε above the largest target among the runs is marked ``!``: the unit is not protected at
-    the level asked for (e.g. a subject's ε under record-level DP)."""
+    the level asked for (e.g. a subject's ε under record-level DP). The comparison is exact:
+    calibration leaves a calibrated ε at or below its target, so any excess, however small,
+    is marked (the printed value, rounded up, is then above the target too)."""
     runs = summary["runs"]
     units = [u for u in UNITS if any(u in r.get("epsilon", {}) for r in runs)]
     personal = any(r.get("personalised_accuracy") is not None for r in runs)
@@ -153,7 +155,7 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
                 row.append("–")
                 continue
             value = r["epsilon"][u]
-            above = target is not None and (value is None or value > target * 1.001)
+            above = target is not None and (value is None or value > target)
             row.append(fmt(value) + (" !" if above else ""))
         rows.append(row)
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
