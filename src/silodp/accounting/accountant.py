@@ -44,7 +44,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from silodp._validation import check_choice, check_in_range, check_int
 from silodp.accounting import conversions
 from silodp.accounting.coarsen import coarsen_pld, pld_points
-from silodp.accounting.events import KnownSampleDpEvent
+from silodp.accounting.events import KnownSampleDpEvent, PoissonReplaceOneDpEvent
 from silodp.accounting.hockey import EpsilonForDelta, epsilon_for_delta
 from silodp.accounting.pld import (
     DEFAULT_DISCRETIZATION,
@@ -179,6 +179,8 @@ def _rates_apart(event: dp_event.DpEvent) -> tuple[Any, tuple[float, ...]]:
     if isinstance(event, KnownSampleDpEvent):
         inner, rates = _rates_apart(event.event)
         return ("known", inner), (event.sampling_probability, *rates)
+    if isinstance(event, PoissonReplaceOneDpEvent):
+        return ("poisson-replace", event.noise_multiplier), (event.sampling_probability,)
     if isinstance(event, dp_event.SelfComposedDpEvent):
         inner, rates = _rates_apart(event.event)
         return ("self", event.count, inner), rates
@@ -195,8 +197,9 @@ def _dominating_by_rate(events: Sequence[dp_event.DpEvent]) -> int | None:
     Poisson sub-sampling at rate q is a post-processing of sub-sampling at q' >= q: the pair
     ((1-q)Q + qP, Q) is ((1-q')Q + q'P, Q) with each output kept with probability q/q' and
     otherwise replaced by a fresh draw from Q (the mechanism without the unit), for both
-    adjacency directions; a known sample likewise (replace the output by ⊥ instead). Dominance
-    survives composition, for PLD and RDP alike. No ε is computed."""
+    adjacency directions, and for replace-one pairs, whose two sides share that Q component
+    (:class:`PoissonReplaceOneDpEvent`); a known sample likewise (replace the output by ⊥
+    instead). Dominance survives composition, for PLD and RDP alike. No ε is computed."""
     parts = [_rates_apart(e) for e in events]
     shape = parts[0][0]
     if not parts[0][1] or any(p[0] != shape for p in parts):

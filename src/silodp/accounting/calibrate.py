@@ -106,11 +106,22 @@ def calibrate_noise(
         # the fast bound only brackets σ for the search below: to FAST_REL_TOL
         hi = find_sigma(lambda s: epsilon(s, "fast"), target, rel_tol=max(rel_tol, FAST_REL_TOL))
     except _UnreachableError:
+        hi = None
+    if hi is None:
+        # the fast routes may not cover the events (e.g. a mixture in a record-level event):
+        # then the calibrating accountant brackets σ itself
+        try:
+            hi = find_sigma(
+                lambda s: epsilon(s, "calibrate"), target, rel_tol=max(rel_tol, FAST_REL_TOL)
+            )
+        except _UnreachableError:
+            hi = None
+    if hi is None:
         raise CalibrationError(
             f"Expected target_epsilon={target_epsilon!r} at unit {unit!r} to be reachable; "
             f"it is unreachable for {what} with this plan (needs noise_multiplier > "
             f"{MAX_NOISE_MULTIPLIER:g}); raise epsilon or delta, or use fewer rounds/steps."
-        ) from None
+        )
     # the tighter routes can only lower ε, so the answer lies at or below ``hi``
     sigma = find_sigma(lambda s: epsilon(s, "calibrate"), target, hi=hi, rel_tol=rel_tol)
     step = rel_tol / 10.0

@@ -71,6 +71,9 @@ def _compute_curve(
     is the mixture ``(qP + (1-q)⊥, qP' + (1-q)⊥)`` with ``⊥`` distinguishable, whose Rényi
     divergence is exactly ``log(q·e^{(α-1)ρ(α)} + 1 - q)/(α-1)`` for the inner curve ρ.
     """
+    replaced = _replace_one_curve(event, orders, replace_one=replace_one)
+    if replaced is not None:
+        return replaced
     known = _known_sample_curve(event, orders, replace_one=replace_one)
     if known is not None:
         return known
@@ -88,6 +91,44 @@ def _compute_curve(
     finally:
         absl_logger.setLevel(level)
     return np.array(accountant._rdp, dtype=np.float64)  # noqa: SLF001 - checked by tests
+
+
+def _replace_one_curve(
+    event: dp_event.DpEvent, orders: tuple[float, ...], *, replace_one: bool
+) -> np.ndarray | None:
+    """RDP of events holding a :class:`~silodp.accounting.events.PoissonReplaceOneDpEvent`
+    (which dp-accounting's RDP does not cover), or None if there is none.
+
+    Replacing one record is adding one and removing another: a distance of 2 in add/remove
+    adjacency, so Mironov's group privacy (Prop. 2, groups of 2) bounds it: at order β >= 2,
+    ``3 ε(2β)`` for the add/remove curve ε of the same sub-sampled Gaussian; +inf below.
+    """
+    from silodp.accounting.events import PoissonReplaceOneDpEvent
+
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        inner = _replace_one_curve(event.event, orders, replace_one=replace_one)
+        return None if inner is None else event.count * inner
+    if isinstance(event, dp_event.ComposedDpEvent):
+        parts = [_replace_one_curve(e, orders, replace_one=replace_one) for e in event.events]
+        if all(p is None for p in parts):
+            return None
+        return np.sum(
+            [
+                p if p is not None else _compute_curve(e, orders, replace_one=replace_one)
+                for p, e in zip(parts, event.events, strict=True)
+            ],
+            axis=0,
+        )
+    if not isinstance(event, PoissonReplaceOneDpEvent):
+        return None
+    if replace_one:
+        raise ValueError(f"Expected an add/remove event to analyse as replace-one, got {event!r}.")
+    alphas = np.asarray(orders, dtype=np.float64)
+    add_remove = dp_event.PoissonSampledDpEvent(
+        event.sampling_probability, dp_event.GaussianDpEvent(event.noise_multiplier)
+    )
+    doubled = _compute_curve(add_remove, tuple(float(2.0 * a) for a in alphas))
+    return np.where(alphas >= 2.0, 3.0 * doubled, np.inf)
 
 
 def _known_sample_curve(

@@ -14,9 +14,11 @@ from silodp._validation import check_int, check_non_negative, check_probability
 
 __all__ = [
     "KnownSampleDpEvent",
+    "PoissonReplaceOneDpEvent",
     "gaussian_steps",
     "known_sample_gaussian_steps",
     "poisson_gaussian_steps",
+    "replace_one",
     "subject_mixture_steps",
 ]
 
@@ -34,6 +36,47 @@ class KnownSampleDpEvent(dp_event.DpEvent):
 
     sampling_probability: float
     event: dp_event.DpEvent
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class PoissonReplaceOneDpEvent(dp_event.DpEvent):
+    """One Poisson-sampled Gaussian step (rate ``sampling_probability``, noise multiplier
+    ``noise_multiplier``) between two datasets that differ by *replacing* one unit with
+    another, each included at that rate.
+
+    Its dominating pair is dp-accounting's ``REPLACE_ONE`` pair for a sub-sampled Gaussian,
+    ``(q·N(-1, σ²) + (1-q)·N(0, σ²), q·N(1, σ²) + (1-q)·N(0, σ²))``: the two units' clipped
+    contributions point in opposite directions. It dominates the add/remove pair too (a unit
+    whose contribution is zero changes nothing), so it bounds a step in which a unit is either
+    added or swapped for another.
+    """
+
+    sampling_probability: float
+    noise_multiplier: float
+
+
+def replace_one(event: dp_event.DpEvent) -> dp_event.DpEvent:
+    """``event`` (add/remove adjacency) seen by datasets that differ by replacing one unit.
+
+    A Gaussian's sensitivity doubles (noise multiplier halved); a Poisson-sampled Gaussian
+    becomes :class:`PoissonReplaceOneDpEvent`; compositions are rewritten part by part.
+
+    Raises:
+      ValueError: ``event`` holds another kind of mechanism (mixtures, known samples).
+    """
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return dp_event.SelfComposedDpEvent(replace_one(event.event), event.count)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return dp_event.ComposedDpEvent(tuple(replace_one(e) for e in event.events))
+    if isinstance(event, dp_event.NoOpDpEvent):
+        return event
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return dp_event.GaussianDpEvent(event.noise_multiplier / 2.0)
+    if isinstance(event, dp_event.PoissonSampledDpEvent) and isinstance(
+        event.event, dp_event.GaussianDpEvent
+    ):
+        return PoissonReplaceOneDpEvent(event.sampling_probability, event.event.noise_multiplier)
+    raise ValueError(f"Expected Gaussian or Poisson-sampled Gaussian events, got {event!r}.")
 
 
 def gaussian_steps(noise_multiplier: float, steps: int) -> dp_event.DpEvent:

@@ -15,7 +15,7 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-from silodp.accounting.events import KnownSampleDpEvent
+from silodp.accounting.events import KnownSampleDpEvent, PoissonReplaceOneDpEvent
 from silodp.accounting.mixture import mixture_gaussian_pld
 
 __all__ = [
@@ -50,7 +50,13 @@ def is_supported(event: dp_event.DpEvent) -> bool:
     if isinstance(event, dp_event.PoissonSampledDpEvent):
         return isinstance(event.event, dp_event.GaussianDpEvent)
     return isinstance(
-        event, (dp_event.GaussianDpEvent, dp_event.MixtureOfGaussiansDpEvent, dp_event.NoOpDpEvent)
+        event,
+        (
+            dp_event.GaussianDpEvent,
+            dp_event.MixtureOfGaussiansDpEvent,
+            dp_event.NoOpDpEvent,
+            PoissonReplaceOneDpEvent,
+        ),
     )
 
 
@@ -104,8 +110,9 @@ def event_pld(
     """The (pessimistic, add/remove) PLD of ``event``.
 
     Supported: Gaussian, Poisson-sampled Gaussian, mixture of Gaussians, a known-sample
-    event around any of these, and their (self-)compositions. Raises ``ValueError`` for
-    anything else.
+    event around any of these, the replace-one sub-sampled Gaussian
+    (:class:`PoissonReplaceOneDpEvent`, dp-accounting's ``REPLACE_ONE`` PLD), and their
+    (self-)compositions. Raises ``ValueError`` for anything else.
     """
     if isinstance(event, dp_event.SelfComposedDpEvent):
         if event.count == 0:
@@ -141,6 +148,15 @@ def event_pld(
             standard_deviation=event.event.noise_multiplier,
             sampling_prob=event.sampling_probability,
             value_discretization_interval=discretization,
+        )
+    if isinstance(event, PoissonReplaceOneDpEvent):
+        if event.sampling_probability == 0:
+            return pld_lib.identity(value_discretization_interval=discretization)
+        return pld_lib.from_gaussian_mechanism(
+            standard_deviation=event.noise_multiplier,
+            sampling_prob=event.sampling_probability,
+            value_discretization_interval=discretization,
+            neighboring_relation=pld_lib.NeighborRel.REPLACE_ONE,
         )
     if isinstance(event, dp_event.MixtureOfGaussiansDpEvent):
         # dp-accounting's from_mixture_gaussian_mechanism, bit for bit, built faster

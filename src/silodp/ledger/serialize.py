@@ -1,7 +1,7 @@
 """DP events and per-silo privacy as JSON, rebuilt exactly.
 
 A ledger stores what each mechanism ran as data, not as numbers derived from it: every
-dp-accounting event (and silodp's :class:`~silodp.accounting.events.KnownSampleDpEvent`) is
+dp-accounting event (and silodp's own, :mod:`silodp.accounting.events`) is
 written as its class name and fields, floats in their shortest exact form, so that reading it
 back gives an equal event and the same accountant gives the same ε.
 """
@@ -17,7 +17,7 @@ import attr
 from dp_accounting import dp_event
 
 from silodp.accounting import SiloPrivacy
-from silodp.accounting.events import KnownSampleDpEvent
+from silodp.accounting.events import KnownSampleDpEvent, PoissonReplaceOneDpEvent
 from silodp.errors import InvalidValueError
 
 __all__ = ["event_from_json", "event_to_json", "privacy_from_json", "privacy_to_json"]
@@ -27,7 +27,10 @@ EVENT_TYPES: dict[str, type[dp_event.DpEvent]] = {
     name: cls
     for name, cls in inspect.getmembers(dp_event, inspect.isclass)
     if issubclass(cls, dp_event.DpEvent) and attr.has(cls)
-} | {"KnownSampleDpEvent": KnownSampleDpEvent}
+} | {
+    "KnownSampleDpEvent": KnownSampleDpEvent,
+    "PoissonReplaceOneDpEvent": PoissonReplaceOneDpEvent,
+}
 
 
 def _value_to_json(value: Any) -> Any:
@@ -59,8 +62,9 @@ def _value_from_json(value: Any) -> Any:
     if isinstance(value, Mapping) and "type" in value:
         return event_from_json(value)
     if isinstance(value, Mapping) and "sequence" in value:
-        items = [_value_from_json(v) for v in value["sequence"]]
-        return items if items and isinstance(items[0], dp_event.DpEvent) else tuple(items)
+        # tuples, events included: an event holding them stays hashable (the accountant
+        # keys its caches by event)
+        return tuple(_value_from_json(v) for v in value["sequence"])
     return value
 
 
