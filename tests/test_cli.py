@@ -344,8 +344,8 @@ def test_the_demo_shows_subject_level_dp_that_works_and_what_item_level_dp_expos
     assert best >= 0.75
     item = runs["local_item_dp"]
     assert 3.5 < item["epsilon"]["record"] <= 4.0
-    # at a similar accuracy, item-level DP leaves a subject's ε many times the target
-    assert item["epsilon"]["subject"] > 10 * 4.0
+    # item-level DP leaves a subject's ε many times the target
+    assert item["epsilon"]["subject"] > 4 * 4.0
     # the output ends with the table and where the report is
     lines = result.output.strip().splitlines()
     assert lines[-1] == f"report: {out / 'report.html'}"

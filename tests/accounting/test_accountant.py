@@ -157,7 +157,8 @@ def test_record_pld_vs_opacus_prv(q, sigma, steps) -> None:
 def _item_dp_accountant(q, sigma, steps, k, *, rounds=1, span=1, silos=1, **kw):
     algo = make_algorithm(
         "local_item_dp",
-        dict(local_steps=steps, noise_multiplier=sigma, group_size=k),
+        # the mechanism on data that were not capped: the record unit is add/remove
+        dict(local_steps=steps, noise_multiplier=sigma, group_size=k, group_capped=False),
     )
     acc = FederatedAccountant(units=("record", "subject"), span=span, delta=1e-5, **kw)
     acc.compose_round([algo.silo_privacy(sampling_rate=q)] * silos, count=rounds)

@@ -26,6 +26,7 @@ more or a σ 3% smaller in the independent route is detected.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -223,6 +224,30 @@ def replace_pair(q: float, sigma: float, n: int, *, pessimistic: bool) -> float:
 
 
 @cache
+def replaced_and_added(
+    q: float, sigma: float, replaced: int, added: int, *, pessimistic: bool
+) -> float:
+    """``replaced`` steps of one record swapped for another (gradients +C and -C, noise
+    N(0, σ²C²), each record in the batch with probability q: dp-accounting's REPLACE_ONE PLD)
+    composed with ``added`` steps of one record added (its add/remove PLD)."""
+
+    def one(relation: Any) -> Any:
+        return pld_lib.from_gaussian_mechanism(
+            sigma,
+            sampling_prob=q,
+            value_discretization_interval=1e-3,
+            pessimistic_estimate=pessimistic,
+            use_connect_dots=pessimistic,
+            neighboring_relation=relation,
+        )
+
+    out = one(pld_lib.NeighborRel.REPLACE_ONE).self_compose(replaced)
+    if added:
+        out = out.compose(one(pld_lib.NeighborRel.ADD_OR_REMOVE_ONE).self_compose(added))
+    return float(out.get_epsilon_for_delta(DELTA))
+
+
+@cache
 def dpa_rdp_without_replacement(q: float, sigma: float, n: int) -> float:
     """dp-accounting's RDP for fixed-size batches, replace-one (Wang et al. 2019)."""
     size = 10_000
@@ -326,6 +351,25 @@ def mixture(q: float, sigma: float, k: int, n: int, *, lower_steps: int | None =
     )
 
 
+def capped_record(p: Point, *, federation: bool) -> Bound:
+    """The record unit of DP-SGD on capped data (docs/guarantees.md, "Caps"): the group cap
+    (on by default in ``silodp account``) lets one added record push out another of its
+    subject, a replacement in its silo (and, for a federation-wide cap, possibly a removal in
+    another silo instead: one add/remove step more); a span below the silos lets it move its
+    subject's (≤ k) records into one silo and out of another: k-record subject steps in two
+    silos (``uldp_group``, with its federation-wide cap, caps no span)."""
+    n, s, q, k = p.steps * p.rounds, p.sigma, p.q, p.k
+    added = n if federation else 0
+    subject_silos = 2 if p.span < p.silos and not federation else 0
+    if q >= 1.0:  # unsampled Gaussians: replaced (sensitivity 2C), added (C), subjects (kC)
+        return exact(math.sqrt((4 + (1 if federation else 0) + subject_silos * k * k) * n) / s)
+    assert k == 1 or subject_silos == 0, "the grid has no sampled point with k > 1 and a span cap"
+    added += subject_silos * n  # a one-record subject is one record added or removed
+    low = replaced_and_added(q, s, n, added, pessimistic=False)
+    up = replaced_and_added(q, s, n, added, pessimistic=True)
+    return Bound({"dpa-replace-optimistic": low}, ("dpa-replace", up), PLD_TOL)
+
+
 # --- the grid -----------------------------------------------------------------------------
 
 
@@ -376,25 +420,31 @@ def expected(algorithm: str, p: Point, settings: dict[str, Any]) -> dict[str, di
     T, R, m, s, q = p.steps, p.rounds, p.horizontal, p.sigma, p.q
     same = lambda units: dict.fromkeys(ADVERSARIES, units)  # noqa: E731 - one view for all
     if algorithm in ("local_item_dp", "local_group_dp"):
-        # DP-SGD per silo: record = Poisson(q, σ) over T·R steps (records sit in one silo);
-        # subject = the k-record mixture over T·R steps in each of the m silos it spans
-        return same({"record": poisson(q, s, T * R), "subject": mixture(q, s, p.k, T * R * m)})
+        # DP-SGD per silo: record = one record replaced in its silo over T·R steps (the data
+        # are capped: capped_record); subject = the k-record mixture over T·R steps in each
+        # of the m silos it spans
+        record = capped_record(p, federation=False)
+        return same({"record": record, "subject": mixture(q, s, p.k, T * R * m)})
     if algorithm == "uldp_group":
         # k bounds the subject's records in the whole federation: at worst all in one silo
-        # (lower bound); silodp's per-silo mixture over m silos is a valid upper bound, and
-        # its federation-wide group conversion may beat it
-        subject = mixture(q, s, p.k, T * R * m, lower_steps=T * R)
-        return same({"record": poisson(q, s, T * R), "subject": subject})
+        # (lower bound); silodp's per-silo mixture over the silos is a valid upper bound (no
+        # span: uldp_group caps none, so a subject may occupy every silo of a round), and its
+        # federation-wide group conversion may beat it
+        every = min(p.silos_per_round or p.silos, p.silos)
+        subject = mixture(q, s, p.k, T * R * every, lower_steps=T * R)
+        return same({"record": capped_record(p, federation=True), "subject": subject})
     if algorithm == "higradavg_dp":
         # one subject's averaged gradient has sensitivity C; it is in a batch with
         # probability 1-(1-q)^k under record sampling, q under subject sampling
         rate = q if settings.get("sampling") == "subject" else 1.0 - (1.0 - q) ** p.k
         return same({"subject": poisson(rate, s, T * R * m)})
     if algorithm == "user_ldp":
-        # clipped batch mean, replacement: sensitivity 2C, noise σC, no sampling
+        # clipped batch mean, replacement: sensitivity 2C, noise σC, no sampling; with a
+        # span cap, one silo's dataset decides which records every silo keeps: all S silos
+        silos = p.silos if p.span < p.silos else 1
         return same(
             {
-                "silo": exact(2 * math.sqrt(T * R) / s),
+                "silo": exact(2 * math.sqrt(T * R * silos) / s),
                 "subject": exact(2 * math.sqrt(T * R * m) / s),
             }
         )
@@ -536,7 +586,9 @@ def test_spec_known_sample_example() -> None:
             "local_item_dp",
             {"group_size": 3},
             "record",
-            lambda p: poisson(p.q, p.sigma, p.steps * p.rounds + 1),
+            lambda p: capped_record(
+                dataclasses.replace(p, steps=p.steps * p.rounds + 1, rounds=1), federation=False
+            ),
         ),
         # σ 3% smaller in the closed form
         (
@@ -592,11 +644,13 @@ def test_per_round_epsilon_and_mu_match_closed_forms() -> None:
     T, m, s = p.steps, p.horizontal, p.sigma
     report = account_report("user_ldp", **p.kwargs(), per_round=True)
     assert [row["round"] for row in report["per_round"]] == list(range(1, p.rounds + 1))
+    S = p.silos  # the span cap (span < S) makes the silo unit compose over every silo
+    assert p.span < S
     for row in report["per_round"]:
         r = row["round"]
-        exact(2 * math.sqrt(T * r) / s).check(row["epsilon"]["silo"], f"user_ldp round {r}")
+        exact(2 * math.sqrt(T * r * S) / s).check(row["epsilon"]["silo"], f"user_ldp round {r}")
         exact(2 * math.sqrt(T * r * m) / s).check(row["epsilon"]["subject"], f"round {r}")
-    assert report["mu"]["silo"] == pytest.approx(2 * math.sqrt(T * p.rounds) / s, rel=1e-12)
+    assert report["mu"]["silo"] == pytest.approx(2 * math.sqrt(T * p.rounds * S) / s, rel=1e-12)
     assert report["mu"]["subject"] == pytest.approx(2 * math.sqrt(T * p.rounds * m) / s, rel=1e-12)
     # the client sample known to the server, round by round (f-DP accountant)
     report = _silodp("full", "prifedsync", {"client_rate": 0.5})

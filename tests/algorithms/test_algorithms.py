@@ -9,9 +9,15 @@ from dataclasses import fields
 
 import pytest
 import torch
+from dp_accounting.dp_event import ComposedDpEvent, SelfComposedDpEvent
 from scipy import stats
 
-from silodp.accounting.events import gaussian_steps, poisson_gaussian_steps
+from silodp.accounting.events import (
+    PoissonReplaceOneDpEvent,
+    gaussian_steps,
+    poisson_gaussian_steps,
+    replace_one,
+)
 from silodp.algorithms import ALGORITHMS, SiloData, SiloUpdate, make_algorithm
 from silodp.algorithms.base import average_params, batch_diagnostics, poisson_mask
 from silodp.algorithms.higradavg import HiGradAvgDP, select_subject_batch
@@ -134,12 +140,34 @@ def test_no_draw_bypasses_the_coins(name, overrides, monkeypatch) -> None:
 def test_events_per_algorithm() -> None:
     cfg = CONFIG
     item = make_algorithm("local_item_dp", cfg).silo_privacy(sampling_rate=0.25)
-    assert item.events["record"] == poisson_gaussian_steps(0.25, 1.3, 4)
-    assert item.record_event == item.events["record"] and item.group_size == 4
-    assert item.events["subject"].event.sensitivities == (0.0, 1.0, 2.0, 3.0, 4.0)
+    record = poisson_gaussian_steps(0.25, 1.3, 4)
+    # the group cap (assumed by default) lets an added record push out another: replace-one
+    assert item.events["record"] == replace_one(record)
+    assert item.events["record"].event == PoissonReplaceOneDpEvent(0.25, 1.3)
+    # the group conversion starts from the add/remove record event
+    assert item.record_event == record and item.group_size == 4
+    subject = item.events["subject"]
+    assert subject.event.sensitivities == (0.0, 1.0, 2.0, 3.0, 4.0)
     assert make_algorithm("local_group_dp", cfg).silo_privacy(sampling_rate=0.25) == item
+    uncapped = make_algorithm("local_item_dp", _with(cfg, group_capped=False))
+    assert uncapped.silo_privacy(sampling_rate=0.25).events["record"] == record
+    spanned = make_algorithm("local_item_dp", _with(cfg, span_cap=2))
+    assert spanned.silo_privacy(sampling_rate=0.25).events["record"] == ComposedDpEvent(
+        (replace_one(record), subject, subject)
+    )
+    group = make_algorithm("uldp_group", cfg).silo_privacy(sampling_rate=0.25)
+    assert group.events["record"] == ComposedDpEvent((replace_one(record), record))
+    # beside a federation-wide cap a span cap is not covered (and never applied)
+    assert not make_algorithm("uldp_group", cfg).uses_span()
+    with pytest.raises(ValueError, match="no span cap"):
+        make_algorithm("uldp_group", _with(cfg, span_cap=2)).silo_privacy(sampling_rate=0.25)
     ldp = make_algorithm("user_ldp", cfg).silo_privacy(sampling_rate=0.25)
     assert ldp.events == {"silo": gaussian_steps(1.3 / 2, 4), "subject": gaussian_steps(1.3 / 2, 4)}
+    ldp = make_algorithm("user_ldp", _with(cfg, span_cap=2, num_silos=3))
+    assert ldp.silo_privacy(sampling_rate=0.25).events == {
+        "silo": SelfComposedDpEvent(gaussian_steps(1.3 / 2, 4), 3),
+        "subject": gaussian_steps(1.3 / 2, 4),
+    }
     hi = make_algorithm("higradavg_dp", cfg).silo_privacy(sampling_rate=0.25)
     assert hi.events == {"subject": poisson_gaussian_steps(1 - 0.75**4, 1.3, 4)}
     hi_sub = make_algorithm("higradavg_dp", _with(cfg, sampling="subject"))

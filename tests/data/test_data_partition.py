@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -307,3 +309,73 @@ def test_caps_keep_everyone_elses_records_when_a_subject_leaves(cap) -> None:
         for a in range(30):
             if a != gone:
                 assert _kept(with_all, a) == _kept(without, a), (gone, a)
+
+
+def _rows(ds) -> Counter:
+    return Counter(
+        (int(ds.silo[i]), int(ds.subject[i]), int(ds.y[i]), ds.x[i].tobytes())
+        for i in range(len(ds))
+    )
+
+
+@pytest.mark.parametrize(
+    ("cap", "scope", "span"),
+    [
+        (lambda ds: part.cap_records(ds, per_silo=2, seed=5), "silo", None),
+        (lambda ds: part.cap_records(ds, total=5, seed=5), "federation", None),
+        (
+            lambda ds: part.cap_records(part.cap_span(ds, span=2, seed=5), per_silo=2, seed=5),
+            "silo",
+            2,
+        ),
+    ],
+    ids=["per-silo", "federation", "span+per-silo"],
+)
+def test_one_added_record_changes_the_capped_data_as_the_record_unit_accounts(
+    cap, scope, span
+) -> None:
+    """What ``silodp.algorithms.caps`` charges the record unit for, checked on the caps
+    themselves: after capping, one added record changes only its subject's records, and
+
+    * group cap alone: it comes in and at most one record leaves, in its silo (per-silo cap)
+      or in any silo (federation-wide cap);
+    * with a span cap (and a per-silo cap): records come in in one silo only and leave one
+      silo only, at most k each. (With a federation-wide cap, a move can let records of the
+      subject back in elsewhere, so ``uldp_group`` does not cap the span at all.)
+
+    Replacements and moves do happen (each kind is seen): an add/remove record unit would be
+    optimistic."""
+    full = _stable_fixture()
+    base = _rows(cap(full))
+    rng = np.random.default_rng(11)
+    seen = Counter()
+    for _ in range(300):
+        silo, subject = int(rng.integers(0, 4)), int(rng.integers(0, 30))
+        x = rng.normal(size=(1, 4)).astype(np.float32)
+        grown = FederatedDataset(
+            x=np.vstack([full.x, x]),
+            y=np.r_[full.y, int(rng.integers(0, 3))],
+            silo=np.r_[full.silo, silo],
+            subject=np.r_[full.subject, subject],
+            num_classes=3,
+            num_silos=4,
+        )
+        after = _rows(cap(grown))
+        added, removed = after - base, base - after
+        assert {row[1] for row in added + removed} <= {subject}
+        k = 2
+        if span is None:
+            assert sum(added.values()) <= 1 and sum(removed.values()) <= 1
+            assert all(row[0] == silo for row in added)
+            if scope == "silo":
+                assert all(row[0] == silo for row in removed)
+        else:
+            assert len({row[0] for row in added}) <= 1 and sum(added.values()) <= k
+            assert len({row[0] for row in removed}) <= 1 and sum(removed.values()) <= k
+        if removed and {row[0] for row in removed} == {silo}:
+            seen["replaced in its silo"] += 1
+        elif removed:
+            seen["left another silo"] += 1
+    assert seen["replaced in its silo"] > 0
+    if scope == "federation" or span is not None:
+        assert seen["left another silo"] > 0

@@ -78,6 +78,9 @@ class AlgorithmConfig:
         experiment: given or calibrated).
       num_silos: S, the number of silos (public; set from the data). The ULDP methods split
         their noise over the silos, and one curious silo knows its own share.
+      span_cap: the span the experiment capped the data to (a subject's records kept in at
+        most that many silos), or None when it did not; the record and silo units account
+        for what the cap does to their neighbours (:mod:`silodp.algorithms.caps`).
     """
 
     local_steps: int = hyperparameter(10, "training", "Local steps per round T.")
@@ -88,10 +91,13 @@ class AlgorithmConfig:
     clip: float = hyperparameter(1.0, "privacy", "Clipping bound C.")
     noise_multiplier: float = hyperparameter(1.0, None)
     num_silos: int | None = hyperparameter(None, None)
+    span_cap: int | None = hyperparameter(None, None)
 
     def __post_init__(self) -> None:
         if self.num_silos is not None:
             check_int("num_silos", self.num_silos, 1)
+        if self.span_cap is not None:
+            check_int("span_cap", self.span_cap, 1)
         check_int(self.key("local_steps"), self.local_steps, 1, MAX_STEPS)
         check_choice(self.key("grad_method"), self.grad_method, ("auto", "vmap"))
         check_int(self.key("batch_size"), self.batch_size, 1, MAX_BATCH_SIZE)

@@ -38,7 +38,9 @@ from silodp.algorithms.base import (
     hyperparameter,
     poisson_mask,
 )
+from silodp.algorithms.caps import record_event_under_caps
 from silodp.algorithms.registry import register
+from silodp.errors import InvalidValueError
 from silodp.privacy.ghost import clipper_for
 from silodp.privacy.gradients import (
     Params,
@@ -67,15 +69,31 @@ class GroupBoundConfig(AlgorithmConfig):
     Attributes:
       group_size: public bound k on one subject's records (in one silo; in the federation for
         ``uldp_group``), resolved by the experiment from ``privacy.group_size``.
+      group_capped: whether a subject's records above ``group_size`` are dropped before
+        training (the experiment does so when ``privacy.group_size`` is set). One added record
+        can then push out another, so the record unit is accounted for a replacement
+        (:mod:`silodp.algorithms.caps`); the default assumes it.
     """
 
     group_size: int = hyperparameter(
         1, None, "Bound k on one subject's records in one silo.", account=True
     )
+    group_capped: bool = hyperparameter(
+        True,
+        None,
+        "Records above the group size are dropped before training (the run does so when "
+        "privacy.group_size is set): the record unit then covers one record pushing out "
+        "another of its subject.",
+        account=True,
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_int("group_size", self.group_size, 1)
+        if not isinstance(self.group_capped, bool):
+            raise InvalidValueError(
+                f"Expected group_capped to be true or false, got {self.group_capped!r}."
+            )
 
 
 def clipped_sum(
@@ -165,15 +183,22 @@ class LocalItemDP(Algorithm):
         return self.group_scope
 
     def account_options(self) -> dict[str, Any]:
-        return {"group_size": self.config.group_size}
+        return {"group_size": self.config.group_size, "group_capped": self.config.group_capped}
 
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
         cfg = self.config
         q = sampling_rate
         record = poisson_gaussian_steps(q, cfg.noise_multiplier, cfg.local_steps)
         subject = subject_mixture_steps(q, cfg.noise_multiplier, cfg.group_size, cfg.local_steps)
+        capped = record_event_under_caps(
+            record,
+            subject,
+            group_capped=cfg.group_capped,
+            group_scope=self.group_scope,
+            span_cap=cfg.span_cap,
+        )
         return SiloPrivacy(
-            {"record": record, "subject": subject},
+            {"record": capped, "subject": subject},
             record_event=record,
             group_size=cfg.group_size,
             group_scope=self.group_scope,

@@ -148,3 +148,9 @@ class UldpGroup(LocalItemDP):
     name = "uldp_group"
     calibration_unit = "subject"
     group_scope = "federation"
+
+    def uses_span(self) -> bool:
+        """No: beside the federation-wide cap, capping the span would let one added record
+        move several silos' records (:mod:`silodp.algorithms.caps`); the per-silo mixture
+        bound composes over every silo instead, and the group conversion needs no span."""
+        return False

@@ -12,7 +12,9 @@ against the server and other silos.
 Neighbouring datasets, per unit (:attr:`UserLDP.adjacency`): ``silo``, one silo's whole dataset
 replaced by any other (``replace-one``, local DP); ``subject``, one subject's records added or
 removed (``add/remove``), which changes each of the ≤ ``span`` silos it occupies by a
-replacement of that silo's dataset.
+replacement of that silo's dataset. When the data were capped to a ``span``, replacing one
+silo's dataset can change which records the other silos keep, so the silo unit then composes
+over every silo (:mod:`silodp.algorithms.caps`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch import nn
 from silodp.accounting import SiloPrivacy
 from silodp.accounting.events import gaussian_steps
 from silodp.algorithms.base import Algorithm, SiloData, SiloUpdate, uniform_batch
+from silodp.algorithms.caps import silo_event_under_span_cap
 from silodp.algorithms.dp_sgd import noisy_sum
 from silodp.algorithms.registry import register
 from silodp.privacy.gradients import Params, batch_gradient, clip_tree
@@ -50,7 +53,8 @@ class UserLDP(Algorithm):
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
         cfg = self.config
         event = gaussian_steps(cfg.noise_multiplier / REPLACEMENT_FACTOR, cfg.local_steps)
-        return SiloPrivacy({"silo": event, "subject": event})
+        silo = silo_event_under_span_cap(event, span_cap=cfg.span_cap, num_silos=cfg.num_silos)
+        return SiloPrivacy({"silo": silo, "subject": event})
 
     def local_update(
         self,

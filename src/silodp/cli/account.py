@@ -67,6 +67,15 @@ def account_report(
         raise InvalidValueError("Expected exactly one of --noise-multiplier and --target-epsilon.")
     values = {"local_steps": steps, "batch_size": 1, "num_silos": silos, **(settings or {})}
     probe = make_algorithm(algorithm, {**values, "noise_multiplier": noise_multiplier or 0.0})
+    if span is not None and span < silos:
+        if probe.uses_span():
+            # a run caps the data to this span: the record and silo units cover it
+            values["span_cap"] = span
+            probe = make_algorithm(
+                algorithm, {**values, "noise_multiplier": noise_multiplier or 0.0}
+            )
+        else:  # a run caps no span for it: a subject may occupy every silo
+            span = silos
     if not probe.private:
         raise InvalidValueError(
             f"Algorithm {algorithm!r} is not differentially private; it has no ε."

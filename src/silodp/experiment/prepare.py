@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from dp_accounting import dp_event
 
 from silodp.accounting import PrivacyPlan, SiloPrivacy, conversions, find_sigma
 from silodp.algorithms import ALGORITHMS, Algorithm, make_algorithm
@@ -92,7 +93,11 @@ class PreparedRun:
             str(self.span),
         ]
         for option, value in self.algorithm.account_options().items():
-            args += [f"--{option.replace('_', '-')}", str(value)]
+            flag = option.replace("_", "-")
+            if isinstance(value, bool):  # a switch: --name or --no-name
+                args.append(f"--{flag}" if value else f"--no-{flag}")
+            else:
+                args += [f"--{flag}", str(value)]
         args += ["--adversary", self.privacy.adversary]
         return shlex.join(args)
 
@@ -119,6 +124,8 @@ def _bound_data(
     span = privacy.span or train.num_silos
     if algorithm.uses_span():
         train = cap_span(train, span=span, seed=seed)
+    elif span < train.num_silos:  # not capped: a subject may occupy every silo
+        span, span_source = train.num_silos, "number of silos (this algorithm caps no span)"
     scope = algorithm.group_bound_scope()
     if scope is None:
         return train, None, "not used by this algorithm", span, span_source
@@ -204,7 +211,12 @@ def prepare_run(
     )
     silos_per_round = probe.check_schedule(training.silos_per_round, train.num_silos)
     algo_config = config.algorithm_config(
-        name, group_size=group_size or 1, num_silos=train.num_silos
+        name,
+        group_size=group_size or 1,
+        num_silos=train.num_silos,
+        # what _bound_data capped: the record and silo units account for it
+        group_capped=privacy.group_size is not None and probe.group_bound_scope() is not None,
+        span_cap=span if probe.uses_span() and span < train.num_silos else None,
     )
     probe = make_algorithm(name, algo_config)
     plan: PrivacyPlan | None = None
@@ -324,8 +336,11 @@ def dp_scaling(
         capped, bounds=config.data.feature_bounds, noise_multiplier=sigma, coins=coins
     )
     event = stats.dp_event
+    # with a span cap, one added record can move its subject's records from one silo to
+    # another: two silos' statistics change, each by at most one subject's contribution
+    record = event if span >= data.train.num_silos else dp_event.SelfComposedDpEvent(event, 2)
     releases = tuple(
-        SiloPrivacy({"record": event, "subject": event}) for _ in range(data.train.num_silos)
+        SiloPrivacy({"record": record, "subject": event}) for _ in range(data.train.num_silos)
     )
     summary = {
         "method": "dp",
