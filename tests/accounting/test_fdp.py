@@ -195,6 +195,29 @@ def test_rigorous_routes_agree_with_rdp_bound() -> None:
     assert report.epsilon["record_every_round"] > 0.4 * rdp_eps
 
 
+@pytest.mark.parametrize("q", [4e-7, 2.5e-6])
+def test_a_tiny_batch_rate_is_never_rounded_down(q: float) -> None:
+    """The RDP route represents q on a grid rounded *up*: rounded to nearest (as before),
+    q = 4e-7 became 0, the route gave ε = 0, and the smaller-of-routes reported 0. Its curve
+    must match dp-accounting's at the exact rate (10 of 10/q records) and the ε stay > 0."""
+    from dp_accounting import dp_event
+
+    from silodp.accounting.conversions import rdp_curve
+    from silodp.accounting.fdp import _step_rdp
+
+    sigma = 0.3
+    rdp = _step_rdp(sigma, q, "uniform")
+    exact = dp_event.SampledWithoutReplacementDpEvent(
+        round(10 / q), 10, dp_event.GaussianDpEvent(sigma)
+    )
+    reference = rdp_curve(exact, replace_one=True)
+    assert rdp is not None and np.all(reference > 0)
+    assert np.all(rdp >= reference)
+    np.testing.assert_allclose(rdp, reference, rtol=1e-5)
+    plan = _plan(noise_multiplier=sigma, sample_rates=(q,) * 2, local_steps=100, rounds=100)
+    assert account_prifedsync(plan)[-1].epsilon["record_every_round"] > 0.1
+
+
 def test_poisson_batches_use_dp_accounting_replace_one() -> None:
     plan = _plan(batch_sampling="poisson", sample_rates=(0.02,), local_steps=5, rounds=10)
     report = account_prifedsync(plan)[-1]

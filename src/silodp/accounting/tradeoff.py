@@ -349,13 +349,19 @@ def _round_pld(
     return _step_pld(noise_multiplier, q, batch_sampling, discretization).self_compose(steps)
 
 
+#: the source size of :func:`_step_rdp`'s sampling event: q is represented on this grid
+_RATE_GRID = 10**12
+
+
 @lru_cache(maxsize=64)
 def _step_rdp(noise_multiplier: float, q: float, batch_sampling: str) -> np.ndarray | None:
     """RDP of one step from dp-accounting (uniform batches only), or None."""
     if batch_sampling != "uniform":
         return None
-    # source size / sample size only matter through their ratio
+    # source size / sample size only matter through their ratio, which is q rounded *up*
+    # (a larger rate only adds privacy loss; rounding to nearest could drop a small q to 0)
+    size = _RATE_GRID
     event = dp_event.SampledWithoutReplacementDpEvent(
-        1_000_000, round(q * 1_000_000), dp_event.GaussianDpEvent(noise_multiplier)
+        size, min(size, math.ceil(q * size)), dp_event.GaussianDpEvent(noise_multiplier)
     )
     return rdp_curve(event, replace_one=True)
