@@ -321,3 +321,33 @@ def test_budget_error_prints_the_spending_rounded_up() -> None:
     read "would make it 1, budget 1"."""
     error = BudgetExceededError("subject", spent=0.99981, would_be=1.00004, budget=1.0)
     assert "spent ε=0.9999, the next round would make it 1.001, budget 1.0." in str(error)
+
+
+def test_a_shared_total_composes_each_run_over_its_own_span(tmp_path: Path) -> None:
+    """A run's subject events compose over the span of its own data: replayed into the
+    total of a later run with a smaller span, they must not shrink (each event is an unsampled
+    Gaussian, so the total is a closed form: μ² adds up, span times per round)."""
+    path = tmp_path / "shared.sqlite"
+    sigma, steps, rounds, silos = 4.0, 2, 3, 3
+    event = SiloPrivacy({"subject": gaussian_steps(sigma, steps)})
+
+    def open_run(name: str, span: int) -> tuple[FederatedAccountant, RunLedger]:
+        acc = FederatedAccountant(units=("subject",), span=span, delta=1e-5)
+        run = RunLedger(
+            Ledger(path), name=name, algorithm="user_ldp", accountant=acc, noise={"mode": "x"}
+        )
+        return acc, run
+
+    acc, run = open_run("wide", span=silos)
+    for r in range(1, rounds + 1):
+        for s in range(silos):
+            run.record(r, f"silo:{s}", event)
+        events = run.round_events(r)
+        acc.compose_round(events)
+        run.complete_round(r, events, {u: e.epsilon for u, e in acc.estimates().items()})
+    run.finish("complete")
+    mu_wide = math.sqrt(silos * rounds * steps) / sigma
+    _, later = open_run("narrow", span=1)
+    spent = later.spent()["subject"]
+    assert spent == pytest.approx(gdp_epsilon(mu_wide, 1e-5), rel=1e-3)
+    assert spent > gdp_epsilon(math.sqrt(rounds * steps) / sigma, 1e-5) * 1.5

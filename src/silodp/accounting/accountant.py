@@ -326,25 +326,38 @@ class FederatedAccountant:
         return max(pairs, key=lambda pair: self._rank(pair[1]))[0]
 
     def compose_round(
-        self, silos: Sequence[SiloPrivacy], *, count: int = 1, participants: int | None = None
+        self,
+        silos: Sequence[SiloPrivacy],
+        *,
+        count: int = 1,
+        participants: int | None = None,
+        span: int | None = None,
     ) -> None:
         """Adds ``count`` rounds in which the given silos took part with these events.
 
         ``participants`` (default ``len(silos)``) is how many silos ran in each round; planning
-        passes every silo that may take part with the number that does.
+        passes every silo that may take part with the number that does. ``span`` (default the
+        accountant's) is the span of the run that recorded these events, where a ledger's total
+        composes runs of different spans.
         """
-        self._compose(silos, count=count, participants=participants)
+        self._compose(silos, count=count, participants=participants, span=span)
         self.rounds += count
 
-    def compose_release(self, silos: Sequence[SiloPrivacy]) -> None:
+    def compose_release(self, silos: Sequence[SiloPrivacy], *, span: int | None = None) -> None:
         """Adds a release outside the training rounds (e.g. DP feature statistics computed
         before round 1), composed like one round but not counted as one."""
-        self._compose(silos, count=1, participants=None)
+        self._compose(silos, count=1, participants=None, span=span)
 
     def _compose(
-        self, silos: Sequence[SiloPrivacy], *, count: int, participants: int | None
+        self,
+        silos: Sequence[SiloPrivacy],
+        *,
+        count: int,
+        participants: int | None,
+        span: int | None = None,
     ) -> None:
         check_int("count", count, 1)
+        span = self.span if span is None else check_int("span", span, 1)
         self._estimate_cache.clear()
         taking_part = (
             len(silos) if participants is None else check_int("participants", participants, 1)
@@ -359,7 +372,9 @@ class FederatedAccountant:
                 }
         for adversary, states in self._views.items():
             for unit in self.units:
-                self._compose_unit(states[unit], unit, adversary, silos, count, taking_part)
+                self._compose_unit(
+                    states[unit], unit, adversary, silos, count, min(taking_part, span)
+                )
 
     def _compose_unit(
         self,
@@ -368,8 +383,10 @@ class FederatedAccountant:
         adversary: str,
         silos: Sequence[SiloPrivacy],
         count: int,
-        taking_part: int,
+        horizontal: int,
     ) -> None:
+        """``horizontal``: the silos one subject's events compose over, at most (the span,
+        capped by the silos taking part)."""
         reporting = [s for s in silos if unit in s.events]
         if not reporting:
             return
@@ -386,7 +403,7 @@ class FederatedAccountant:
         if scopes == {"aggregate"} or unit != "subject":
             m = 1  # one aggregate mechanism per round; records/silos compose in parallel
         else:
-            m = min(self.span, taking_part, len(events))
+            m = min(horizontal, len(events))
         worst = self._worst(events, proxies)
         times = m * count
         self._compose_pld(state, worst, times)

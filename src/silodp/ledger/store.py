@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from silodp.accounting import SiloPrivacy
+from silodp.accounting import FederatedAccountant, SiloPrivacy
 from silodp.accounting.interface import Accountant, accountant_from_spec
 from silodp.errors import SilodpError
 from silodp.ledger.serialize import privacy_from_json, privacy_to_json
@@ -566,14 +566,22 @@ class Ledger:
     def replay(self, run_ids: Sequence[int], accountant: Accountant | None = None) -> Accountant:
         """An accountant that composed every recorded event of ``run_ids`` in order: a run's
         releases as one release, each round attempt's silos as one round (an interrupted
-        attempt counts in full). Default: a fresh accountant of the first run's kind."""
+        attempt counts in full). Default: a fresh accountant of the first run's kind.
+
+        Each run's events compose with that run's own span (the silos one subject's records
+        occupied in its data), whatever the span of ``accountant``."""
         if accountant is None:
             accountant = accountant_from_spec(self.run(run_ids[0]).accountant)
         for run_id in run_ids:
             events = self.events(run_id)
+            # a federated accountant composes a subject over the span of the run's own data
+            own: dict[str, int] = {}
+            if isinstance(accountant, FederatedAccountant):
+                span = self.run(run_id).accountant.get("span")
+                own = {"span": span} if isinstance(span, int) else {}
             releases = [p for _, _, _, kind, p in events if kind == "release"]
             if releases:  # the releases before training: composed together, as one release
-                accountant.compose_release(releases)
+                accountant.compose_release(releases, **own)
             for row in self.rounds(run_id):
                 privacy = [
                     p
@@ -581,5 +589,5 @@ class Ledger:
                     if kind == "round" and (r, a) == (row["round"], row["attempt"])
                 ]
                 if privacy:
-                    accountant.compose_round(privacy, participants=row["participants"])
+                    accountant.compose_round(privacy, participants=row["participants"], **own)
         return accountant
