@@ -212,6 +212,26 @@ def test_describe_prints_the_data_view(tmp_path: Path) -> None:
     assert sum(info["records_per_silo"]) == info["num_records"]
 
 
+def test_describe_lists_what_each_algorithms_bounds_drop(tmp_path: Path) -> None:
+    """The privacy bounds drop records per algorithm, before it trains: describe shows the
+    count each run will report (here k = 1 per silo drops most records; fedavg caps nothing)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        'algorithms = ["fedavg", "local_item_dp"]\n'
+        '[data]\nsource = "digits"\nnum_silos = 3\nnum_subjects = 30\n'
+        "[privacy]\ngroup_size = 1\n"
+    )
+    info = json.loads(runner.invoke(app, ["describe", str(cfg), "--json"]).output)
+    caps = info["privacy_caps"]
+    assert set(caps) == {"local_item_dp"} and caps["local_item_dp"]["group_size"] == 1
+    # one record per subject and silo is kept: at most 30 subjects x 3 silos
+    kept = info["num_records"] - caps["local_item_dp"]["dropped_records"]
+    assert 0 < kept <= 90 < info["num_records"]
+    text = runner.invoke(app, ["describe", str(cfg)]).output
+    dropped = caps["local_item_dp"]["dropped_records"]
+    assert f"local_item_dp           k 1, span 3: {dropped} dropped" in text
+
+
 @pytest.mark.integration
 def test_run_smoke_config_end_to_end(tmp_path: Path) -> None:
     smoke = Path(__file__).resolve().parents[1] / "configs" / "smoke.toml"

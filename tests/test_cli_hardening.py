@@ -520,3 +520,56 @@ def test_interrupted_status_lines_are_kept_by_kept_runs(tmp_path: Path) -> None:
         ("c", "not started", 0),
     ]
     assert os.listdir(tmp_path / "b") == ["summary.json"]
+
+
+def test_an_epsilon_beside_a_given_sigma_and_a_zero_sigma_are_warned_of(tmp_path: Path) -> None:
+    """ε beside σ is no target (the run uses σ and reports what it spends): said once, as a
+    warning; σ = 0 trains without privacy: warned too, and the summary's threat model says so
+    instead of describing local noise."""
+    both = _config(
+        tmp_path / "both.toml",
+        algorithms=("local_item_dp",),
+        rounds=1,
+        privacy="epsilon = 4.0\nnoise_multiplier = 1.0\ngroup_size = 3",
+    )
+    result = runner.invoke(app, ["run", str(both), "--out", str(tmp_path / "a"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    warned = [ln for ln in result.stderr.splitlines() if ln.startswith("warning:")]
+    assert any("privacy.epsilon = 4 is no target" in ln for ln in warned), result.stderr
+    only_sigma = _config(
+        tmp_path / "sigma.toml",
+        algorithms=("local_item_dp",),
+        rounds=1,
+        privacy="noise_multiplier = 1.0\ngroup_size = 3",
+    )
+    result = runner.invoke(app, ["run", str(only_sigma), "--out", str(tmp_path / "b"), "--quiet"])
+    assert result.exit_code == 0 and "is no target" not in result.stderr
+    zero = _config(
+        tmp_path / "zero.toml",
+        algorithms=("local_item_dp",),
+        rounds=1,
+        privacy="noise_multiplier = 0.0\ngroup_size = 3",
+    )
+    result = runner.invoke(app, ["run", str(zero), "--out", str(tmp_path / "c"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert any(
+        ln.startswith("warning: noise_multiplier = 0: not private")
+        for ln in result.stderr.splitlines()
+    )
+    summary = json.loads((tmp_path / "c" / "local_item_dp" / "summary.json").read_text())
+    assert summary["epsilon"] == {} and summary["threat_model"].startswith("none:")
+
+
+def test_a_budget_on_a_unit_no_algorithm_reports_is_refused(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path / "c.toml",
+        algorithms=("local_item_dp",),
+        rounds=1,
+        privacy="epsilon = 4.0\ngroup_size = 3\nbudget = {silo = 6.0}",
+    )
+    result = runner.invoke(app, ["run", str(config), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "privacy.budget units among those the listed algorithms report (record, subject)" in (
+        result.output
+    )
+    assert not (tmp_path / "out").exists()

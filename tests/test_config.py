@@ -109,3 +109,23 @@ def test_an_integer_beyond_float_range_is_a_clear_error(value: int) -> None:
     ):
         with pytest.raises(InvalidValueError, match=r"privacy\.\w+ to be a number of at most"):
             check()
+
+
+def test_a_given_sigma_leaves_no_default_target() -> None:
+    """A file that sets only noise_multiplier has no ε target (the default 4 would read as
+    one); ε and σ together are kept (the run warns), as is ε alone."""
+    base = {"algorithms": ["local_item_dp"], "data": {"source": "digits"}}
+    sigma = parse_config({**base, "privacy": {"noise_multiplier": 1.0}}).privacy
+    assert sigma.epsilon is None and sigma.noise_multiplier == 1.0
+    both = parse_config({**base, "privacy": {"noise_multiplier": 1.0, "epsilon": 2.0}}).privacy
+    assert both.epsilon == 2.0
+    assert parse_config(base).privacy.epsilon == 4.0
+
+
+def test_messages_point_at_the_right_command_and_value() -> None:
+    """A sweep file given to `silodp run` says so; a group_size that is neither a number nor a
+    known name says that a number is allowed."""
+    with pytest.raises(ConfigError, match="looks like a sweep file: run it with `silodp sweep`"):
+        parse_config({"base": "b.toml", "grid": {"privacy.epsilon": [1.0]}})
+    with pytest.raises(ConfigError, match="'three' to be an integer >= 1 or one of 'max'"):
+        parse_config({"privacy": {"group_size": "three"}})

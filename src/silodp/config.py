@@ -97,7 +97,9 @@ class PrivacyConfig:
 
     Attributes:
       epsilon: target ε at each algorithm's calibration unit (``local_item_dp``: record; the
-        subject-level algorithms: subject). Ignored when ``noise_multiplier`` is set.
+        subject-level algorithms: subject). When ``noise_multiplier`` is set it is no target
+        (a run warns if both are given) and only ``[data] scaling = "dp"`` takes a share of
+        it; a config file that sets only ``noise_multiplier`` has none.
       delta: δ of every reported ε.
       noise_multiplier: σ to use as is (skips calibration).
       span: public bound on silos per subject (default: number of silos, the worst case).
@@ -151,7 +153,11 @@ class PrivacyConfig:
         if self.span is not None:
             check_int("privacy.span", self.span, 1)
         if isinstance(self.group_size, str):
-            check_choice("privacy.group_size", self.group_size, ("max", "median"))
+            if self.group_size not in ("max", "median"):
+                raise ConfigError(
+                    f"Expected privacy.group_size={self.group_size!r} to be an integer >= 1 or "
+                    "one of 'max', 'median'."
+                )
         elif self.group_size is not None:
             check_int("privacy.group_size", self.group_size, 1)
         if self.ledger is not None and (not isinstance(self.ledger, str) or not self.ledger):
@@ -359,6 +365,15 @@ class ExperimentConfig:
                     f"Unknown key(s) {sorted(unknown)} in [algorithm.{name}]; expected keys of "
                     f"[training] or [privacy] that {name} reads: {sorted(allowed)}."
                 )
+        if self.privacy.budget:
+            reported = {u for name in self.algorithms for u in ALGORITHMS[name].units}
+            unreported = sorted(set(self.privacy.budget) - reported)
+            if unreported:
+                raise ConfigError(
+                    f"Expected privacy.budget units among those the listed algorithms report "
+                    f"({', '.join(sorted(reported)) or 'none'}), got {', '.join(unreported)}: "
+                    "a budget on a unit no run accounts would never stop one."
+                )
         if (
             self.training.silos_per_round is not None
             and self.training.silos_per_round > self.data.num_silos
@@ -506,7 +521,14 @@ def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
         raise ConfigError(f"Expected a config table, got {type(raw).__name__}.")
     unknown = set(raw) - top
     if unknown:
-        raise ConfigError(f"Unknown top-level key(s) {sorted(unknown)}; expected {sorted(top)}.")
+        hint = (
+            " This looks like a sweep file: run it with `silodp sweep`."
+            if unknown & {"base", "grid", "seeds"}
+            else ""
+        )
+        raise ConfigError(
+            f"Unknown top-level key(s) {sorted(unknown)}; expected {sorted(top)}.{hint}"
+        )
     _check_integers(raw, "")
     algorithms = raw.get("algorithms", ["fedavg"])
     if isinstance(algorithms, str):
@@ -527,6 +549,8 @@ def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
     try:
         training, training_hyper = _split_table(raw.get("training", {}), "training")
         privacy, privacy_hyper = _split_table(raw.get("privacy", {}), "privacy")
+        if "noise_multiplier" in privacy and "epsilon" not in privacy:
+            privacy["epsilon"] = None  # σ as given: no default target ε
         tracking = _build(TrackingConfig, raw.get("tracking", {}), "tracking")
         return ExperimentConfig(
             name=name,

@@ -58,4 +58,4 @@ def test_format_description() -> None:
     assert "records per silo                   4 3 2" in text
     assert "min 1  median 1.5  mean 2.25  max 5" in text
     assert "max span (silos per subject)       3" in text
-    assert "dropped records (caps)             4" in text
+    assert "dropped records (data caps)        4" in text

@@ -248,6 +248,9 @@ def test_table_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"\.csv or \.parquet"):
         (tmp_path / "t.txt").write_text("a\n1\n")
         load_table(tmp_path / "t.txt", feature_columns=["a"], label_column="a")
+    (tmp_path / "dir.csv").mkdir()
+    with pytest.raises(FileNotFoundError, match="to be a CSV or Parquet file; it is a directory"):
+        load_table(tmp_path / "dir.csv", feature_columns=["a"], label_column="a")
 
 
 # --- synthetic --------------------------------------------------------------------------

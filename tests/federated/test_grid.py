@@ -77,7 +77,9 @@ def test_expansion_puts_a_baseline_first_and_sets_every_value(tmp_path: Path) ->
         ('base = "base.toml"\n[grid]\n"privacy.epsilon" = []', "grid.privacy.epsilon"),
         ('base = "missing.toml"', "missing.toml"),
         ('base = "base.toml"\nseeds = [0, 0]', "distinct"),
+        ('base = "base.toml"\n[grid]\n"privacy.epsilon" = [2.0, 2.0]', "distinct values.*2.0"),
         ('base = "base.toml"\nrepeat = 3', "repeat"),
+        ('algorithms = ["fedavg"]\n[data]\nsource = "digits"', "run it with `silodp run`"),
     ],
 )
 def test_a_bad_sweep_file_is_refused_naming_the_value(

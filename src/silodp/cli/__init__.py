@@ -502,14 +502,16 @@ def describe(
     from silodp.data.build import build_federated_data
     from silodp.data.describe import describe as describe_data
     from silodp.data.describe import format_description
+    from silodp.experiment.prepare import privacy_caps
 
     check_config_file(config)
     try:
         cfg = load_config(config)
         data = build_federated_data(cfg.data)
+        caps = privacy_caps(cfg, data)
     except (SilodpError, OSError) as err:
         fail(str(err))
-    info = describe_data(data)
+    info = {**describe_data(data), "privacy_caps": caps}
     typer.echo(json.dumps(info, indent=2) if as_json else format_description(info))
 
 

@@ -39,9 +39,10 @@ def describe(data: FederatedData | FederatedDataset) -> dict[str, Any]:
     (largest ``n_{s,a}``), ``max_records_subject`` (largest ``n_a``),
     ``max_records_subject_id`` (the original id of a subject holding that many, e.g. a table's
     ``"p0042"``; its dense id as text where subjects have no original ids), ``dropped_records``
-    (records the public caps dropped), and ``silo_ids``: the original silo id of each silo
-    index (``silo_ids[i]`` is silo ``i``'s id in the data, e.g. a table's silo column; ``None``
-    where silos were drawn).
+    (records the data's own caps, ``data.records_per_subject*``, dropped; the privacy bounds
+    each algorithm applies are listed by ``silodp describe`` as ``privacy_caps``), and
+    ``silo_ids``: the original silo id of each silo index (``silo_ids[i]`` is silo ``i``'s id
+    in the data, e.g. a table's silo column; ``None`` where silos were drawn).
 
     Given a :class:`FederatedData`, also ``subjects`` (``from``: column, records,
     leaf_users, simulated or given; ``note``: one line), ``scaling`` (what was applied to
@@ -145,7 +146,7 @@ def format_description(d: dict[str, Any]) -> str:
         ),
         _row("classes", d["num_classes"]),
         _row("feature shape", "x".join(map(str, d["feature_shape"])) or "scalar"),
-        _row("dropped records (caps)", d["dropped_records"]),
+        _row("dropped records (data caps)", d["dropped_records"]),
         *([_row("feature scaling", d["scaling"])] if "scaling" in d else []),
         _row("records per silo", _short_list(d["records_per_silo"])),
         _row("subjects per silo", _short_list(d["subjects_per_silo"])),
@@ -172,6 +173,13 @@ def format_description(d: dict[str, Any]) -> str:
         lines.append(f"  {span:<23} {count}")
     if "split" in d:
         lines += ["", *_split_lines(d["split"])]
+    if d.get("privacy_caps"):
+        lines += ["", "  privacy bounds per algorithm (records dropped before it trains)"]
+        for name, cap in d["privacy_caps"].items():
+            k = "-" if cap["group_size"] is None else cap["group_size"]
+            lines.append(
+                f"  {name:<23} k {k}, span {cap['span']}: {cap['dropped_records']} dropped"
+            )
     return "\n".join(lines)
 
 

@@ -497,6 +497,10 @@ def _csv_header(path: Path) -> list[str]:
 def _read_frame(path: Path) -> Any:
     import pandas as pd
 
+    if path.is_dir():
+        raise DataFileNotFoundError(
+            f"Expected data.path={str(path)!r} to be a CSV or Parquet file; it is a directory."
+        )
     if not path.is_file():
         raise DataFileNotFoundError(f"Table file {str(path)!r} does not exist.")
     name = path.name.lower()

@@ -108,9 +108,14 @@ def load_grid(path: str | Path) -> GridSpec:
         raise ConfigError(f"Sweep file {str(path)!r} is not valid UTF-8 TOML: {err}") from err
     unknown = set(raw) - {"name", "base", "seeds", "baseline", "grid"}
     if unknown:
+        hint = (
+            " It looks like an experiment config: run it with `silodp run`."
+            if unknown & {"algorithms", "data", "training", "privacy"}
+            else ""
+        )
         raise ConfigError(
             f"Unknown key(s) {sorted(unknown)} in sweep file {str(path)!r}; expected name, "
-            "base, seeds, baseline and [grid]."
+            f"base, seeds, baseline and [grid].{hint}"
         )
     base_name = raw.get("base")
     if not isinstance(base_name, str):
@@ -134,6 +139,12 @@ def load_grid(path: str | Path) -> GridSpec:
         if not isinstance(values, list) or not values:
             raise ConfigError(
                 f"Expected grid.{key} to be a non-empty list of values, got {values!r}."
+            )
+        repeated = sorted({json.dumps(v) for v in values if values.count(v) > 1})
+        if repeated:
+            raise ConfigError(
+                f"Expected grid.{key} to list distinct values, got {values!r} (repeated: "
+                f"{', '.join(repeated)}); repeat runs with seeds instead."
             )
         axes[key] = tuple(values)
     seeds = raw.get("seeds", [base.get("training", {}).get("seed", 0)])

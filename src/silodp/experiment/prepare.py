@@ -29,7 +29,7 @@ from silodp.data.partition import cap_records, cap_span
 from silodp.errors import InvalidValueError
 from silodp.privacy.randomness import Coins
 
-__all__ = ["PreparedRun", "dp_scaling", "prepare_run"]
+__all__ = ["PreparedRun", "dp_scaling", "prepare_run", "privacy_caps"]
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +184,29 @@ def _delta_notes(
     return notes
 
 
+def privacy_caps(config: ExperimentConfig, data: FederatedData) -> dict[str, dict[str, Any]]:
+    """What each listed private algorithm's public bounds keep of ``data`` before it trains
+    (as :func:`prepare_run` applies them; nothing is calibrated): per algorithm, the group
+    bound ``k`` and the ``span`` used with their sources, and the records dropped."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in config.algorithms:
+        _, privacy = config.for_algorithm(name)
+        probe = make_algorithm(name, config.algorithm_config(name, num_silos=data.train.num_silos))
+        if not probe.private:
+            continue
+        train, k, k_source, span, span_source = _bound_data(
+            data.train, privacy, config.data.seed, probe
+        )
+        out[name] = {
+            "group_size": k,
+            "group_size_source": k_source,
+            "span": span,
+            "span_source": span_source,
+            "dropped_records": len(data.train) - len(train),
+        }
+    return out
+
+
 def prepare_run(
     name: str,
     config: ExperimentConfig,
@@ -223,11 +246,22 @@ def prepare_run(
     sigma: float | None = None
     calibration: dict[str, Any] = {"method": "not private"}
     notes: list[str] = []
+    if probe.private and privacy.noise_multiplier is not None and privacy.epsilon is not None:
+        if config.data.scaling != "dp":  # there ε is the DP statistics' budget basis
+            logger.warning(
+                "privacy.epsilon = %g is no target while privacy.noise_multiplier = %g is set: "
+                "the runs use that σ as given and report the ε it spends, unchecked against "
+                "%g; drop one of the two keys",
+                privacy.epsilon,
+                privacy.noise_multiplier,
+                privacy.epsilon,
+            )
     if probe.private and privacy.noise_multiplier == 0:
         # the same algorithm (clipping, weighting, sampling) without noise: a baseline
         sigma = 0.0
         calibration = {"method": "not private (noise_multiplier = 0)"}
         notes = [NOT_PRIVATE_NOTE]
+        logger.warning("%s.", NOT_PRIVATE_NOTE)
     elif probe.private:
         notes = _delta_notes(name, probe.units, privacy.delta, train)
         sizes = train.silo_sizes()

@@ -113,7 +113,12 @@ def resolved_config(run: PreparedRun) -> dict[str, Any]:
     algorithm = run.algorithm
     privacy = dataclasses.replace(
         run.privacy,
-        noise_multiplier=run.noise_multiplier,
+        # a non-private algorithm resolves no σ: the config's stays
+        noise_multiplier=(
+            run.noise_multiplier
+            if run.noise_multiplier is not None
+            else run.privacy.noise_multiplier
+        ),
         epsilon=None if run.cell is not None else run.privacy.epsilon,
         group_size=run.group_size,
         span=run.span,
@@ -177,7 +182,11 @@ def summary(
             if run.plan
             else None
         ),
-        "threat_model": algorithm.threat_model,
+        "threat_model": (
+            algorithm.threat_model
+            if private or not algorithm.private
+            else "none: noise_multiplier = 0, no differential privacy"
+        ),
         "weights_private": getattr(algorithm, "weights_private", None),
         "empty_rounds": sum(1 for r in results if not r.silos),
         "notes": algorithm.run_notes() + run.notes + noise_notes(run.privacy.noise),
