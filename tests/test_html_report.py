@@ -416,3 +416,25 @@ def test_sweep_report_has_personalised_and_global_over_seeds(tmp_path: Path) -> 
     assert list(rounds) == [1, 2, 3]
     assert means == pytest.approx([statistics.mean(v) for v in zip(*per_seed, strict=True)])
     assert stds == pytest.approx([statistics.stdev(v) for v in zip(*per_seed, strict=True)])
+
+
+@pytest.mark.parametrize("where", ["existing", "results"])
+def test_report_out_that_is_a_directory_is_refused_before_any_figure(
+    tmp_path: Path, where: str
+) -> None:
+    """--out naming a directory (an existing one, or the results themselves) used to fail at
+    the last step with "[Errno 21] Is a directory", after writing OUT_files/ full of PNGs."""
+    results = tmp_path / "results"
+    raw = {**TINY, "algorithms": ["local_item_dp"], "training": {**TINY["training"], "rounds": 1}}
+    run_experiment(parse_config(raw), results)
+    out = results if where == "results" else tmp_path / "existdir"
+    out.mkdir(exist_ok=True)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = CliRunner().invoke(app, ["report", str(results), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"error: Expected --out {str(out)!r} to be the HTML file to write; it is a directory"
+        in result.output
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no OUT_files/
+    assert not (tmp_path / f"{out.name}_files").exists()

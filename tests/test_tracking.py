@@ -316,3 +316,32 @@ def test_round_metrics_keep_the_finite_numbers() -> None:
         "epsilon/record": 1.5,
         "personalised_accuracy": 0.75,
     }
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"mlflow": "{f}/mlruns"}, r"Expected tracking\.mlflow '.*afile/mlruns' to be a directory"),
+        ({"tensorboard": "{f}/tb"}, r"Expected tracking\.tensorboard '.*afile/tb' to be a direc"),
+        ({"mlflow": "sqlite:///{f}/m.db"}, r"directory of tracking\.mlflow's database '.*afile'"),
+        ({"mlflow": "sqlite:///{f}"}, r"tracking\.mlflow='sqlite:///.*afile'.* not an SQLite"),
+    ],
+)
+def test_a_store_that_cannot_be_written_is_refused_before_anything_is_written(
+    table: dict[str, str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store under a regular file used to fail with "[Errno 20] Not a directory" when the
+    first run opened it, leaving experiment.toml, a run's config.toml and ledger (a run
+    'running', 0 rounds) and silo_private/data.json in --out."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a directory")
+
+    def no_data(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the data was loaded before the tracking store was checked")
+
+    monkeypatch.setattr("silodp.experiment.run.build_federated_data", no_data)
+    config = _config({k: v.format(f=blocker) for k, v in table.items()})
+    with pytest.raises(InvalidValueError, match=message):
+        run_experiment(config, tmp_path / "out", log=lambda m: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+    assert blocker.read_text() == "not a directory"

@@ -23,6 +23,7 @@ import base64
 import html
 import json
 import math
+import os
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -54,10 +55,21 @@ def write_report(results_dir: str | Path, out: str | Path, *, public: bool = Fal
     ``public`` leaves out the silo-private section (the data's exact counts).
 
     Raises:
-      InvalidValueError: ``results_dir`` holds neither an experiment nor a sweep.
+      InvalidValueError: ``results_dir`` holds neither an experiment nor a sweep, or ``out``
+        (or ``out``'s ``_files`` directory) is not a path a file (a directory) can be written
+        to; both are found before anything is written.
     """
     src, out = Path(results_dir), Path(out)
     files = out.with_name(out.stem + "_files")
+    if out.is_dir():
+        raise InvalidValueError(
+            f"Expected the report {str(out)!r} to be an HTML file to write; it is a directory."
+        )
+    if os.path.lexists(files) and not files.is_dir():
+        raise InvalidValueError(
+            f"Expected {str(files)!r} to be the directory of the report's figures and tables; "
+            "it is not a directory."
+        )
     if (src / "grid.json").is_file():
         body = _sweep(src, files)
     elif (src / "summary.json").is_file() and "runs" in _json(src / "summary.json"):

@@ -22,7 +22,8 @@ A run started afresh sets the logs of an earlier run of the same name aside (ren
 ``<run name>.replaced-<UTC time>``); a resumed run appends to its own.
 
 The packages are imported only when a store is configured; :func:`check_installed` says
-before anything trains which are missing.
+before anything trains which are missing, and :func:`check_writable` whether each store can be
+created or written (both before the run writes anything).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import Any, Protocol
 
 from silodp.config import TrackingConfig
 from silodp.errors import ConfigError, InvalidValueError, SilodpError
+from silodp.io import check_writable_dir
 
 __all__ = [
     "INSTALL",
@@ -52,6 +54,7 @@ __all__ = [
     "Tracker",
     "Writer",
     "check_installed",
+    "check_writable",
     "flatten",
     "mlflow_store",
     "open_run",
@@ -109,6 +112,51 @@ def check_installed(settings: TrackingConfig | None) -> None:
             missing = _missing(key)
             if missing:
                 raise _missing_error(key, missing)
+
+
+#: how every SQLite database file starts
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def check_writable(settings: TrackingConfig | None) -> None:
+    """Checks that every configured store can be created or written where it is, before the
+    run writes anything: MLflow's database directory and artifact directory, TensorBoard's
+    log directory; an existing MLflow database must be an SQLite file. Nothing is created.
+
+    Raises:
+      InvalidValueError: a store's path runs through a regular file, cannot be written, or
+        names something that is not a store (the message names the ``[tracking]`` key).
+    """
+    if settings is None:
+        return
+    if settings.mlflow is not None:
+        value = settings.mlflow
+        uri, artifacts = mlflow_store(value)
+        database = Path(uri.removeprefix("sqlite:///"))
+        if value.lower().startswith("sqlite:///"):
+            check_writable_dir(database.parent, name="the directory of tracking.mlflow's database")
+        else:
+            check_writable_dir(database.parent, name="tracking.mlflow")
+        _check_database(value, database)
+        check_writable_dir(artifacts, name="the artifact directory of tracking.mlflow")
+    if settings.tensorboard is not None:
+        logdir = Path(settings.tensorboard).expanduser().resolve()
+        check_writable_dir(logdir, name="tracking.tensorboard")
+
+
+def _check_database(value: str, database: Path) -> None:
+    """An existing MLflow database is a regular file, readable and writable, and SQLite."""
+    if not database.exists():
+        return
+    shown = f"Expected tracking.mlflow={value!r} to be an MLflow store silodp can write; "
+    if not database.is_file():
+        raise InvalidValueError(f"{shown}{str(database)!r} is not a regular file.")
+    if not os.access(database, os.R_OK | os.W_OK):
+        raise InvalidValueError(f"{shown}{str(database)!r} cannot be read and written.")
+    with database.open("rb") as handle:
+        header = handle.read(len(SQLITE_HEADER))
+    if header and header != SQLITE_HEADER:
+        raise InvalidValueError(f"{shown}{str(database)!r} is not an SQLite database.")
 
 
 def _require(key: str) -> None:

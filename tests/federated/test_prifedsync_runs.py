@@ -147,3 +147,16 @@ def test_alpha_list_must_have_one_value_per_client(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="one value per client"):
         run_experiment(parse_config(raw), tmp_path)
     assert not (tmp_path / "prifedsync_table.md").exists()
+
+
+def test_a_sweep_refused_by_its_budget_writes_nothing(tmp_path: Path) -> None:
+    """A [sweep] whose cells' plans exceed the budget is refused before any cell trains or
+    anything is written, as a single run is."""
+    from silodp.ledger import BudgetExceededError
+
+    raw = _raw(privacy__budget={"record": 0.01})
+    with pytest.raises(BudgetExceededError, match="record"):
+        run_experiment(parse_config(raw), tmp_path / "out")
+    assert not any((tmp_path / "out").rglob("*.json")) and not any(
+        (tmp_path / "out").rglob("*.toml")
+    )

@@ -132,6 +132,91 @@ def test_overwriting_a_calibrated_run_keeps_the_replaced_ledger(tmp_path: Path) 
     assert not list((tmp_path / "s" / "user_ldp").glob("ledger.replaced-*"))
 
 
+def _one_round(*algorithms: str, **privacy: object) -> dict:
+    raw = _tiny(**privacy)
+    raw["algorithms"] = list(algorithms)
+    raw["training"]["rounds"] = 1
+    return raw
+
+
+def test_overwrite_replaces_the_whole_previous_experiment(tmp_path: Path) -> None:
+    """--overwrite used to leave the directories of the earlier experiment's other algorithms
+    (their summary.json, model) beside the new runs. Now the whole experiment is replaced;
+    every replaced run's ledger stays on record, and nothing silodp did not write is touched."""
+    from silodp.experiment.run import kept_runs
+    from silodp.ledger.report import verify_ledger
+
+    out = tmp_path / "out"
+    run_experiment(parse_config(_one_round("local_item_dp", "uldp_naive")), out)
+    (out / "notes.txt").write_text("mine")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "data.txt").write_text("outside")
+    (out / "local_item_dp" / "link").symlink_to(tmp_path / "elsewhere")
+    old_ledger = (out / "local_item_dp" / "ledger.sqlite").read_bytes()
+    summary = run_experiment(parse_config(_one_round("uldp_naive")), out, overwrite=True)
+    assert [r["algorithm"] for r in summary["runs"]] == ["uldp_naive"]
+    assert [r["run"] for r in kept_runs(out)] == ["uldp_naive"]
+    # of the replaced local_item_dp run, only its ledger (set aside, with any -wal/-shm of
+    # a writer still open in this process, and still verifiable)
+    left = list((out / "local_item_dp").iterdir())
+    assert all(p.name.startswith("ledger.replaced-") for p in left), left
+    (kept,) = [p for p in left if p.suffix == ".sqlite"]
+    assert kept.read_bytes() == old_ledger
+    assert verify_ledger(kept) == []
+    assert len(list((out / "uldp_naive").glob("ledger.replaced-*.sqlite"))) == 1
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "elsewhere" / "data.txt").read_text() == "outside"
+
+
+def test_a_shared_ledger_that_is_not_a_ledger_is_refused_before_the_data_is_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It used to be found once the data was loaded and σ calibrated, after experiment.toml
+    and silo_private/data.json were written (and after fedavg, which has no ledger, trained)."""
+    import sqlite3
+    from contextlib import closing
+
+    from silodp.ledger import LedgerError
+
+    other = tmp_path / "empty.sqlite"
+    with closing(sqlite3.connect(other)) as db:
+        db.execute("CREATE TABLE foo (x)")
+        db.commit()
+    before = other.read_bytes()
+
+    def no_data(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the data was loaded before the shared ledger was checked")
+
+    monkeypatch.setattr("silodp.experiment.run.build_federated_data", no_data)
+    cfg = parse_config(_one_round("local_item_dp", ledger=str(other)))
+    with pytest.raises(LedgerError, match=r"holds other tables \(foo\)"):
+        run_experiment(cfg, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert other.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.sqlite"]
+
+
+def test_a_budget_refusal_writes_nothing_and_overwrite_loses_nothing(tmp_path: Path) -> None:
+    """A shared ledger's budget refusing a run (exit 3) used to leave experiment.toml and
+    silo_private/data.json; with --overwrite, the earlier experiment was already replaced."""
+    from silodp.ledger.run import BudgetExceededError
+
+    shared = str(tmp_path / "shared.sqlite")
+    first = run_experiment(parse_config(_one_round("local_item_dp", ledger=shared)), tmp_path / "a")
+    spent = first["runs"][0]["epsilon"]["record"]
+    # the plan alone fits; composed onto the first run's spending, it does not
+    cfg = parse_config(_one_round("local_item_dp", ledger=shared, budget={"record": 1.05 * spent}))
+    ledger_before = Path(shared).read_bytes()
+    with pytest.raises(BudgetExceededError, match="run's whole plan"):
+        run_experiment(cfg, tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+    files = {p: p.read_bytes() for p in (tmp_path / "a").rglob("*") if p.is_file()}
+    with pytest.raises(BudgetExceededError, match="run's whole plan"):
+        run_experiment(cfg, tmp_path / "a", overwrite=True)
+    assert {p: p.read_bytes() for p in (tmp_path / "a").rglob("*") if p.is_file()} == files
+    assert Path(shared).read_bytes() == ledger_before
+
+
 def test_unreachable_target_fails_before_writing_anything(tmp_path: Path) -> None:
     raw = _tiny(noise_multiplier=None, epsilon=1e-6)
     raw["algorithms"] = ["user_ldp"]

@@ -29,6 +29,11 @@ def report(
     from silodp.html_report import write_report
     from silodp.io import check_writable_dir
 
+    if out.is_dir():
+        fail(
+            f"Expected --out {str(out)!r} to be the HTML file to write; it is a directory "
+            f"(give a file path, e.g. --out {str(out / 'report.html')!r})."
+        )
     try:
         check_writable_dir(out.parent if str(out.parent) else Path("."), name="--out's directory")
         path = write_report(results, out, public=public)

@@ -1,5 +1,5 @@
 """Opening a run's privacy ledger: where it lives, its budget, and the plan checked against it
-before the first round."""
+before the first round (and, read only, before an experiment writes anything)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from silodp.accounting.interface import Accountant
+from silodp.accounting.interface import Accountant, accountant_from_spec
 from silodp.experiment.prepare import PreparedRun
-from silodp.ledger import Ledger, RunLedger
+from silodp.io import check_writable_dir
+from silodp.ledger import BudgetExceededError, Ledger, LedgerError, RunLedger
 
-__all__ = ["LEDGER_FILE", "budget_of", "open_run_ledger", "set_aside_replaced_ledger"]
+__all__ = [
+    "LEDGER_FILE",
+    "budget_of",
+    "check_plan_fits",
+    "check_shared_ledger",
+    "open_run_ledger",
+    "set_aside_ledger",
+    "set_aside_replaced_ledger",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -61,16 +70,78 @@ def resume_run_ledger(
     )
 
 
-def set_aside_replaced_ledger(run: PreparedRun, run_dir: Path) -> Path | None:
-    """Before a run starts afresh in ``run_dir`` (``--overwrite``, or a run started again
-    without ``--resume``), renames the replaced run's own ledger to
-    ``ledger.replaced-<UTC time>.sqlite`` beside it and returns the new name.
+def _existing(path: str | None) -> Path | None:
+    """The shared ledger file at ``path`` if it holds anything (an empty file, like a missing
+    one, becomes a new ledger when a run opens it)."""
+    if path is None:
+        return None
+    where = Path(path)
+    if where.is_file() and where.stat().st_size == 0:
+        return None
+    return where if where.exists() or where.is_symlink() else None
 
-    The replaced run's spending stays on record there, but does not count against the new
-    run's budget: a per-run ledger belongs to the results it is written with. A shared ledger
-    (``privacy.ledger``) is never moved: every run on its data counts against its budget.
+
+def check_shared_ledger(path: str | None) -> None:
+    """Checks, read only and before an experiment writes anything, that the shared ledger
+    ``privacy.ledger`` (``--ledger``) is a silodp ledger a run can write to, or can be created.
+
+    Raises:
+      LedgerError: the file is not a ledger this silodp can use, or cannot be written.
+      InvalidValueError: its directory cannot be written (or made).
     """
-    if run.privacy.ledger or not (run_dir / LEDGER_FILE).is_file():
+    if path is None:
+        return
+    where = Path(path)
+    check_writable_dir(where.parent, name="the directory of privacy.ledger")
+    existing = _existing(path)
+    if existing is None:
+        return
+    with Ledger(existing, read_only=True):  # refuses a directory, another database, ...
+        pass
+    if not os.access(existing, os.R_OK | os.W_OK):
+        raise LedgerError(
+            f"Expected the ledger {str(existing)!r} to be writable by this user; it is not."
+        )
+
+
+def check_plan_fits(run: PreparedRun) -> None:
+    """Checks ``run``'s whole plan against its budget, on the ledger as it stands (read only),
+    as :func:`open_run_ledger` does when the run registers: an experiment refused by its budget
+    is refused before it writes anything. A run's own ledger is new (an earlier one is set
+    aside), so only a shared ledger has spending to count.
+
+    Raises:
+      BudgetExceededError: the plan, composed onto what the ledger holds, exceeds the budget.
+      LedgerError: the shared ledger cannot be read.
+    """
+    budget = budget_of(run)
+    if run.plan is None or not budget:
+        return
+    accountant = run.algorithm.make_accountant(
+        span=run.span, delta=run.privacy.delta, target=run.privacy.adversary
+    )
+    total: Accountant = accountant
+    spent: dict[str, float] = {}
+    existing = _existing(run.privacy.ledger)
+    if existing is not None:
+        spec = accountant.spec()
+        with Ledger(existing, read_only=True) as ledger:
+            earlier = [r.id for r in ledger.runs() if r.accountant.get("kind") == spec["kind"]]
+            if earlier:
+                total = ledger.replay(earlier, accountant_from_spec(spec))
+                spent = {unit: est.epsilon for unit, est in total.estimates().items()}
+    would_be = _plan_epsilon(run, total)
+    for unit, limit in budget.items():
+        value = would_be.get(unit, 0.0)
+        if not value <= limit * (1 + 1e-9):  # RunLedger.check's tolerance
+            raise BudgetExceededError(unit, spent.get(unit, 0.0), value, limit, "run's whole plan")
+
+
+def set_aside_ledger(run_dir: Path) -> Path | None:
+    """Renames the run ledger ``run_dir/ledger.sqlite`` (with any ``-wal``/``-shm`` beside it)
+    to ``ledger.replaced-<UTC time>.sqlite`` in ``run_dir``; returns the new name (``None``: no
+    ledger there)."""
+    if not (run_dir / LEDGER_FILE).is_file():
         return None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     target = run_dir / f"ledger.replaced-{stamp}.sqlite"
@@ -83,6 +154,23 @@ def set_aside_replaced_ledger(run: PreparedRun, run_dir: Path) -> Path | None:
         if side.exists():
             os.replace(side, target.with_name(target.name + suffix))
     os.replace(run_dir / LEDGER_FILE, target)
+    return target
+
+
+def set_aside_replaced_ledger(run: PreparedRun, run_dir: Path) -> Path | None:
+    """Before a run starts afresh in ``run_dir`` (``--overwrite``, or a run started again
+    without ``--resume``), renames the replaced run's own ledger to
+    ``ledger.replaced-<UTC time>.sqlite`` beside it and returns the new name.
+
+    The replaced run's spending stays on record there, but does not count against the new
+    run's budget: a per-run ledger belongs to the results it is written with. A shared ledger
+    (``privacy.ledger``) is never moved: every run on its data counts against its budget.
+    """
+    if run.privacy.ledger:
+        return None
+    target = set_aside_ledger(run_dir)
+    if target is None:
+        return None
     logger.warning(
         "%s: the replaced run's ledger is kept as %s; what it spent does not count against "
         "this run's budget (a shared privacy.ledger counts every run).",

@@ -6,7 +6,9 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
+import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,12 @@ from silodp.data.describe import describe
 from silodp.errors import InvalidValueError
 from silodp.experiment.checkpoint import load_checkpoint, save_checkpoint
 from silodp.experiment.ledger import (
+    LEDGER_FILE,
+    check_plan_fits,
+    check_shared_ledger,
     open_run_ledger,
     resume_run_ledger,
+    set_aside_ledger,
     set_aside_replaced_ledger,
 )
 from silodp.experiment.prepare import PreparedRun, dp_scaling, prepare_run
@@ -46,6 +52,7 @@ __all__ = [
     "ProgressFactory",
     "engine_arguments",
     "kept_runs",
+    "replace_previous",
     "resume_experiment",
     "run_experiment",
     "train_run",
@@ -339,10 +346,17 @@ def run_experiment(
 
     Returns the experiment summary (also written to ``out_dir/summary.json``).
 
+    ``overwrite``: replace the experiment in ``out_dir`` (see :func:`replace_previous`), once
+    every run is prepared and its plan fits its budget.
+
     Raises:
       OutputExistsError: results exist in ``out_dir`` and ``overwrite`` is false.
-      InvalidValueError: ``out_dir`` cannot be created or written (found before the data is
+      InvalidValueError: ``out_dir``, a tracking store or the shared ledger's directory cannot
+        be created or written (found before the data is loaded).
+      LedgerError: the shared ledger is not one a run can write to (found before the data is
         loaded).
+      BudgetExceededError: a run's whole plan does not fit its budget on the ledger as it
+        stands (found before anything is written).
       SilodpError: bad data, a schedule or target the algorithm cannot meet (found before
         anything trains).
     """
@@ -350,6 +364,8 @@ def run_experiment(
 
     tracking.check_installed(config.tracking)
     out = check_writable_dir(out_dir, name="out_dir")
+    tracking.check_writable(config.tracking)
+    check_shared_ledger(config.privacy.ledger)
     if resume and config.data.scaling == "dp":
         raise InvalidValueError(
             "Expected [data] scaling other than 'dp' to resume: the DP feature statistics are "
@@ -382,6 +398,11 @@ def run_experiment(
             )
         _log_protocol_estimate(run, config, data, log)
         runs.append(run)
+    if not resume:
+        for run in runs:  # a refusal by a budget comes before anything is written
+            check_plan_fits(run)
+        if overwrite:
+            replace_previous(out, config, log)
     write_json(out / PRIVATE_DIR / "data.json", describe(data))
     if not resume:  # what --resume continues, written once everything is prepared
         write_text(out / EXPERIMENT_FILE, tomli_w.dumps(to_toml_dict(config)))
@@ -408,6 +429,98 @@ def run_experiment(
 
 #: the experiment's config as it started, which ``--resume`` continues
 EXPERIMENT_FILE = "experiment.toml"
+
+#: what an experiment (or ``silodp report``) writes at the top of its directory, beside the
+#: run directories: what ``--overwrite`` replaces with them
+EXPERIMENT_OUTPUTS = (
+    "summary.json",
+    EXPERIMENT_FILE,
+    "comparison.png",
+    "feature_scaling.json",
+    "personalised_vs_global.png",
+    "prifedsync_table.md",
+    "prifedsync_table.csv",
+    "report.html",
+    "report_files",
+    PRIVATE_DIR,
+)
+
+
+def previous_runs(out: Path) -> list[str]:
+    """The run directories (names directly in ``out``) of the experiment ``out`` holds, as its
+    ``summary.json`` and ``experiment.toml`` list them."""
+    names: list[str] = []
+    try:
+        names += [
+            str(r["algorithm"]) for r in json.loads((out / "summary.json").read_text())["runs"]
+        ]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        with (out / EXPERIMENT_FILE).open("rb") as handle:
+            names += [str(n) for n in tomllib.load(handle).get("algorithms", [])]
+    except (OSError, ValueError, TypeError):
+        pass
+    firsts = {name.split("/")[0] for name in names}
+    return sorted(n for n in firsts if n not in ("", ".", "..") and os.sep not in n)
+
+
+def _is_ledger(path: Path, keep: set[Path]) -> bool:
+    name = path.name
+    return (name.startswith("ledger.") and ".sqlite" in name) or path.resolve() in keep
+
+
+def _remove(path: Path, keep: set[Path]) -> None:
+    """Removes ``path`` (a file, or a directory with everything in it) except every ledger
+    file in it and the files in ``keep``; a symbolic link is removed, never followed."""
+    if path.is_symlink() or path.is_file():
+        if not _is_ledger(path, keep):
+            path.unlink()
+        return
+    if not path.is_dir():
+        return
+    for entry in sorted(path.iterdir()):
+        _remove(entry, keep)
+    if not any(path.iterdir()):
+        path.rmdir()
+
+
+def replace_previous(out: Path, config: ExperimentConfig, log: Callable[[str], None]) -> None:
+    """``--overwrite``: removes the experiment in ``out`` that ``config`` replaces: its
+    summary and config first (so that ``out`` no longer claims a finished or resumable
+    experiment), then the directory of every run it listed or ``config`` lists, then its other
+    top-level outputs (:data:`EXPERIMENT_OUTPUTS`).
+
+    Every run's privacy ledger stays: ``ledger.sqlite`` is renamed
+    ``ledger.replaced-<UTC time>.sqlite`` in its run directory (its spending stays on record;
+    it does not count against a new run's budget), and a shared ``privacy.ledger`` is never
+    moved. Nothing outside ``out`` is touched, nor anything in it that silodp did not write
+    there (a symbolic link is removed, not followed).
+    """
+    keep: set[Path] = set()
+    if config.privacy.ledger:
+        shared = Path(config.privacy.ledger).resolve()
+        keep = {shared, *(shared.with_name(shared.name + s) for s in ("-wal", "-shm"))}
+    names = sorted({*previous_runs(out), *(n.split("/")[0] for n in config.algorithms)})
+    dirs = [out / n for n in names if (out / n).is_dir() and not (out / n).is_symlink()]
+    if not dirs and not any(os.path.lexists(out / n) for n in EXPERIMENT_OUTPUTS):
+        return
+    log(f"--overwrite: replacing the previous results in {out}/")
+    for name in ("summary.json", EXPERIMENT_FILE):
+        _remove(out / name, keep)
+    for run_dir in dirs:
+        for ledger in sorted(run_dir.rglob(LEDGER_FILE)):
+            if ledger.resolve() not in keep and not ledger.parent.is_symlink():
+                target = set_aside_ledger(ledger.parent)
+                logger.warning(
+                    "%s: the replaced run's ledger is kept as %s; what it spent does not count "
+                    "against a new run's budget (a shared privacy.ledger counts every run).",
+                    ledger.parent.relative_to(out),
+                    target,
+                )
+        _remove(run_dir, keep)
+    for name in [n for n in names if (out / n).is_symlink()] + list(EXPERIMENT_OUTPUTS):
+        _remove(out / name, keep)
 
 
 def finished(run_dir: Path) -> dict[str, Any] | None:

@@ -13,9 +13,16 @@ from silodp import plotting, reports
 from silodp.config import ExperimentConfig, SweepConfig, to_toml_dict
 from silodp.data import FederatedData
 from silodp.data.describe import describe
+from silodp.experiment.ledger import check_plan_fits
 from silodp.experiment.prepare import prepare_run
 from silodp.experiment.record import PRIVATE_DIR, check_output, read_rows
-from silodp.experiment.run import EXPERIMENT_FILE, ProgressFactory, finished, train_run
+from silodp.experiment.run import (
+    EXPERIMENT_FILE,
+    ProgressFactory,
+    finished,
+    replace_previous,
+    train_run,
+)
 from silodp.io import write_json, write_text
 
 __all__ = ["run_sweep"]
@@ -40,6 +47,10 @@ def run_sweep(
     runs = [prepare_run(name, config, data, cell=cell) for cell in sweep.cells()]
     if not resume:
         check_output(out, tuple(run.name for run in runs), overwrite)
+        for run in runs:  # a refusal by a budget comes before anything is written
+            check_plan_fits(run)
+        if overwrite:
+            replace_previous(out, config, log)
     log(
         f"{name} sweep: {len(runs)} runs, target {sweep.target_metric} accuracy "
         f"{sweep.target_accuracy:g}, at most {config.training.rounds} rounds each"
