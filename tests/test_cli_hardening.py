@@ -526,37 +526,21 @@ def test_an_epsilon_beside_a_given_sigma_and_a_zero_sigma_are_warned_of(tmp_path
     """ε beside σ is no target (the run uses σ and reports what it spends): said once, as a
     warning; σ = 0 trains without privacy: warned too, and the summary's threat model says so
     instead of describing local noise."""
-    both = _config(
-        tmp_path / "both.toml",
-        algorithms=("local_item_dp",),
-        rounds=1,
-        privacy="epsilon = 4.0\nnoise_multiplier = 1.0\ngroup_size = 3",
-    )
-    result = runner.invoke(app, ["run", str(both), "--out", str(tmp_path / "a"), "--quiet"])
-    assert result.exit_code == 0, result.output
-    warned = [ln for ln in result.stderr.splitlines() if ln.startswith("warning:")]
-    assert any("privacy.epsilon = 4 is no target" in ln for ln in warned), result.stderr
-    only_sigma = _config(
-        tmp_path / "sigma.toml",
-        algorithms=("local_item_dp",),
-        rounds=1,
-        privacy="noise_multiplier = 1.0\ngroup_size = 3",
-    )
-    result = runner.invoke(app, ["run", str(only_sigma), "--out", str(tmp_path / "b"), "--quiet"])
-    assert result.exit_code == 0 and "is no target" not in result.stderr
-    zero = _config(
-        tmp_path / "zero.toml",
-        algorithms=("local_item_dp",),
-        rounds=1,
-        privacy="noise_multiplier = 0.0\ngroup_size = 3",
-    )
-    result = runner.invoke(app, ["run", str(zero), "--out", str(tmp_path / "c"), "--quiet"])
-    assert result.exit_code == 0, result.output
-    assert any(
-        ln.startswith("warning: noise_multiplier = 0: not private")
-        for ln in result.stderr.splitlines()
-    )
-    summary = json.loads((tmp_path / "c" / "local_item_dp" / "summary.json").read_text())
+
+    def run(name: str, privacy: str) -> list[str]:
+        config = _config(
+            tmp_path / f"{name}.toml", algorithms=("local_item_dp",), rounds=1, privacy=privacy
+        )
+        result = runner.invoke(app, ["run", str(config), "--out", str(tmp_path / name), "--quiet"])
+        assert result.exit_code == 0, result.output
+        return [ln for ln in result.stderr.splitlines() if ln.startswith("warning:")]
+
+    warned = run("both", "epsilon = 4.0\nnoise_multiplier = 1.0\ngroup_size = 3")
+    assert any("privacy.epsilon = 4 is no target" in ln for ln in warned), warned
+    assert not any("is no target" in ln for ln in run("sigma", "noise_multiplier = 1.0"))
+    warned = run("zero", "noise_multiplier = 0.0\ngroup_size = 3")
+    assert any(ln.startswith("warning: noise_multiplier = 0: not private") for ln in warned)
+    summary = json.loads((tmp_path / "zero" / "local_item_dp" / "summary.json").read_text())
     assert summary["epsilon"] == {} and summary["threat_model"].startswith("none:")
 
 

@@ -141,27 +141,12 @@ def test_a_larger_rate_dominates_replace_one_events_too() -> None:
 def test_calibration_reaches_a_record_target_whose_event_holds_a_mixture() -> None:
     """Under a span cap the record event holds the subject's mixture, which the fast (RDP)
     routes cannot bound; calibration then brackets σ with the PLD and still meets the target."""
-    report = account_report(
-        "local_item_dp",
-        target_epsilon=8.0,
-        sample_rate=0.1,
-        steps=3,
-        rounds=4,
-        silos=3,
-        span=2,
-        settings={"group_size": 2},
-    )
+    plan = dict(sample_rate=0.1, steps=3, rounds=4, silos=3, span=2, settings={"group_size": 2})
+    report = account_report("local_item_dp", target_epsilon=8.0, **plan)
     assert report["epsilon"]["record"] <= 8.0
     assert report["method"]["record"] == "pld-mixture"
     looser = account_report(
-        "local_item_dp",
-        noise_multiplier=report["noise_multiplier"] * 0.97,
-        sample_rate=0.1,
-        steps=3,
-        rounds=4,
-        silos=3,
-        span=2,
-        settings={"group_size": 2},
+        "local_item_dp", noise_multiplier=report["noise_multiplier"] * 0.97, **plan
     )
     assert looser["epsilon"]["record"] > 8.0
 

@@ -65,18 +65,11 @@ def _default_curve(event: dp_event.DpEvent) -> np.ndarray:
 def _compute_curve(
     event: dp_event.DpEvent, orders: tuple[float, ...], *, replace_one: bool = False
 ) -> np.ndarray:
-    """dp-accounting's RDP of ``event`` at ``orders`` (add/remove adjacency, or replace-one).
-
-    A :class:`~silodp.accounting.events.KnownSampleDpEvent` (which dp-accounting does not know)
-    is the mixture ``(qP + (1-q)⊥, qP' + (1-q)⊥)`` with ``⊥`` distinguishable, whose Rényi
-    divergence is exactly ``log(q·e^{(α-1)ρ(α)} + 1 - q)/(α-1)`` for the inner curve ρ.
-    """
-    replaced = _replace_one_curve(event, orders, replace_one=replace_one)
-    if replaced is not None:
-        return replaced
-    known = _known_sample_curve(event, orders, replace_one=replace_one)
-    if known is not None:
-        return known
+    """dp-accounting's RDP of ``event`` at ``orders`` (add/remove adjacency, or replace-one),
+    with silodp's own events (:func:`_own_curve`) inside it."""
+    own = _own_curve(event, orders, replace_one=replace_one)
+    if own is not None:
+        return own
     relation = (
         rdp_lib.NeighborRel.REPLACE_ONE if replace_one else rdp_lib.NeighborRel.ADD_OR_REMOVE_ONE
     )
@@ -93,23 +86,27 @@ def _compute_curve(
     return np.array(accountant._rdp, dtype=np.float64)  # noqa: SLF001 - checked by tests
 
 
-def _replace_one_curve(
+def _own_curve(
     event: dp_event.DpEvent, orders: tuple[float, ...], *, replace_one: bool
 ) -> np.ndarray | None:
-    """RDP of events holding a :class:`~silodp.accounting.events.PoissonReplaceOneDpEvent`
-    (which dp-accounting's RDP does not cover), or None if there is none.
+    """RDP of an event holding silodp's own events (which dp-accounting does not know), or
+    None if it holds none; compositions add up, the other parts through dp-accounting.
 
-    Replacing one record is adding one and removing another: a distance of 2 in add/remove
-    adjacency, so Mironov's group privacy (Prop. 2, groups of 2) bounds it: at order β >= 2,
-    ``3 ε(2β)`` for the add/remove curve ε of the same sub-sampled Gaussian; +inf below.
+    * :class:`~silodp.accounting.events.KnownSampleDpEvent` is the mixture
+      ``(qP + (1-q)⊥, qP' + (1-q)⊥)`` with ``⊥`` distinguishable, whose Rényi divergence is
+      exactly ``log(q·e^{(α-1)ρ(α)} + 1 - q)/(α-1)`` for the inner curve ρ.
+    * :class:`~silodp.accounting.events.PoissonReplaceOneDpEvent`: replacing one record is
+      adding one and removing another, a distance of 2 in add/remove adjacency, so Mironov's
+      group privacy (Prop. 2, groups of 2) bounds it: at order β >= 2, ``3 ε(2β)`` for the
+      add/remove curve ε of the same sub-sampled Gaussian; +inf below.
     """
-    from silodp.accounting.events import PoissonReplaceOneDpEvent
+    from silodp.accounting.events import KnownSampleDpEvent, PoissonReplaceOneDpEvent
 
     if isinstance(event, dp_event.SelfComposedDpEvent):
-        inner = _replace_one_curve(event.event, orders, replace_one=replace_one)
+        inner = _own_curve(event.event, orders, replace_one=replace_one)
         return None if inner is None else event.count * inner
     if isinstance(event, dp_event.ComposedDpEvent):
-        parts = [_replace_one_curve(e, orders, replace_one=replace_one) for e in event.events]
+        parts = [_own_curve(e, orders, replace_one=replace_one) for e in event.events]
         if all(p is None for p in parts):
             return None
         return np.sum(
@@ -119,43 +116,21 @@ def _replace_one_curve(
             ],
             axis=0,
         )
-    if not isinstance(event, PoissonReplaceOneDpEvent):
-        return None
-    if replace_one:
-        raise ValueError(f"Expected an add/remove event to analyse as replace-one, got {event!r}.")
     alphas = np.asarray(orders, dtype=np.float64)
-    add_remove = dp_event.PoissonSampledDpEvent(
-        event.sampling_probability, dp_event.GaussianDpEvent(event.noise_multiplier)
-    )
-    doubled = _compute_curve(add_remove, tuple(float(2.0 * a) for a in alphas))
-    return np.where(alphas >= 2.0, 3.0 * doubled, np.inf)
-
-
-def _known_sample_curve(
-    event: dp_event.DpEvent, orders: tuple[float, ...], *, replace_one: bool
-) -> np.ndarray | None:
-    """RDP of events built on :class:`KnownSampleDpEvent`, or None if there is none."""
-    from silodp.accounting.events import KnownSampleDpEvent
-
-    if isinstance(event, dp_event.SelfComposedDpEvent):
-        inner = _known_sample_curve(event.event, orders, replace_one=replace_one)
-        return None if inner is None else event.count * inner
-    if isinstance(event, dp_event.ComposedDpEvent):
-        parts = [_known_sample_curve(e, orders, replace_one=replace_one) for e in event.events]
-        if all(p is None for p in parts):
-            return None
-        return np.sum(
-            [
-                p if p is not None else _compute_curve(e, orders, replace_one=replace_one)
-                for p, e in zip(parts, event.events, strict=True)
-            ],
-            axis=0,
+    if isinstance(event, PoissonReplaceOneDpEvent):
+        if replace_one:
+            raise ValueError(
+                f"Expected an add/remove event to analyse as replace-one, got {event!r}."
+            )
+        add_remove = dp_event.PoissonSampledDpEvent(
+            event.sampling_probability, dp_event.GaussianDpEvent(event.noise_multiplier)
         )
+        doubled = _compute_curve(add_remove, tuple(float(2.0 * a) for a in alphas))
+        return np.where(alphas >= 2.0, 3.0 * doubled, np.inf)
     if not isinstance(event, KnownSampleDpEvent):
         return None
     q = event.sampling_probability
     inner = _compute_curve(event.event, orders, replace_one=replace_one)
-    alphas = np.asarray(orders, dtype=np.float64)
     with np.errstate(over="ignore"):
         # log(q e^{(α-1)ρ} + 1 - q) computed stably: logaddexp(log q + (α-1)ρ, log(1-q))
         log_q = math.log(q) if q > 0 else -math.inf
