@@ -209,6 +209,9 @@ def test_sigint_during_a_run_says_what_was_kept_and_resume_completes(tmp_path: P
     assert 3 <= _rounds_kept(stderr) < 40
     assert "  local_item_dp: not started" in stderr
     assert stderr.rstrip().endswith(f"continue with: silodp run --resume {out}")
+    # started again without --resume: refused, and told how to continue
+    again = runner.invoke(app, ["run", str(config), "--out", str(out), "--quiet"])
+    assert again.exit_code == 2 and f"silodp run --resume {out}" in again.output
 
     resumed = runner.invoke(app, ["run", "--resume", str(out), "--quiet"])
     assert resumed.exit_code == 0, resumed.output

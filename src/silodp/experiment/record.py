@@ -307,9 +307,19 @@ def check_output(out_dir: Path, names: Sequence[str], overwrite: bool) -> None:
     for name in names:
         existing = out_dir / name / "summary.json"
         if existing.exists() and not overwrite:
+            try:
+                status = json.loads(existing.read_text()).get("status")
+            except (OSError, ValueError, AttributeError):
+                status = None
+            resume = (
+                f" It stopped before its end (status {status!r}): continue it with "
+                f"`silodp run --resume {out_dir}`."
+                if isinstance(status, str) and status not in ("complete", "budget_exhausted")
+                else ""
+            )
             raise OutputExistsError(
                 f"Results already exist at {str(existing)!r}; choose another --out or pass "
-                "--overwrite."
+                f"--overwrite.{resume}"
             )
 
 
