@@ -167,6 +167,11 @@ def test_cli_sweep_refuses_bad_input_and_prints_the_table(tmp_path: Path) -> Non
     assert result.exit_code == 0, result.output
     assert "| local_item_dp | 1.5 | 1 |" in result.output
     assert "fedavg" not in result.output
+    # another grid in the same --out: refused, without claiming that running again continues
+    other = _files(tmp_path, sweep.replace("[1.5]", "[2.5]"))
+    again = runner.invoke(app, ["sweep", str(other), "--out", str(tmp_path / "o"), "--quiet"])
+    assert again.exit_code == 2 and "holds another sweep" in again.output
+    assert "run the command again" not in again.output
 
 
 def test_sweep_table_rounds_epsilon_up_and_accuracy_to_nearest() -> None:

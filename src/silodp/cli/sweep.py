@@ -38,7 +38,7 @@ def sweep(
     plain lines otherwise. Writes OUT/cells/<cell>/ (each an experiment), OUT/results.csv and
     OUT/results.md (mean ± std over seeds). Exit codes: 0 done, 2 bad input, 130/143
     interrupted."""
-    from silodp.errors import SilodpError
+    from silodp.errors import OutputExistsError, SilodpError
     from silodp.experiment.grid import expand, load_grid, run_grid
     from silodp.io import check_writable_dir
 
@@ -71,6 +71,8 @@ def sweep(
             err=True,
         )
         raise typer.Exit(TERMINATED_EXIT_CODE if terminated else INTERRUPTED_EXIT_CODE) from None
+    except OutputExistsError as err:  # nothing ran: another sweep's results are in the way
+        fail(str(err))
     except (SilodpError, ValueError, OSError) as err:
         fail(f"{err} (finished cells are kept in {out}/cells/; run the command again to continue)")
     typer.echo(f"\n{summary['cells']} cells; table in {out}/results.md and {out}/results.csv")
