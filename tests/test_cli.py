@@ -376,3 +376,19 @@ def test_the_demo_shows_subject_level_dp_that_works_and_what_item_level_dp_expos
     assert row["local_item_dp"][-1] == "!" and row["fedavg"][1:3] == ["nothing", "(no"]
     html = (out / "report.html").read_text()
     assert "uldp_avg" in html and "data:image/png;base64," in html
+
+
+def test_run_without_out_writes_beside_the_configs_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config run without --out goes to runs/<config name>, not into the demo's runs/demo."""
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "mine.toml"
+    cfg.write_text(
+        'algorithms = ["fedavg"]\n[data]\nsource = "digits"\nnum_silos = 2\n'
+        "[training]\nrounds = 1\nlocal_steps = 1\n"
+    )
+    result = runner.invoke(app, ["run", str(cfg), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "runs" / "mine" / "summary.json").is_file()
+    assert not (tmp_path / "runs" / "demo").exists()

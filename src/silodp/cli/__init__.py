@@ -236,7 +236,12 @@ def run(
     config: Annotated[
         Path | None, typer.Argument(help="Experiment TOML; omitted: the built-in demo.")
     ] = None,
-    out: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("runs/demo"),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Results directory (default: runs/<config name>, runs/demo for the demo)."
+        ),
+    ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace results already in --out.")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
     resume: Annotated[
@@ -294,6 +299,8 @@ def run(
     continues it. Exit codes: 0 done, 2 bad input (nothing trained), 3 a privacy budget stopped
     a run (its model and results so far are kept), 130 interrupted by Ctrl-C, 143 by
     SIGTERM."""
+    if out is None:
+        out = Path("runs") / (config.stem if config is not None else "demo")
     _check_run_options(config, engine, on_failure, timeout, out, resume, ledger)
     target = resume if resume is not None else out
     restart = ["silodp", "run", *([str(config)] if config else []), "--out", str(out)]
