@@ -75,13 +75,23 @@ def plot_epsilon(metrics: Metrics, path: Path, title: str, delta: float) -> Path
         label = unit + f" ({adjacency_at(adjacency, unit)})"
         label += f", against {against}" if against else ""
         _curve(ax, metrics, lambda m, u=unit: m["epsilon"].get(u), label=label)
+        # adversaries whose ε differs from the headline; those with the same curve share one
+        # line (drawn apart, one would hide the other)
+        same: dict[tuple[Any, ...], list[str]] = {}
         for who in ("released", "server", "silos"):
 
             def value(m: Mapping[str, Any], u: str = unit, w: str = who) -> Any:
                 return m.get("epsilon_by_adversary", {}).get(w, {}).get(u)
 
             if any(value(m) != m["epsilon"].get(unit) for m in metrics if value(m) is not None):
-                _curve(ax, metrics, value, label=f"{unit}, against {who}", linestyle="--")
+                same.setdefault(tuple(value(m) for m in metrics), []).append(who)
+        for whom in same.values():
+
+            def shared(m: Mapping[str, Any], u: str = unit, w: str = whom[0]) -> Any:
+                return m.get("epsilon_by_adversary", {}).get(w, {}).get(u)
+
+            label = f"{unit}, against {' and '.join(whom)}"
+            _curve(ax, metrics, shared, label=label, linestyle="--")
     ax.set_xlabel("round")
     ax.set_ylabel(f"ε at δ={delta:g}")
     if units:
@@ -327,6 +337,11 @@ def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Pa
             label=label,
         )
     ax.set_xscale("log")
+    # ticks at 1, 2 and 5 of each decade, as plain numbers: matplotlib's default labels the
+    # minor ticks of a narrow range as "3×10⁰", which overlap
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("final ε")
     ax.set_ylabel("final test accuracy")
     ax.grid(alpha=0.3)

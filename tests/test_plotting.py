@@ -1,0 +1,61 @@
+"""Figures whose curves or labels could hide or garble what they show."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from silodp import plotting
+
+
+@pytest.fixture
+def figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    kept: list[Any] = []
+    monkeypatch.setattr(plotting, "save_figure", lambda fig, path: kept.append(fig) or path)
+    return kept
+
+
+def test_adversaries_with_the_same_epsilon_share_one_curve(tmp_path: Path, figures) -> None:
+    """Released model and server at the same ε (a ULDP run whose silos draw the sample): one
+    dashed curve named for both, not two on top of each other; the silos' own curve apart."""
+    rows = [
+        {
+            "round": r,
+            "epsilon": {"subject": 4.0 * r},
+            "adversary": "strongest",
+            "epsilon_by_adversary": {
+                "released": {"subject": 3.5 * r},
+                "server": {"subject": 3.5 * r},
+                "silos": {"subject": 4.0 * r},
+            },
+        }
+        for r in (1, 2, 3)
+    ]
+    plotting.plot_epsilon(rows, tmp_path / "e.png", "uldp_avg", 1e-5)
+    ax = figures[0].axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == [
+        "subject (add/remove), against strongest",
+        "subject, against released and server",
+    ]
+    assert len(ax.get_lines()) == 2
+
+
+def test_utility_against_epsilon_labels_a_narrow_log_axis_plainly(tmp_path, figures) -> None:
+    """ε from 3 to 40 (about one decade): tick labels are plain numbers at 1, 2, 5 × 10^k, and
+    no minor tick is labelled (matplotlib's default wrote overlapping "3×10⁰4×10⁰")."""
+    rows = [
+        {"algorithm": "a", "epsilon_subject_mean": e, "accuracy_mean": 0.5 + e / 100}
+        for e in (3.0, 8.0, 40.0)
+    ]
+    plotting.plot_utility_vs_epsilon(rows, tmp_path / "u.png")
+    fig = figures[0]
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    lo, hi = ax.get_xlim()
+    major = [t.get_text() for t in ax.get_xticklabels() if lo <= t.get_position()[0] <= hi]
+    minor = [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()]
+    assert {"5", "10", "20"} <= set(major) and not minor
+    assert all("×" not in t and "^" not in t for t in major)
