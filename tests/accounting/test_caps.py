@@ -28,6 +28,7 @@ from silodp.accounting.events import (
 from silodp.cli import app
 from silodp.cli.account import account_report
 from silodp.config import parse_config
+from silodp.errors import InvalidValueError
 from silodp.experiment import run_experiment
 from silodp.ledger.serialize import event_from_json, event_to_json
 
@@ -162,40 +163,99 @@ TINY = {
 
 
 @pytest.mark.parametrize(
-    ("privacy", "capped", "span_capped"),
-    [({}, False, False), ({"group_size": 4}, True, False), ({"span": 2}, False, True)],
-    ids=["no-caps", "group-cap", "span-cap"],
+    ("privacy", "data", "capped", "across"),
+    [
+        ({}, {}, False, False),
+        ({"group_size": 4}, {}, True, False),
+        ({"span": 2, "group_size": 4}, {}, True, True),
+        ({}, {"records_per_subject_per_silo": 2}, True, False),
+        ({}, {"records_per_subject": 6}, True, True),
+    ],
+    ids=["no-caps", "group-cap", "span-cap", "data-cap-per-silo", "data-cap-federation"],
 )
-def test_runs_charge_the_caps_they_apply(tmp_path: Path, privacy, capped, span_capped) -> None:
-    """A run sets what it capped in the algorithm's config; its record (silo) ε is the one
-    ``silodp account`` gives for its account command, which names the cap; and capping raises
-    the record (silo) ε above the uncapped run's at the same σ."""
+def test_runs_charge_the_caps_they_apply(tmp_path: Path, privacy, data, capped, across) -> None:
+    """A run sets what it capped in the algorithm's config, whether the bound is privacy's or
+    the data's own (``data.records_per_subject*`` drop records the same way); its record ε is
+    the one ``silodp account`` gives for its account command, which names the caps; capping
+    raises the record ε above the uncapped run's at the same σ, and a cap across silos (span,
+    or a federation-wide count) raises user_ldp's silo ε too."""
     raw = json.loads(json.dumps(TINY))
     raw["privacy"].update(privacy)
+    raw["data"].update(data)
     summary = run_experiment(parse_config(raw), tmp_path / "run")
     runs = {r["algorithm"]: r for r in summary["runs"]}
-    item = runs["local_item_dp"]
-    command = shlex.split(item["account_command"])
+    command = shlex.split(runs["local_item_dp"]["account_command"])
     assert ("--group-capped" if capped else "--no-group-capped") in command
+    assert ("--cross-silo-cap" in command) == ("records_per_subject" in data)
     account = json.loads(CliRunner().invoke(app, [*command[1:], "--json"]).output)
-    for name, unit in (("local_item_dp", "record"), ("user_ldp", "silo")):
-        got = runs[name]["epsilon"][unit]
-        if name == "local_item_dp":
-            assert got == pytest.approx(account["epsilon"][unit], rel=1e-5)  # per round vs at once
-        plain = account_report(
-            name,
-            noise_multiplier=1.5,
-            sample_rate=account["plan"]["sample_rate"] if name == "local_item_dp" else 1.0,
-            steps=2,
-            rounds=2,
-            silos=3,
-            settings={"group_size": account["plan"]["group_size"], "group_capped": False}
-            if name == "local_item_dp"
-            else {},
-        )["epsilon"][unit]
-        if name == "local_item_dp" and (capped or span_capped):
-            assert got > 1.2 * plain
-        elif name == "user_ldp" and span_capped:
-            assert got > 1.2 * plain
-        else:
-            assert got == pytest.approx(plain, rel=1e-5)
+    item = runs["local_item_dp"]["epsilon"]["record"]
+    assert item == pytest.approx(account["epsilon"]["record"], rel=1e-5)  # per round vs at once
+    plain = account_report(
+        "local_item_dp",
+        noise_multiplier=1.5,
+        sample_rate=account["plan"]["sample_rate"],
+        steps=2,
+        rounds=2,
+        silos=3,
+        settings={"group_size": account["plan"]["group_size"], "group_capped": False},
+    )["epsilon"]["record"]
+    if capped:
+        assert item > 1.2 * plain
+    else:
+        assert item == pytest.approx(plain, rel=1e-5)
+    silo = runs["user_ldp"]["epsilon"]["silo"]
+    plain_silo = account_report("user_ldp", noise_multiplier=1.5, steps=2, rounds=2, silos=3)
+    if across:
+        assert silo > 1.2 * plain_silo["epsilon"]["silo"]
+    else:
+        assert silo == pytest.approx(plain_silo["epsilon"]["silo"], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("algorithms", "privacy", "data", "match"),
+    [
+        (["local_item_dp"], {"span": 2}, {}, "privacy.group_size to be a public number"),
+        (["local_group_dp"], {"span": 2, "group_size": "max"}, {}, "got 'max'"),
+        (
+            ["local_item_dp"],
+            {"span": 2, "group_size": 4},
+            {"records_per_subject": 6},
+            r"records_per_subject_per_silo\) instead",
+        ),
+    ],
+)
+def test_caps_the_record_unit_cannot_cover_are_refused(
+    tmp_path: Path, algorithms, privacy, data, match
+) -> None:
+    """A span cap moves records only as many as a *public* k allows, and beside a
+    federation-wide count it could move several silos' records: refused, before anything is
+    written."""
+    raw = json.loads(json.dumps(TINY))
+    raw["algorithms"] = algorithms
+    raw["privacy"].update(privacy)
+    raw["data"].update(data)
+    with pytest.raises(InvalidValueError, match=match):
+        run_experiment(parse_config(raw), tmp_path / "run")
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("*.json"))
+
+
+def test_data_caps_are_refused_for_a_replace_one_record_unit(tmp_path: Path) -> None:
+    """prifedsync's record unit is one record *replaced*: a per-subject cap of the data can
+    turn that into two replacements (one subject's record out, another's dropped record in),
+    which its accounting does not cover."""
+    raw = {
+        "algorithms": ["prifedsync"],
+        "data": {
+            "source": "digits",
+            "num_silos": 4,
+            "allocation": "shards",
+            "shards_per_client": 2,
+            "test_per_client": 20,
+            "records_per_subject_per_silo": 2,
+        },
+        "model": {"name": "mlp"},
+        "training": {"rounds": 1, "local_steps": 1, "batch_size": 8, "lr": 0.01},
+        "privacy": {"noise_multiplier": 1.0},
+    }
+    with pytest.raises(InvalidValueError, match="caps with prifedsync"):
+        run_experiment(parse_config(raw), tmp_path / "run")

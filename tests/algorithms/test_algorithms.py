@@ -159,15 +159,26 @@ def test_events_per_algorithm() -> None:
     assert group.events["record"] == ComposedDpEvent((replace_one(record), record))
     # beside a federation-wide cap a span cap is not covered (and never applied)
     assert not make_algorithm("uldp_group", cfg).uses_span()
-    with pytest.raises(ValueError, match="no span cap"):
+    with pytest.raises(ValueError, match="no bound across silos"):
         make_algorithm("uldp_group", _with(cfg, span_cap=2)).silo_privacy(sampling_rate=0.25)
+    # a federation-wide cap of the data: a pushed-out record may sit in another silo
+    across = make_algorithm("local_item_dp", _with(cfg, cross_silo_cap=True))
+    assert across.silo_privacy(sampling_rate=0.25).events["record"] == ComposedDpEvent(
+        (replace_one(record), record)
+    )
+    # a span cap needs the per-silo group cap that bounds what a move carries
+    with pytest.raises(ValueError, match="public per-silo group bound"):
+        make_algorithm("local_item_dp", _with(cfg, span_cap=2, group_capped=False)).silo_privacy(
+            sampling_rate=0.25
+        )
     ldp = make_algorithm("user_ldp", cfg).silo_privacy(sampling_rate=0.25)
     assert ldp.events == {"silo": gaussian_steps(1.3 / 2, 4), "subject": gaussian_steps(1.3 / 2, 4)}
-    ldp = make_algorithm("user_ldp", _with(cfg, span_cap=2, num_silos=3))
-    assert ldp.silo_privacy(sampling_rate=0.25).events == {
-        "silo": SelfComposedDpEvent(gaussian_steps(1.3 / 2, 4), 3),
-        "subject": gaussian_steps(1.3 / 2, 4),
-    }
+    for caps in ({"span_cap": 2}, {"cross_silo_cap": True}):  # each changes other silos
+        ldp = make_algorithm("user_ldp", _with(cfg, num_silos=3, **caps))
+        assert ldp.silo_privacy(sampling_rate=0.25).events == {
+            "silo": SelfComposedDpEvent(gaussian_steps(1.3 / 2, 4), 3),
+            "subject": gaussian_steps(1.3 / 2, 4),
+        }
     hi = make_algorithm("higradavg_dp", cfg).silo_privacy(sampling_rate=0.25)
     assert hi.events == {"subject": poisson_gaussian_steps(1 - 0.75**4, 1.3, 4)}
     hi_sub = make_algorithm("higradavg_dp", _with(cfg, sampling="subject"))

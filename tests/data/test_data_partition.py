@@ -349,19 +349,26 @@ def test_one_added_record_changes_the_capped_data_as_the_record_unit_accounts(
     base = _rows(cap(full))
     rng = np.random.default_rng(11)
     seen = Counter()
-    for _ in range(300):
-        silo, subject = int(rng.integers(0, 4)), int(rng.integers(0, 30))
-        x = rng.normal(size=(1, 4)).astype(np.float32)
-        grown = FederatedDataset(
-            x=np.vstack([full.x, x]),
-            y=np.r_[full.y, int(rng.integers(0, 3))],
-            silo=np.r_[full.silo, silo],
-            subject=np.r_[full.subject, subject],
-            num_classes=3,
-            num_silos=4,
-        )
-        after = _rows(cap(grown))
+    for trial in range(600):
+        if trial % 2:  # a record added (any silo and subject) ...
+            silo, subject = int(rng.integers(0, 4)), int(rng.integers(0, 30))
+            x = rng.normal(size=(1, 4)).astype(np.float32)
+            other = FederatedDataset(
+                x=np.vstack([full.x, x]),
+                y=np.r_[full.y, int(rng.integers(0, 3))],
+                silo=np.r_[full.silo, silo],
+                subject=np.r_[full.subject, subject],
+                num_classes=3,
+                num_silos=4,
+            )
+        else:  # ... or one removed: the same bounds, the other way round
+            gone = int(rng.integers(len(full)))
+            silo, subject = int(full.silo[gone]), int(full.subject[gone])
+            other = full.subset(np.flatnonzero(np.arange(len(full)) != gone))
+        after = _rows(cap(other))
         added, removed = after - base, base - after
+        if not trial % 2:
+            added, removed = removed, added  # seen from the smaller dataset
         assert {row[1] for row in added + removed} <= {subject}
         k = 2
         if span is None:

@@ -416,3 +416,22 @@ def test_dp_scaling_names_the_guarantee_it_does_not_compose_with(
         return
     with pytest.raises(InvalidValueError, match=re.escape(what)):
         dp_scaling(config, None)  # type: ignore[arg-type]
+
+
+def test_dp_scaling_refuses_a_span_one_algorithm_overrides() -> None:
+    """The statistics are computed and composed over privacy.span once for every algorithm:
+    an [algorithm.NAME] span below it would compose their release over fewer silos than they
+    touched (an optimistic subject ε)."""
+    import dataclasses
+
+    from silodp.config import load_config
+    from silodp.errors import InvalidValueError
+    from silodp.experiment.prepare import dp_scaling
+
+    smoke = Path(__file__).resolve().parents[2] / "configs" / "smoke.toml"
+    config = load_config(smoke)
+    config = dataclasses.replace(
+        config, algorithms=("local_item_dp",), overrides={"local_item_dp": {"span": 1}}
+    )
+    with pytest.raises(InvalidValueError, match=r"no \[algorithm.local_item_dp\] span"):
+        dp_scaling(config, None)  # type: ignore[arg-type]

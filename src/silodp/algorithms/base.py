@@ -81,6 +81,9 @@ class AlgorithmConfig:
       span_cap: the span the experiment capped the data to (a subject's records kept in at
         most that many silos), or None when it did not; the record and silo units account
         for what the cap does to their neighbours (:mod:`silodp.algorithms.caps`).
+      cross_silo_cap: whether a bound on a subject's records in the whole federation was
+        applied across silos (``data.records_per_subject``; ``uldp_group``'s own bound counts
+        without it), so that one record can push out another in a different silo.
     """
 
     local_steps: int = hyperparameter(10, "training", "Local steps per round T.")
@@ -92,12 +95,23 @@ class AlgorithmConfig:
     noise_multiplier: float = hyperparameter(1.0, None)
     num_silos: int | None = hyperparameter(None, None)
     span_cap: int | None = hyperparameter(None, None)
+    cross_silo_cap: bool = hyperparameter(
+        False,
+        None,
+        "A bound on a subject's records in the whole federation dropped records across silos "
+        "(data.records_per_subject): one record can push out another in a different silo.",
+        account=True,
+    )
 
     def __post_init__(self) -> None:
         if self.num_silos is not None:
             check_int("num_silos", self.num_silos, 1)
         if self.span_cap is not None:
             check_int("span_cap", self.span_cap, 1)
+        if not isinstance(self.cross_silo_cap, bool):
+            raise InvalidValueError(
+                f"Expected cross_silo_cap to be true or false, got {self.cross_silo_cap!r}."
+            )
         check_int(self.key("local_steps"), self.local_steps, 1, MAX_STEPS)
         check_choice(self.key("grad_method"), self.grad_method, ("auto", "vmap"))
         check_int(self.key("batch_size"), self.batch_size, 1, MAX_BATCH_SIZE)

@@ -8,7 +8,8 @@ differ by that subject after capping: the subject unit is unaffected. A smaller 
 
 * **group cap.** Adding one record to a subject already at the cap can push out another of its
   records. The capped datasets then differ by a *replacement*, in the same silo (per-silo cap)
-  or possibly in another silo (federation-wide cap).
+  or possibly in another silo (a federation-wide cap: ``uldp_group``'s bound, or
+  ``data.records_per_subject``, which the data's own caps apply the same way).
 * **span cap.** Adding one record can give its silo a higher priority than one of the
   subject's kept silos: up to ``k`` of the subject's records (the per-silo bound) come in there
   and the subject's records leave the silo it drops. For the silo unit, replacing one silo's
@@ -26,6 +27,7 @@ from __future__ import annotations
 from dp_accounting import dp_event
 
 from silodp.accounting.events import replace_one
+from silodp.errors import InvalidValueError
 
 __all__ = ["record_event_under_caps", "silo_event_under_span_cap"]
 
@@ -35,7 +37,7 @@ def record_event_under_caps(
     subject: dp_event.DpEvent,
     *,
     group_capped: bool,
-    group_scope: str,
+    cross_silo: bool,
     span_cap: int | None,
 ) -> dp_event.DpEvent:
     """One silo's record-unit event in a round, given the caps applied to the data.
@@ -47,20 +49,24 @@ def record_event_under_caps(
     * no cap: ``record``;
     * group cap per silo: one record replaced by another in the silo, ``replace_one(record)``
       (which also bounds a plain addition);
-    * group cap in the federation: that, or an addition here and a removal in another silo,
-      both bounded by ``replace_one(record)`` composed with ``record``;
-    * span cap (per-silo group bound): additionally up to ``k`` records entering one silo and
-      up to ``k`` leaving another, each silo bounded by ``subject``. These are composed with
-      the above, which is loose but covers every case in one event.
+    * a cap across silos (``cross_silo``): that, or an addition here and a removal in another
+      silo, both bounded by ``replace_one(record)`` composed with ``record``;
+    * span cap (with a public per-silo group bound k): additionally up to ``k`` records
+      entering one silo and up to ``k`` leaving another, each silo bounded by ``subject``.
+      These are composed with the above, which is loose but covers every case in one event.
 
     Raises:
-      ValueError: a span cap beside a federation-wide group bound (not covered).
+      InvalidValueError: a span cap beside a cap across silos (not covered), or without the
+        group cap that bounds what a move carries.
     """
-    if span_cap is not None and group_scope == "federation":
-        raise ValueError("Expected no span cap with a federation-wide group bound.")
-    if group_capped:
+    if span_cap is not None and (cross_silo or not group_capped):
+        raise InvalidValueError(
+            "Expected a span cap only beside a public per-silo group bound (and no bound "
+            "across silos): only that bounds the records one added record can move."
+        )
+    if group_capped or cross_silo:
         parts = [replace_one(record)]
-        if group_scope == "federation":
+        if cross_silo:
             parts.append(record)
     else:
         parts = [record]
@@ -70,17 +76,20 @@ def record_event_under_caps(
 
 
 def silo_event_under_span_cap(
-    silo: dp_event.DpEvent, *, span_cap: int | None, num_silos: int | None
+    silo: dp_event.DpEvent, *, span_cap: int | None, cross_silo: bool, num_silos: int | None
 ) -> dp_event.DpEvent:
-    """One silo's silo-unit event in a round: ``silo`` without a span cap; with one,
-    ``silo`` composed over every silo (replacing one silo's dataset can change which records
-    each other silo keeps, and each silo's event bounds any change of its own dataset).
+    """One silo's silo-unit event in a round: ``silo`` without a cap across silos; with a span
+    cap or a federation-wide bound (``cross_silo``), ``silo`` composed over every silo
+    (replacing one silo's dataset can change which records each other silo keeps, and each
+    silo's event bounds any change of its own dataset).
 
     Raises:
-      ValueError: a span cap without the number of silos.
+      InvalidValueError: such a cap without the number of silos.
     """
-    if span_cap is None:
+    if span_cap is None and not cross_silo:
         return silo
     if num_silos is None:
-        raise ValueError("Expected num_silos with a span cap: the silo unit composes over them.")
+        raise InvalidValueError(
+            "Expected num_silos with a cap across silos: the silo unit composes over them."
+        )
     return dp_event.SelfComposedDpEvent(silo, num_silos) if num_silos > 1 else silo

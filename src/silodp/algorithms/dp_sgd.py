@@ -183,7 +183,12 @@ class LocalItemDP(Algorithm):
         return self.group_scope
 
     def account_options(self) -> dict[str, Any]:
-        return {"group_size": self.config.group_size, "group_capped": self.config.group_capped}
+        cfg = self.config
+        return {
+            "group_size": cfg.group_size,
+            "group_capped": cfg.group_capped,
+            **({"cross_silo_cap": True} if cfg.cross_silo_cap else {}),
+        }
 
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
         cfg = self.config
@@ -194,7 +199,7 @@ class LocalItemDP(Algorithm):
             record,
             subject,
             group_capped=cfg.group_capped,
-            group_scope=self.group_scope,
+            cross_silo=cfg.cross_silo_cap or self.group_scope == "federation",
             span_cap=cfg.span_cap,
         )
         return SiloPrivacy(

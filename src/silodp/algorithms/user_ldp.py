@@ -50,10 +50,15 @@ class UserLDP(Algorithm):
     threat_model = "local DP: holds against the server and other silos"
     adjacency: ClassVar[Mapping[str, str]] = {"silo": "replace-one", "subject": "add/remove"}
 
+    def account_options(self) -> dict[str, Any]:
+        return {"cross_silo_cap": True} if self.config.cross_silo_cap else {}
+
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
         cfg = self.config
         event = gaussian_steps(cfg.noise_multiplier / REPLACEMENT_FACTOR, cfg.local_steps)
-        silo = silo_event_under_span_cap(event, span_cap=cfg.span_cap, num_silos=cfg.num_silos)
+        silo = silo_event_under_span_cap(
+            event, span_cap=cfg.span_cap, cross_silo=cfg.cross_silo_cap, num_silos=cfg.num_silos
+        )
         return SiloPrivacy({"silo": silo, "subject": event})
 
     def local_update(

@@ -184,6 +184,54 @@ def _delta_notes(
     return notes
 
 
+def _caps(
+    name: str,
+    algorithm: Algorithm,
+    privacy: PrivacyConfig,
+    config: ExperimentConfig,
+    span: int,
+    num_silos: int,
+) -> dict[str, Any]:
+    """What the data's caps and the public bounds dropped, as the algorithm's config records
+    it (the record and silo units account for it: :mod:`silodp.algorithms.caps`).
+
+    Raises:
+      InvalidValueError: caps whose effect on the algorithm's record unit is not covered.
+    """
+    data = config.data
+    across = data.records_per_subject is not None
+    data_capped = across or data.records_per_subject_per_silo is not None
+    span_cap = span if algorithm.uses_span() and span < num_silos else None
+    record = "record" in algorithm.units
+    if record and data_capped and algorithm.adjacency_of("record") != "add/remove":
+        raise InvalidValueError(
+            f"Expected no data.records_per_subject* caps with {name}: they change which other "
+            f"records a silo keeps, which its {algorithm.adjacency_of('record')} record "
+            "accounting does not cover."
+        )
+    scope = algorithm.group_bound_scope()
+    if record and scope is not None and span_cap is not None:
+        if across:
+            raise InvalidValueError(
+                f"Expected no data.records_per_subject with privacy.span={span} below the "
+                f"{num_silos} silos for {name}: a record moving its subject between silos "
+                "would change records in several silos, which its record-level ε does not "
+                "cover; cap records per silo (data.records_per_subject_per_silo) instead."
+            )
+        if not isinstance(privacy.group_size, int):
+            raise InvalidValueError(
+                f"Expected privacy.group_size to be a public number with privacy.span={span} "
+                f"below the {num_silos} silos for {name}, got {privacy.group_size!r}: one "
+                "added record can move its subject's records into another silo, and only a "
+                "public bound k limits how many (a k taken from the data does not)."
+            )
+    return {
+        "group_capped": (privacy.group_size is not None and scope is not None) or data_capped,
+        "cross_silo_cap": across,
+        "span_cap": span_cap,
+    }
+
+
 def privacy_caps(config: ExperimentConfig, data: FederatedData) -> dict[str, dict[str, Any]]:
     """What each listed private algorithm's public bounds keep of ``data`` before it trains
     (as :func:`prepare_run` applies them; nothing is calibrated): per algorithm, the group
@@ -233,13 +281,9 @@ def prepare_run(
         data.train, privacy, config.data.seed, probe
     )
     silos_per_round = probe.check_schedule(training.silos_per_round, train.num_silos)
+    caps = _caps(name, probe, privacy, config, span, train.num_silos)
     algo_config = config.algorithm_config(
-        name,
-        group_size=group_size or 1,
-        num_silos=train.num_silos,
-        # what _bound_data capped: the record and silo units account for it
-        group_capped=privacy.group_size is not None and probe.group_bound_scope() is not None,
-        span_cap=span if probe.uses_span() and span < train.num_silos else None,
+        name, group_size=group_size or 1, num_silos=train.num_silos, **caps
     )
     probe = make_algorithm(name, algo_config)
     plan: PrivacyPlan | None = None
@@ -342,6 +386,12 @@ def dp_scaling(
 
     privacy = config.privacy
     for name in config.algorithms:
+        if config.for_algorithm(name)[1].span != privacy.span:
+            raise InvalidValueError(
+                f"Expected no [algorithm.{name}] span with [data] scaling = 'dp': the DP "
+                "feature statistics are computed once, composed over privacy.span for every "
+                "algorithm."
+            )
         cls = ALGORITHMS[name]
         refused = [
             f"{u}-level ({cls.adjacency_of(u)})"
@@ -370,9 +420,11 @@ def dp_scaling(
         capped, bounds=config.data.feature_bounds, noise_multiplier=sigma, coins=coins
     )
     event = stats.dp_event
-    # with a span cap, one added record can move its subject's records from one silo to
-    # another: two silos' statistics change, each by at most one subject's contribution
-    record = event if span >= data.train.num_silos else dp_event.SelfComposedDpEvent(event, 2)
+    # with a span cap (or a federation-wide cap of the data), one added record can move its
+    # subject's records from one silo to another: two silos' statistics change, each by at
+    # most one subject's contribution
+    across = span < data.train.num_silos or config.data.records_per_subject is not None
+    record = dp_event.SelfComposedDpEvent(event, 2) if across else event
     releases = tuple(
         SiloPrivacy({"record": record, "subject": event}) for _ in range(data.train.num_silos)
     )
