@@ -237,25 +237,3 @@ def test_caps_the_record_unit_cannot_cover_are_refused(
     with pytest.raises(InvalidValueError, match=match):
         run_experiment(parse_config(raw), tmp_path / "run")
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("*.json"))
-
-
-def test_data_caps_are_refused_for_a_replace_one_record_unit(tmp_path: Path) -> None:
-    """prifedsync's record unit is one record *replaced*: a per-subject cap of the data can
-    turn that into two replacements (one subject's record out, another's dropped record in),
-    which its accounting does not cover."""
-    raw = {
-        "algorithms": ["prifedsync"],
-        "data": {
-            "source": "digits",
-            "num_silos": 4,
-            "allocation": "shards",
-            "shards_per_client": 2,
-            "test_per_client": 20,
-            "records_per_subject_per_silo": 2,
-        },
-        "model": {"name": "mlp"},
-        "training": {"rounds": 1, "local_steps": 1, "batch_size": 8, "lr": 0.01},
-        "privacy": {"noise_multiplier": 1.0},
-    }
-    with pytest.raises(InvalidValueError, match="caps with prifedsync"):
-        run_experiment(parse_config(raw), tmp_path / "run")

@@ -160,3 +160,15 @@ def test_a_sweep_refused_by_its_budget_writes_nothing(tmp_path: Path) -> None:
     assert not any((tmp_path / "out").rglob("*.json")) and not any(
         (tmp_path / "out").rglob("*.toml")
     )
+
+
+def test_data_caps_are_refused_for_its_replace_one_record_unit(tmp_path: Path) -> None:
+    """The record unit is one record *replaced*: a per-subject cap of the data can turn that
+    into two replacements (one subject's record out, another's dropped record back in), which
+    the accounting does not cover (docs/guarantees.md, C4)."""
+    from silodp.errors import InvalidValueError
+
+    raw = _raw(data__records_per_subject_per_silo=2)
+    raw.pop("sweep")
+    with pytest.raises(InvalidValueError, match="caps with prifedsync"):
+        run_experiment(parse_config(raw), tmp_path / "out")
