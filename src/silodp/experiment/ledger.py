@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from silodp.accounting.interface import Accountant, accountant_from_spec
+from silodp.accounting.interface import Accountant
 from silodp.experiment.prepare import PreparedRun
 from silodp.io import check_writable_dir
-from silodp.ledger import BudgetExceededError, Ledger, LedgerError, RunLedger
+from silodp.ledger import Ledger, LedgerError, RunLedger
+from silodp.ledger.run import check_budget, total_before
 
 __all__ = [
     "LEDGER_FILE",
@@ -124,17 +125,11 @@ def check_plan_fits(run: PreparedRun) -> None:
     spent: dict[str, float] = {}
     existing = _existing(run.privacy.ledger)
     if existing is not None:
-        spec = accountant.spec()
         with Ledger(existing, read_only=True) as ledger:
-            earlier = [r.id for r in ledger.runs() if r.accountant.get("kind") == spec["kind"]]
-            if earlier:
-                total = ledger.replay(earlier, accountant_from_spec(spec))
-                spent = {unit: est.epsilon for unit, est in total.estimates().items()}
-    would_be = _plan_epsilon(run, total)
-    for unit, limit in budget.items():
-        value = would_be.get(unit, 0.0)
-        if not value <= limit * (1 + 1e-9):  # RunLedger.check's tolerance
-            raise BudgetExceededError(unit, spent.get(unit, 0.0), value, limit, "run's whole plan")
+            total, shared = total_before(ledger, accountant)
+        if shared:
+            spent = {unit: est.epsilon for unit, est in total.estimates().items()}
+    check_budget(budget, spent, _plan_epsilon(run, total), "run's whole plan")
 
 
 def set_aside_ledger(run_dir: Path) -> Path | None:

@@ -19,7 +19,7 @@ from silodp.accounting.interface import Accountant, accountant_from_spec
 from silodp.errors import SilodpError
 from silodp.ledger.store import Ledger
 
-__all__ = ["BudgetExceededError", "RunLedger"]
+__all__ = ["BudgetExceededError", "RunLedger", "check_budget", "total_before"]
 
 
 class BudgetExceededError(SilodpError):
@@ -38,6 +38,30 @@ class BudgetExceededError(SilodpError):
 
 def _epsilons(accountant: Accountant) -> dict[str, float]:
     return {unit: est.epsilon for unit, est in accountant.estimates().items()}
+
+
+def total_before(ledger: Ledger, accountant: Accountant) -> tuple[Accountant, bool]:
+    """(the ledger's total before a run with ``accountant``: a replay of every earlier run of
+    the same accounting kind, else ``accountant`` itself; whether there was one)."""
+    spec = accountant.spec()
+    earlier = [r.id for r in ledger.runs() if r.accountant.get("kind") == spec["kind"]]
+    if not earlier:
+        return accountant, False
+    return ledger.replay(earlier, accountant_from_spec(spec)), True
+
+
+def check_budget(
+    budget: Mapping[str, float],
+    spent: Mapping[str, float],
+    would_be: Mapping[str, float],
+    what: str = "next round",
+) -> None:
+    """Raises:
+    BudgetExceededError: a unit's ``would_be`` ε exceeds its ``budget`` (float slack only)."""
+    for unit, limit in budget.items():
+        value = would_be.get(unit, 0.0)
+        if not value <= limit * (1 + 1e-9):
+            raise BudgetExceededError(unit, spent.get(unit, 0.0), value, limit, what)
 
 
 class RunLedger:
@@ -77,12 +101,8 @@ class RunLedger:
         self.ledger = ledger
         self.budget = dict(budget or {})
         spec = accountant.spec()
-        earlier = [r.id for r in ledger.runs() if r.accountant.get("kind") == spec["kind"]]
         #: the ledger's total so far (earlier runs), composed with this run's rounds as they end
-        self.total = accountant
-        self.shared = bool(earlier)
-        if self.shared:
-            self.total = ledger.replay(earlier, accountant_from_spec(spec))
+        self.total, self.shared = total_before(ledger, accountant)
         if plan_check is not None and self.budget:  # the whole plan, before anything runs
             self.check(plan_check(self.total), "run's whole plan")
         self.run_id = ledger.open_run(
@@ -143,11 +163,7 @@ class RunLedger:
     def check(self, would_be: Mapping[str, float], what: str = "next round") -> None:
         """Raises:
         BudgetExceededError: a unit's ``would_be`` ε exceeds its budget."""
-        spent = self.spent()
-        for unit, limit in self.budget.items():
-            value = would_be.get(unit, 0.0)
-            if not value <= limit * (1 + 1e-9):
-                raise BudgetExceededError(unit, spent.get(unit, 0.0), value, limit, what)
+        check_budget(self.budget, self.spent(), would_be, what)
 
     def check_round(self, planned: Sequence[SiloPrivacy], participants: int | None = None) -> None:
         """Refuses the next round if, with every silo that may take part running ``planned``,
