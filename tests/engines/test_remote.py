@@ -60,6 +60,8 @@ class FaultyTransport(LoopbackTransport):
     def __init__(self, runtimes: Mapping[int, SiloRuntime]) -> None:
         super().__init__(runtimes)
         self.faults: dict[tuple[int, int], str] = {}
+        #: the keys of every update a silo sent, as the server received it
+        self.update_keys: list[set[str]] = []
 
     def exchange(self, requests, timeout):
         fault = {
@@ -73,6 +75,9 @@ class FaultyTransport(LoopbackTransport):
             out = super().exchange(requests, timeout)
         finally:
             self.down = down
+        for node in fault:
+            if isinstance(out.get(node), bytes):
+                self.update_keys.append(set(wire.decode(out[node])["update"]))
         for node, f in fault.items():
             if f == "error":
                 out[node] = "the silo's process failed: out of memory"
@@ -141,6 +146,12 @@ def test_same_model_and_epsilon_as_in_process(tmp_path, algorithm, privacy):
     assert remote["runs"][0]["notes"] == expected
     written = json.loads((tmp_path / "b" / algorithm / "summary.json").read_text())
     assert written["notes"] == expected
+    # a silo's batch diagnostics (subjects per batch, largest group) count its secret batches
+    # and subjects: they never leave the silo
+    assert transport.update_keys
+    assert all(
+        k == {"silo", "params", "num_records", "privacy", "payload"} for k in transport.update_keys
+    )
 
 
 def test_silos_sample_without_noise_from_an_exchanged_seed(tmp_path):

@@ -312,8 +312,6 @@ def _reply() -> dict[str, Any]:
             "params": {"w": torch.ones(2, 3)},
             "num_records": 5,
             "privacy": None,
-            "group_sizes": [1, 2],
-            "subjects_per_batch": [3],
             "payload": None,
         },
         "state": {},
@@ -346,8 +344,6 @@ def test_a_wrong_reply_field_is_a_malformed_reply_error(data: st.DataObject, val
                 "params",
                 "num_records",
                 "privacy",
-                "group_sizes",
-                "subjects_per_batch",
                 "payload",
             ]
         )

@@ -46,13 +46,16 @@ class MalformedReplyError(InvalidValueError):
 
 
 def update_to_wire(update: SiloUpdate) -> dict[str, Any]:
+    """What a silo sends the server of its update: its message, record count and DP events.
+
+    The update's batch diagnostics (``group_sizes``, ``subjects_per_batch``) stay at the silo:
+    they count the silo's secret batches and subjects, which no ε covers.
+    """
     return {
         "silo": update.silo,
         "params": update.params,
         "num_records": update.num_records,
         "privacy": update.privacy,
-        "group_sizes": update.group_sizes,
-        "subjects_per_batch": update.subjects_per_batch,
         "payload": update.payload,
     }
 
@@ -100,14 +103,6 @@ def _check_params(silo: int, params: Any, like: Params, masked_size: int | None)
     return params
 
 
-def _check_counts(silo: int, name: str, values: Any) -> list[int]:
-    if not isinstance(values, list) or any(
-        isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT for v in values
-    ):
-        raise _fail(silo, f"expected {name} as a list of counts in [0, 2^62]")
-    return values
-
-
 def update_from_wire(
     reply: Any,
     *,
@@ -130,7 +125,7 @@ def update_from_wire(
     if missing:
         raise _fail(silo, f"missing {missing}")
     body = reply["update"]
-    keys = ("silo", "params", "num_records", "privacy", "group_sizes", "subjects_per_batch")
+    keys = ("silo", "params", "num_records", "privacy")
     if not isinstance(body, dict) or any(k not in body for k in keys):
         raise _fail(silo, f"expected an update with {list(keys)}")
     answers = body["silo"]
@@ -158,7 +153,5 @@ def update_from_wire(
         params=params,
         num_records=n,
         privacy=privacy,
-        group_sizes=_check_counts(silo, "group_sizes", body["group_sizes"]),
-        subjects_per_batch=_check_counts(silo, "subjects_per_batch", body["subjects_per_batch"]),
         payload=payload,
     )

@@ -497,9 +497,4 @@ class RemoteEngine(Simulator):
             size = int(v.numel())
             params[k] = flat[start : start + size].reshape(v.shape)
             start += size
-        return replace(
-            updates[0],
-            params=params,
-            group_sizes=[g for u in updates for g in u.group_sizes],
-            subjects_per_batch=[d for u in updates for d in u.subjects_per_batch],
-        )
+        return replace(updates[0], params=params)
