@@ -103,6 +103,21 @@ def test_account_prints_each_epsilon_and_mu_rounded_up() -> None:
     assert nearest_below > 0  # the check above would catch rounding to nearest
 
 
+def test_account_prints_a_calibrated_sigma_rounded_up() -> None:
+    """A calibrated σ copied from the text report into a config still reaches the target: it
+    is the JSON value rounded up to 6 figures (to nearest, some would print below it)."""
+    nearest_below = 0
+    for target in ("1", "2", "3", "4", "6", "8"):
+        args = ["account", "--algorithm", "local_item_dp", "--target-epsilon", target]
+        args += ["--rounds", "10", "--silos", "3", "--sample-rate", "0.01", "--steps", "100"]
+        text = runner.invoke(app, args)
+        exact = json.loads(runner.invoke(app, [*args, "--json"]).output)["noise_multiplier"]
+        shown = float(re.search(r"σ = ([0-9.]+) \(calibrated\)", text.output).group(1))
+        assert exact <= shown < exact * (1 + 1e-5), (target, exact, shown)
+        nearest_below += float(f"{exact:.6g}") < exact
+    assert nearest_below > 0  # the check above would catch rounding to nearest
+
+
 def test_run_summary_table_rounds_epsilon_up() -> None:
     """``silodp run``'s closing table: 3 significant figures, rounded up (1.2345 → 1.24, where
     rounding to nearest would show 1.23), in the table and in the per-adversary lines."""

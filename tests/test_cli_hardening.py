@@ -439,6 +439,19 @@ def test_account_refuses_what_it_used_to_clamp_or_crash_on(extra: list[str], mes
     assert f"error: {message}" in result.output
 
 
+@pytest.mark.parametrize("algorithm", ["uldp_avg", "uldp_naive", "uldp_avg_w"])
+def test_account_refuses_a_schedule_a_run_refuses(algorithm: str) -> None:
+    # each silo adds 1/S of the noise: with 2 of 3 silos the plan's σ is never reached
+    args = ["account", "--algorithm", algorithm, "--noise-multiplier", "1", "--silos", "3"]
+    result = runner.invoke(app, [*args, "--silos-per-round", "2"])
+    assert result.exit_code == 2, result.output
+    _no_traceback(result)
+    assert "splits its noise over all 3 silos; expected --silos-per-round=2 to be 3" in (
+        result.output
+    )
+    assert runner.invoke(app, [*args, "--silos-per-round", "3"]).exit_code == 0
+
+
 LARGEST = ["--steps", "1000000", "--rounds", "1000000", "--silos", "1000000"]
 
 

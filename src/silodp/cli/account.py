@@ -80,10 +80,16 @@ def account_report(
         raise InvalidValueError(
             f"Algorithm {algorithm!r} is not differentially private; it has no ε."
         )
+    try:  # a schedule a run would refuse (e.g. ULDP's noise split over every silo)
+        silos_per_round = probe.check_schedule(silos_per_round, silos)
+    except InvalidValueError as err:
+        raise InvalidValueError(
+            str(err).replace("training.silos_per_round", "--silos-per-round")
+        ) from None
     plan = PrivacyPlan(
         sampling_rates=(sample_rate,) * silos,
         rounds=rounds,
-        silos_per_round=silos if silos_per_round is None else silos_per_round,
+        silos_per_round=silos_per_round,
         span=silos if span is None else span,
         delta=delta,
         adversary=adversary,
@@ -154,12 +160,23 @@ def account_report(
     return result
 
 
+def _sigma(result: dict[str, Any]) -> str:
+    """σ to 6 figures; a calibrated one rounded up (copied into a config, it reaches the
+    target ε or less)."""
+    sigma = result["noise_multiplier"]
+    return (
+        display.upper(sigma, 6)
+        if result["noise_multiplier_source"] == "calibrated"
+        else (f"{sigma:.6g}")
+    )
+
+
 def print_report(result: dict[str, Any]) -> None:
     """The report as text: σ, then ε per unit (guarantees), against whom where it differs,
     μ and labelled estimates."""
     plan = result["plan"]
     typer.echo(
-        f"{result['algorithm']}: σ = {result['noise_multiplier']:.6g} "
+        f"{result['algorithm']}: σ = {_sigma(result)} "
         f"({result['noise_multiplier_source']}), δ = {result['delta']:g}, "
         f"S = {plan['silos']}, R = {plan['rounds']}, ε against {result['adversary']}"
         + (f", {result['adjacency']} adjacency" if result["adjacency"] == "replace-one" else "")

@@ -9,7 +9,7 @@ import math
 import os
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +328,14 @@ def _prepare_data(
     return data, releases, scaling
 
 
+def _shown_sigma(sigma: float, calibration: Mapping[str, Any]) -> str:
+    """σ for the console: a calibrated one rounded up to 4 figures (copied into a config, it
+    reaches the target ε or less), a given one as given."""
+    if calibration.get("method") == "calibrated":
+        return display.upper(sigma, 4)
+    return f"{sigma:.6g}"
+
+
 def run_experiment(
     config: ExperimentConfig,
     out_dir: str | Path,
@@ -390,7 +398,7 @@ def run_experiment(
         run = prepare_run(name, config, data, releases=releases)
         if run.noise_multiplier is not None and run.plan is not None:
             log(
-                f"{name}: noise multiplier {run.noise_multiplier:.4g} "
+                f"{name}: noise multiplier {_shown_sigma(run.noise_multiplier, run.calibration)} "
                 f"({run.calibration['method']}), "
                 + (f"group size k={run.group_size}, " if run.group_size else "")
                 + f"span={run.span}, "
