@@ -300,49 +300,53 @@ def _uldp_epsilon(sigma: float, known: bool, *, q: float = 0.1, rounds: int = 50
 
 
 @pytest.mark.parametrize(
-    ("sampler", "weighting", "knowing"),
+    ("algorithm", "options", "knowing", "blind"),
     [
-        ("server", "clear", {"server", "silos"}),  # the silos receive zeroed weights
-        ("server", "protocol", {"server"}),  # Enc(0) hides the sample from the silos
-        ("silos", "protocol", {"silos"}),  # the server never sees the silos' secret
+        # the silos receive the server's zeroed weights
+        ("uldp_avg", ["--subject-sampler", "server"], {"server", "silos"}, set()),
+        # Enc(0) hides the sample from the silos; the server sees which totals are 0
+        ("uldp_avg_w", ["--subject-sampler", "server"], {"server"}, {"server"}),
+        # the server never sees the silos' secret
+        ("uldp_avg_w", ["--subject-sampler", "silos"], {"silos"}, {"server"}),
+        # fixed-point weights: the server sees no totals
+        (
+            "uldp_avg_w",
+            ["--subject-sampler", "silos", "--scheme", "bfv", "--weight-encoding", "fixed_point"],
+            {"silos"},
+            set(),
+        ),
+        # clear weights: the server computes them and every silo receives them
+        (
+            "uldp_avg_w",
+            ["--subject-sampler", "server", "--weighting", "clear"],
+            {"server", "silos"},
+            {"server", "silos"},
+        ),
     ],
 )
 def test_account_uldp_subject_sampling_per_adversary(
-    sampler: str, weighting: str, knowing: set[str]
+    algorithm: str, options: list[str], knowing: set[str], blind: set[str]
 ) -> None:
-    result = runner.invoke(
-        app,
-        [
-            "account",
-            "--algorithm",
-            "uldp_avg_w",
-            "--noise-multiplier",
-            "1.0",
-            "--sample-rate",
-            "0.1",
-            "--rounds",
-            "50",
-            "--silos",
-            "3",
-            "--delta",
-            "1e-5",
-            "--subject-sampler",
-            sampler,
-            "--weighting",
-            weighting,
-            "--json",
-        ],
-    )
+    args = ["account", "--algorithm", algorithm, "--noise-multiplier", "1.0"]
+    args += ["--sample-rate", "0.1", "--rounds", "50", "--silos", "3", "--delta", "1e-5"]
+    result = runner.invoke(app, [*args, *options, "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     by = {who: eps["subject"] for who, eps in out["epsilon_by_adversary"].items()}
     # the review's figures for σ = 1: 16.07 when the adversary knows the sample, 5.15 if not
     assert by["released"] == pytest.approx(5.15, abs=0.01)
-    assert by["server"] == pytest.approx(16.07 if "server" in knowing else 5.15, abs=0.01)
-    # one silo knows its own third of the noise variance: σ√(2/3) against it
-    silos = _uldp_epsilon(math.sqrt(2 / 3), "silos" in knowing)
-    assert silos <= by["silos"] <= silos * (1 + 2e-3)
-    assert out["epsilon"]["subject"] == max(by.values())
+    # no guarantee (ε = inf, written as null) against whoever sees data-dependent weights
+    assert {who for who, eps in by.items() if eps is None} == blind
+    if "server" not in blind:
+        assert by["server"] == pytest.approx(16.07 if "server" in knowing else 5.15, abs=0.01)
+    if "silos" not in blind:
+        # one silo knows its own third of the noise variance: σ√(2/3) against it
+        silos = _uldp_epsilon(math.sqrt(2 / 3), "silos" in knowing)
+        assert silos <= by["silos"] <= silos * (1 + 2e-3)
+    finite = [eps for eps in by.values() if eps is not None]
+    assert out["epsilon"]["subject"] == (None if blind else max(finite))
+    text = runner.invoke(app, [*args, *options]).output
+    assert ("note: " in text) == bool(blind)
 
 
 def test_federation_up_refuses_a_silo_count_other_than_the_data(tmp_path):

@@ -15,6 +15,7 @@ from dataclasses import fields
 import numpy as np
 import pytest
 import torch
+from dp_accounting import dp_event
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -353,7 +354,12 @@ def test_local_update_contract(name) -> None:
     # own noise share (S = 3 silos: the others' noise has multiplier 1.1·√(2/3))
     assert train.num_silos == 3
     peers = 1.1 * math.sqrt(2 / 3)
-    assert a.privacy.views == {"silos": {"subject": known_sample_gaussian_steps(0.6, peers, 1)}}
+    if name == "uldp_avg_w":  # clear weights n_{s,a}/n_a: the server and the silos see them
+        blind = {"subject": dp_event.NonPrivateDpEvent()}
+        assert a.privacy.views == {"server": blind, "silos": blind}
+    else:
+        views = {"silos": {"subject": known_sample_gaussian_steps(0.6, peers, 1)}}
+        assert a.privacy.views == views
     full = make_algorithm(name, _with(cfg, subject_rate=1.0), train)
     assert full.silo_privacy(sampling_rate=1.0).events == {"subject": gaussian_steps(1.1, 1)}
 
@@ -943,18 +949,35 @@ def test_protocol_round_aborts_when_a_silo_drops_out() -> None:
 SILO_SIGMA = 0.9 * math.sqrt(2 / 3)  # σ√((S-1)/S) with S = 3: what one silo's peers add
 
 
+BLIND = {"subject": dp_event.NonPrivateDpEvent()}
+
+
+def _blind(name: str, **kw: object) -> set[str]:
+    """The adversaries with no guarantee (a non-private view) at any sampling rate."""
+    algo = make_algorithm(name, dict(noise_multiplier=0.9, num_silos=3, **kw))
+    views = [algo.silo_privacy(sampling_rate=r).views for r in (0.2, 1.0)]
+    blind = {who for who, view in views[0].items() if view == BLIND}
+    assert blind == {who for who, view in views[1].items() if view == BLIND}
+    return blind
+
+
 def _views(name: str, **kw: object) -> dict:
-    """Which adversaries know the sample (None: nobody but the released view's events)."""
+    """Which adversaries know the sample (None: nobody but the released view's events),
+    among those with a guarantee (:func:`_blind`)."""
     algo = make_algorithm(name, dict(noise_multiplier=0.9, num_silos=3, **kw))
     privacy = algo.silo_privacy(sampling_rate=0.2)
     assert privacy.events == {"subject": poisson_gaussian_steps(0.2, 0.9, 1)}
     assert privacy.scope == "aggregate"
+    blind = _blind(name, **kw)
     # q = 1: the server and outsiders see the same Gaussian; a silo knows its own noise share
-    assert algo.silo_privacy(sampling_rate=1.0).views == {
-        "silos": {"subject": gaussian_steps(SILO_SIGMA, 1)}
-    }
+    full = algo.silo_privacy(sampling_rate=1.0).views
+    assert {w: v for w, v in full.items() if w not in blind} == (
+        {} if "silos" in blind else {"silos": {"subject": gaussian_steps(SILO_SIGMA, 1)}}
+    )
     known = set()
     for adversary, view in privacy.views.items():
+        if adversary in blind:
+            continue
         sigma = SILO_SIGMA if adversary == "silos" else 0.9
         if view == {"subject": known_sample_gaussian_steps(0.2, sigma, 1)}:
             known.add(adversary)
@@ -964,10 +987,35 @@ def _views(name: str, **kw: object) -> dict:
     return known
 
 
+@pytest.mark.parametrize(
+    ("settings", "blind"),
+    [
+        ({}, {"server"}),  # Paillier: the server inverts r_a·n_a, 0 for a subject with none
+        ({"scheme": "bfv"}, {"server"}),  # exact BFV weights: the same totals
+        ({"scheme": "bfv", "weight_encoding": "fixed_point"}, set()),  # no totals at all
+        ({"weighting": "clear"}, {"server", "silos"}),  # the matrix n_{s,a}/n_a, sent to all
+        ({"weighting": "clear", "num_silos": 1}, {"server"}),  # one silo: only its own data
+    ],
+)
+def test_views_no_guarantee_against_whoever_sees_the_weights_data(settings, blind) -> None:
+    settings = {"subject_rate": 0.2, "num_silos": 3, **settings}
+    algo = make_algorithm("uldp_avg_w", dict(noise_multiplier=0.9, **settings))
+    assert set(algo.weights_seen_by()) == blind
+    assert {w for w, v in algo.silo_privacy(sampling_rate=0.2).views.items() if v == BLIND} == (
+        blind
+    )
+    # the released model's ε stands, and the note says why the others have none
+    assert algo.silo_privacy(sampling_rate=0.2).events == {
+        "subject": poisson_gaussian_steps(0.2, 0.9, 1)
+    }
+    assert bool(algo.accounting_notes()) == bool(blind)
+
+
 @pytest.mark.parametrize("name", ULDP_WEIGHTED)
 def test_views_silo_sampler_only_the_silos_know_the_sample(name) -> None:
     assert _views(name, subject_rate=0.2) == {"silos"}
-    assert _views(name, subject_rate=0.2, weighting="clear") == {"silos"}
+    clear = _views(name, subject_rate=0.2, weighting="clear")
+    assert clear == (set() if name == "uldp_avg_w" else {"silos"})  # blind to clear weights
 
 
 @pytest.mark.parametrize("name", ["uldp_avg", "uldp_sgd"])
@@ -976,9 +1024,10 @@ def test_views_server_sampler_with_clear_weights_server_and_silos_know_it(name) 
 
 
 def test_views_server_sampler_through_the_protocol_hides_it_from_the_silos() -> None:
-    assert _views("uldp_avg_w", subject_rate=0.2, subject_sampler="server") == {"server"}
-    clear = _views("uldp_avg_w", subject_rate=0.2, subject_sampler="server", weighting="clear")
-    assert clear == {"server", "silos"}
+    # (the server and, with clear weights, the silos have no guarantee anyway: the sample is
+    # hidden from the silos through the protocol)
+    assert _views("uldp_avg_w", subject_rate=0.2, subject_sampler="server") == set()
+    assert _blind("uldp_avg_w", subject_rate=0.2, subject_sampler="server") == {"server"}
     # the same once set up (S from the protocol or the weights): the protocol object, or
     # clear weights
     train = _federation(n=30, silos=2, subjects=4, seed=5)
@@ -986,9 +1035,10 @@ def test_views_server_sampler_through_the_protocol_hides_it_from_the_silos() -> 
     silo_sigma = math.sqrt(1 / 2)
     views = _protocol(cfg, train).silo_privacy(sampling_rate=0.2).views
     assert views["silos"] == {"subject": poisson_gaussian_steps(0.2, silo_sigma, 1)}
+    assert views["server"] == BLIND
     with_data = make_algorithm("uldp_avg_w", _with(cfg, weighting="clear"), train)
     views = with_data.silo_privacy(sampling_rate=0.2).views
-    assert views["silos"] == {"subject": known_sample_gaussian_steps(0.2, silo_sigma, 1)}
+    assert views == {"server": BLIND, "silos": BLIND}
 
 
 def test_one_silo_has_no_peer_to_learn_from() -> None:

@@ -88,6 +88,12 @@ def test_canaries_copy_real_subjects_and_own_one_column(digits) -> None:
     # each included canary is one new subject, in the silos its profile names
     new = out.train.subject[len(digits.train) :]
     assert len(np.unique(new)) == int(c.included.sum())
+    # every canary is listed, in or out: |U| does not depend on which are in (the ULDP
+    # methods divide by q·|U|), and the excluded ones' ids hold no record
+    assert out.train.num_subjects == digits.train.num_subjects + 50
+    assert int(new.max()) + 1 < out.train.num_subjects or c.included[-1]
+    flipped = dataclasses.replace(c, included=~c.included)
+    assert add_canaries(digits, flipped).train.num_subjects == out.train.num_subjects
 
 
 def test_scores_see_only_the_canary_columns() -> None:

@@ -92,6 +92,21 @@ def test_synthetic_caps_and_first_subjects() -> None:
     np.testing.assert_array_equal(data.test.y, raw.test.y)
 
 
+@pytest.mark.parametrize("allocation", ["uldp_uniform", "zipf", "uniform"])
+def test_drawn_subjects_count_as_the_config_says_whichever_got_records(allocation) -> None:
+    # Zipf's tail and ULDP's uniform draws leave some of the 300 subjects without a record; |U|
+    # (the ULDP methods' divisor q·|U|, the weights' width) is still 300, not the largest id +
+    # 1, which would change when the subject with the largest id leaves
+    cfg = DataConfig(source="digits", num_subjects=300, max_records=400, allocation=allocation)
+    train = build_federated_data(cfg).train
+    if allocation != "uniform":  # (uniform hands every subject a record first)
+        assert len(np.unique(train.subject)) < 300
+    assert train.num_subjects == 300 and train.histogram().shape == (5, 300)
+    last = int(train.subject.max())
+    without = train.subset(np.flatnonzero(train.subject != last))
+    assert without.num_subjects == 300
+
+
 def test_max_records_subsamples_train() -> None:
     train = build_federated_data(DataConfig(max_records=300, num_subjects=30)).train
     assert len(train) == 300
@@ -199,6 +214,8 @@ def test_table_column_allocation(tmp_path: Path) -> None:
         zip(expected_silo.tolist(), frame["f1"].astype(np.float32).tolist(), strict=True)
     )
     assert len(data.test) == 30 and data.test.x.shape == (30, 2)
+    # the table's own subjects: |U| from its ids (its roster), no count fixed beforehand
+    assert train.subject_count is None and train.num_subjects == int(train.subject.max()) + 1
 
 
 def test_table_fixed_silo(tmp_path: Path) -> None:

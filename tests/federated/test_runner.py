@@ -299,6 +299,7 @@ def test_uldp_avg_w_outputs_say_whether_weights_are_private(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from silodp.algorithms.uldp import UldpAvgW
+    from silodp.algorithms.uldp_common import ZERO_TOTALS_NOTE
 
     set_up = UldpAvgW.for_data.__func__  # type: ignore[attr-defined]
 
@@ -314,13 +315,22 @@ def test_uldp_avg_w_outputs_say_whether_weights_are_private(
     assert avg_w["weights_private"] is True  # the private weighting protocol ran
     assert not any("weights not private" in n for n in avg_w["notes"])
     assert any("private weighting protocol run in-process" in n for n in avg_w["notes"])
-    assert avg_w["status"] == "complete" and avg_w["epsilon"]["subject"] > 0
+    assert avg_w["status"] == "complete"
+    # the server sees which listed subjects have no record (blinded totals of 0): no guarantee
+    # against it, so none against the strongest adversary; the released model's ε stands
+    by = avg_w["epsilon_by_adversary"]
+    assert avg_w["epsilon"]["subject"] is None and by["server"]["subject"] is None
+    assert by["released"]["subject"] > 0 and by["silos"]["subject"] > 0
+    assert ZERO_TOTALS_NOTE in avg_w["notes"] and ZERO_TOTALS_NOTE not in avg["notes"]
     clear = _tiny(weighting="clear")
     clear["algorithms"] = ["uldp_avg_w"]
     clear["training"]["rounds"] = 1
     (clear_w,) = run_experiment(parse_config(clear), tmp_path / "clear")["runs"]
     assert clear_w["weights_private"] is False
     assert any("weights not private" in n for n in clear_w["notes"])
+    by = clear_w["epsilon_by_adversary"]
+    assert by["server"]["subject"] is None and by["silos"]["subject"] is None
+    assert by["released"]["subject"] > 0
     assert not any("weights not private" in n for n in avg["notes"])
     assert any("secure aggregation" in n for n in avg["notes"])
     rows = _metrics(tmp_path / "uldp_avg" / "metrics.jsonl")

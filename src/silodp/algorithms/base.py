@@ -256,6 +256,12 @@ class Algorithm(ABC):
         """Caveats a reviewer must read beside this algorithm's reported ε (in summaries)."""
         return []
 
+    def accounting_notes(self) -> list[str]:
+        """Why an adversary's ε is what it is where the plan alone does not say (e.g. no
+        guarantee against a party that sees data-dependent values); ``silodp account`` prints
+        them."""
+        return []
+
     @classmethod
     def adjacency_of(cls, unit: str) -> str:
         """The neighbouring datasets of the guarantee at ``unit`` (:attr:`adjacency`)."""

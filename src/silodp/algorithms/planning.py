@@ -8,6 +8,8 @@ calibrates without knowing which algorithm it is.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +22,7 @@ from silodp.accounting import (
 from silodp.accounting import (
     calibrate_noise as calibrate_events,
 )
+from silodp.accounting.calibrate import MAX_NOISE_MULTIPLIER
 from silodp.accounting.interface import Accountant
 from silodp.algorithms.base import Algorithm
 from silodp.errors import CalibrationError
@@ -109,6 +112,8 @@ def calibrate(
             f"{', '.join(algorithm.units)}."
         )
 
+    _refuse_without_guarantee(algorithm, plan, unit)
+
     def accountant_for(stage: str, units: Sequence[str]) -> Accountant:
         return algorithm.make_accountant(
             span=plan.span, delta=plan.delta, target=plan.adversary, stage=stage, units=units
@@ -123,3 +128,29 @@ def calibrate(
         rel_tol=rel_tol,
         what=repr(algorithm.name),
     )
+
+
+def _refuse_without_guarantee(algorithm: Algorithm, plan: PrivacyPlan, unit: str) -> None:
+    """Refuses a target against an adversary the algorithm gives no guarantee at all (ε = ∞
+    at any σ, e.g. a party that sees data-dependent weights), naming it and why.
+
+    Raises:
+      CalibrationError: the plan's adversary (or, for ``strongest``, one of them) has none.
+    """
+    notes = algorithm.accounting_notes()
+    if not notes:
+        return
+    one_round = dataclasses.replace(plan, rounds=1)
+    by = account_plan_by_adversary(algorithm.with_noise(MAX_NOISE_MULTIPLIER), one_round)
+    none = [who for who, estimates in by.items() if math.isinf(estimates[unit].epsilon)]
+    if plan.adversary != "strongest":
+        none = [who for who in none if who == plan.adversary]
+    if none:
+        covered = [who for who in by if who not in none]
+        raise CalibrationError(
+            f"Expected a {unit}-level guarantee against the {' and the '.join(none)} to "
+            f"calibrate {algorithm.name!r} against privacy.adversary={plan.adversary!r}; it "
+            f"has none at any noise multiplier: {' '.join(notes)}. Calibrate against "
+            f"{' or '.join(repr(w) for w in covered)} instead (privacy.adversary, or "
+            "--adversary)."
+        )

@@ -106,12 +106,14 @@ class UldpAvgWConfig(UldpConfig):
         "privacy",
         "uldp_avg_w with weighting = protocol: paillier or bfv (lattice-based; in-process "
         "simulator only).",
+        account=True,
     )
     weight_encoding: str = hyperparameter(
         "exact",
         "privacy",
         "uldp_avg_w with scheme = bfv: exact (L = lcm(1..n_max)) or fixed_point "
         "(floor(2^k/n_a)/2^k computed by the silos under encryption; n_max < 16384).",
+        account=True,
     )
     key_bits: int = hyperparameter(3072, "privacy", "Paillier modulus bits (>= 2048).")
     n_max: int = hyperparameter(2000, "privacy", "Bound on a subject's records (protocol).")
@@ -193,7 +195,16 @@ FIXED_POINT_WEIGHTS = (
 
 WEIGHTS_IN_CLEAR_NOTE = (
     "weights not private: the weights n_{s,a}/n_a were computed in the clear from "
-    "every silo's subject histogram"
+    "every silo's subject histogram, which the server and every silo see: no subject-level "
+    "guarantee holds against them (ε = inf); the released model's ε stands"
+)
+
+ZERO_TOTALS_NOTE = (
+    "the weighting protocol's set-up shows the server which listed subjects have no record in "
+    "any silo (their blinded total r_a·n_a is 0), so removing a subject's records is visible "
+    "to it: no subject-level guarantee holds against the server (ε = inf); the released "
+    "model's and the silos' ε stand. weight_encoding = 'fixed_point' (scheme = 'bfv') shows "
+    "the server no totals"
 )
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -11,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from dp_accounting import dp_event
 from torch import nn
 
+from silodp.accounting import SiloPrivacy
 from silodp.algorithms.base import (
     Algorithm,
     AlgorithmConfig,
@@ -26,6 +29,8 @@ from silodp.algorithms.uldp_common import (
     FIXED_POINT_WEIGHTS,
     OWN_NOISE_NOTE,
     PROTOCOL_AGGREGATION_NOTE,
+    WEIGHTS_IN_CLEAR_NOTE,
+    ZERO_TOTALS_NOTE,
     UldpAvgWConfig,
     apply_total,
     deltas_method,
@@ -262,9 +267,49 @@ class UldpAvgW(UldpAvg):
             return False
         return self.config.weighting == "protocol"  # no data yet: as it will be set up
 
+    def weights_seen_by(self) -> tuple[str, ...]:
+        """The adversaries that learn something of the data through the weighting itself, and
+        so have no subject-level guarantee (ε = ∞ against them):
+
+        * ``weighting = "clear"``: the server computes every ``n_{s,a}/n_a`` and sends the
+          matrix to every silo, so both see which subjects have records where;
+        * the protocol with exact weights (Paillier, or BFV with ``weight_encoding =
+          "exact"``): the server inverts the blinded totals ``r_a n_a``, which are 0 exactly
+          for a listed subject with no record in any silo. Removing a subject's records makes
+          its total 0, so the server tells the two datasets apart;
+        * fixed-point weights (BFV): the silos compute the weights under encryption and the
+          server sees no total: nobody.
+        """
+        cfg = self.config
+        many_silos = cfg.num_silos is None or cfg.num_silos > 1
+        if self.protocol is None and (self.weights is not None or cfg.weighting == "clear"):
+            return ("server", "silos") if many_silos else ("server",)
+        if cfg.scheme == "bfv" and cfg.weight_encoding == "fixed_point":
+            return ()
+        return ("server",)
+
+    def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
+        """As ``uldp_avg``'s, except against the adversaries :meth:`weights_seen_by` names: no
+        guarantee (a non-private event)."""
+        privacy = super().silo_privacy(sampling_rate=sampling_rate)
+        seen_by = self.weights_seen_by()
+        if not seen_by:
+            return privacy
+        views = dict(privacy.views)
+        for who in seen_by:
+            views[who] = {unit: dp_event.NonPrivateDpEvent() for unit in privacy.events}
+        return dataclasses.replace(privacy, views=views)
+
+    def accounting_notes(self) -> list[str]:
+        seen_by = self.weights_seen_by()
+        if not seen_by:
+            return []
+        return [ZERO_TOTALS_NOTE if seen_by == ("server",) else WEIGHTS_IN_CLEAR_NOTE]
+
     def run_notes(self) -> list[str]:
+        leak = [ZERO_TOTALS_NOTE] if self.weights_seen_by() == ("server",) else []
         if self.protocol is None:
-            return super().run_notes()
+            return super().run_notes() + leak
         note = PROTOCOL_AGGREGATION_NOTE
         if self.config.scheme == "bfv":
             note = note.replace("under Paillier encryption", BFV_ENCRYPTION)
@@ -272,7 +317,7 @@ class UldpAvgW(UldpAvg):
             note = note.replace(
                 "weights n_{s,a}/n_a, per-subject weighting", FIXED_POINT_WEIGHTS
             ).replace("with blinded histograms and pairwise masks", "with pairwise masks")
-        return [note, *self._sampling_notes(), OWN_NOISE_NOTE]
+        return [note, *leak, *self._sampling_notes(), OWN_NOISE_NOTE]
 
     def silo_sample(self, round_index: int) -> torch.Tensor:
         """Silo side: round ``round_index``'s subject sample (through the protocol, from the

@@ -103,8 +103,9 @@ def draw_canaries(
 
 def add_canaries(data: FederatedData, canaries: Canaries) -> FederatedData:
     """``data`` with flattened features widened by one column per canary (0 for every real
-    record, train and test) and the included canaries' records appended to training, each
-    included canary a new subject."""
+    record, train and test) and the included canaries' records appended to training. Every
+    canary is a new listed subject, in or out, so the public |U| does not depend on which are
+    in."""
     train, m = data.train, len(canaries)
     d = canaries.first_feature
     if int(np.prod(train.feature_shape)) != d:
@@ -119,7 +120,12 @@ def add_canaries(data: FederatedData, canaries: Canaries) -> FederatedData:
 
     rows_x, rows_y, rows_silo, rows_subject = [], [], [], []
     next_subject = train.num_subjects
-    for i in np.flatnonzero(canaries.included):
+    # every canary is a listed subject (|U| counts it whether its records are in or out); only
+    # the included ones get records
+    for i in range(m):
+        if not canaries.included[i]:
+            next_subject += 1
+            continue
         for s, n in enumerate(canaries.silo_counts[i]):
             if n == 0:
                 continue
@@ -149,6 +155,7 @@ def add_canaries(data: FederatedData, canaries: Canaries) -> FederatedData:
         num_classes=train.num_classes,
         num_silos=train.num_silos,
         subject_names=names,
+        subject_count=next_subject,
         dropped_records=train.dropped_records,
     )
     test = TestSplit(x=test_x, y=data.test.y, silo=data.test.silo)

@@ -145,6 +145,7 @@ def account_report(
         },
         "adjacency": algo.adjacency,
         "threat_model": algo.threat_model,
+        "notes": algo.accounting_notes(),
     }
     mu = {u: m for u, m in accountant.mu().items() if math.isfinite(m)}
     if mu:
@@ -201,6 +202,8 @@ def print_report(result: dict[str, Any]) -> None:
         text = ", ".join(f"{u}={display.upper(v, places=4)}" for u, v in row["epsilon"].items())
         typer.echo(f"  round {row['round']:>4}: ε({text})")
     typer.echo(f"  threat model: {result['threat_model']}")
+    for note in result["notes"]:
+        typer.echo(f"  note: {note}")
 
 
 def _generated_options() -> dict[str, tuple[type, Any, str]]:

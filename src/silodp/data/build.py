@@ -301,6 +301,8 @@ def _build(cfg: DataConfig) -> FederatedData:
         num_silos=num_silos,
         subject_names=raw.subject_names,
         silo_names=raw.silo_names if table_silos else None,
+        # drawn subjects: |U| is the config's number, whichever of them got records
+        subject_count=None if subject is raw.subject else cfg.num_subjects or DEFAULT_NUM_SUBJECTS,
     )
     if cfg.first_subjects is not None:
         train = part.first_subjects(train, cfg.first_subjects)

@@ -141,6 +141,9 @@ class FederatedDataset:
         dense subject id; messages and summaries name a subject by it.
       dropped_records: records the public caps dropped before this dataset (reported).
       silo_names: optional original silo ids (e.g. a table's silo column), one per silo.
+      subject_count: the public number of subjects |U| where it is fixed before the data
+        (subjects drawn for ``num_subjects``, audit canaries), so that it does not depend on
+        which of them got records; default: the largest subject id + 1.
 
     Raises:
       InvalidValueError: empty data, non-finite features, labels out of range, ids that are
@@ -156,6 +159,7 @@ class FederatedDataset:
     subject_names: Sequence[str] | None = None
     dropped_records: int = 0
     silo_names: Sequence[str] | None = None
+    subject_count: int | None = None
     _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -193,6 +197,9 @@ class FederatedDataset:
                 f"at most {MAX_HISTOGRAM_CELLS})."
             )
         object.__setattr__(self, "num_silos", num_silos)
+        if self.subject_count is not None:
+            count = check_int("subject_count", self.subject_count, int(subject.max()) + 1)
+            object.__setattr__(self, "subject_count", count)
         names = _check_names("subject_names", self.subject_names, self.num_subjects, exact=False)
         object.__setattr__(self, "subject_names", names)
         silo_names = _check_names("silo_names", self.silo_names, num_silos, exact=True)
@@ -227,6 +234,9 @@ class FederatedDataset:
 
     @property
     def num_subjects(self) -> int:
+        """|U|: :attr:`subject_count` where it is public, else the largest subject id + 1."""
+        if self.subject_count is not None:
+            return self.subject_count
         return int(self.subject.max()) + 1
 
     @property
@@ -277,6 +287,7 @@ class FederatedDataset:
             subject_names=self.subject_names,
             dropped_records=self.dropped_records,
             silo_names=self.silo_names,
+            subject_count=self.subject_count,
         )
 
     def subset(self, index: np.ndarray, *, dropped: int = 0) -> FederatedDataset:
@@ -291,6 +302,7 @@ class FederatedDataset:
             subject_names=self.subject_names,
             dropped_records=self.dropped_records + dropped,
             silo_names=self.silo_names,
+            subject_count=self.subject_count,
         )
 
 

@@ -398,8 +398,10 @@ def assemble(
     drop_empty_silos: bool = False,
     dropped_records: int = 0,
     silo_names: Sequence[str] | None = None,
+    subject_count: int | None = None,
 ) -> FederatedDataset:
-    """Builds a :class:`FederatedDataset` from partition output.
+    """Builds a :class:`FederatedDataset` from partition output (``subject_count``: the
+    public number of subjects where they were drawn, :class:`FederatedDataset`).
 
     An allocation can leave silos empty (few records, tiny Dirichlet β, heavy Zipf). By
     default that is an error naming the empty silos; with ``drop_empty_silos=True`` the empty
@@ -445,6 +447,7 @@ def assemble(
         subject_names=list(subject_names) if subject_names is not None else None,
         dropped_records=dropped_records,
         silo_names=list(silo_names) if silo_names is not None else None,
+        subject_count=subject_count,
     )
 
 
@@ -464,7 +467,12 @@ def first_subjects(dataset: FederatedDataset, n: int) -> FederatedDataset:
     keep = np.flatnonzero(dataset.subject < n)
     if len(keep) == 0:
         raise InvalidValueError(f"No records belong to the first n={n} subjects.")
-    subject, names = _densify(dataset.subject[keep], dataset.subject_names)
+    if dataset.subject_count is not None:  # a public roster: ids stay, |U| becomes n
+        subject, names = dataset.subject[keep], dataset.subject_names
+        count: int | None = min(n, dataset.subject_count)
+    else:
+        subject, names = _densify(dataset.subject[keep], dataset.subject_names)
+        count = None
     return assemble(
         dataset.x[keep],
         dataset.y[keep],
@@ -475,4 +483,5 @@ def first_subjects(dataset: FederatedDataset, n: int) -> FederatedDataset:
         subject_names=names,
         dropped_records=dataset.dropped_records,
         silo_names=dataset.silo_names,
+        subject_count=count,
     )
