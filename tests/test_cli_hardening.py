@@ -573,3 +573,37 @@ def test_a_budget_on_a_unit_no_algorithm_reports_is_refused(tmp_path: Path) -> N
         result.output
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_resume_refuses_options_it_would_ignore(tmp_path: Path) -> None:
+    # a resumed run continues with its own config, directory and ledger: another given beside
+    # --resume is an error, not silently dropped
+    for extra, named in [
+        (["--out", str(tmp_path / "x")], "--out"),
+        (["--overwrite"], "--overwrite"),
+        (["--ledger", str(tmp_path / "l.sqlite")], "--ledger"),
+        ([str(tmp_path / "c.toml")], "CONFIG"),
+    ]:
+        result = runner.invoke(app, ["run", "--resume", str(tmp_path), *extra])
+        assert result.exit_code == 2, result.output
+        _no_traceback(result)
+        assert f"without {named}" in result.output
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_empty_config_file_is_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.toml"
+    empty.write_text("# nothing yet\n")
+    result = runner.invoke(app, ["run", str(empty), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    _no_traceback(result)
+    assert "sets nothing" in result.output and not (tmp_path / "out").exists()
+
+
+def test_account_refuses_a_unit_the_algorithm_does_not_protect() -> None:
+    result = runner.invoke(app, [*ACCOUNT, "--unit", "silo"])
+    assert result.exit_code == 2, result.output
+    _no_traceback(result)
+    assert "Expected --unit='silo' to be one of the units 'local_item_dp' protects" in (
+        result.output
+    )

@@ -581,6 +581,11 @@ def load_config(path: str | Path) -> ExperimentConfig:
         raise ConfigError(f"Config {str(path)!r} is not valid TOML: {err}") from err
     except UnicodeDecodeError as err:
         raise ConfigError(f"Config {str(path)!r} is not UTF-8 text: {err}") from err
+    if not raw:
+        raise ConfigError(
+            f"Config {str(path)!r} sets nothing; expected at least `algorithms = [...]` (silodp "
+            "run without a CONFIG runs the built-in demo)."
+        )
     config = parse_config(raw)
     _check_data_paths(config.data, path)
     return config

@@ -4,7 +4,9 @@
 that point in that round, as a crash or a power cut would; nothing runs after it. The points:
 ``silo_recorded`` (a silo's events are in the ledger, its message not yet aggregated),
 ``round_written`` (a round's metrics are on disk, its checkpoint not yet), and
-``checkpoint_written`` (the round is complete on disk). Unset, this does nothing.
+``checkpoint_written`` (the round is complete on disk), and ``run_recorded`` (round = the
+rounds run: the ledger marks the run finished, its plots and summary are not yet written).
+Unset, this does nothing.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -21,6 +23,8 @@ import pytest
 import tomli_w
 import torch
 
+from silodp.experiment import resume_experiment
+from silodp.ledger import LedgerError
 from silodp.ledger.report import ledger_report, verify_ledger
 
 BASE = {
@@ -196,3 +200,119 @@ def test_a_checkpoint_of_other_code_is_refused(tmp_path: Path) -> None:
     assert load_checkpoint(tmp_path, "abc")["round"] == 1
     with pytest.raises(InvalidValueError, match="config changed"):
         load_checkpoint(tmp_path, "other")
+
+
+# --- a ledger that holds less than the checkpoint ---------------------------------------
+
+INTEGRITY = "local_item_dp"
+
+
+@pytest.fixture(scope="module")
+def cut(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(a run of 3 rounds left alone, the same run killed after round 2's checkpoint)."""
+    tmp = tmp_path_factory.mktemp("cut")
+    config = _config(tmp, INTEGRITY)
+    full = tmp / "full"
+    assert _silodp("run", str(config), "--out", str(full)).returncode == 0
+    killed = tmp / "killed"
+    proc = _silodp("run", str(config), "--out", str(killed), kill_at="checkpoint_written:2")
+    assert proc.returncode < 0, proc.stderr[-500:]
+    return full, killed
+
+
+def _copy(killed: Path, tmp: Path) -> Path:
+    out = tmp / "copy"
+    shutil.copytree(killed, out)
+    return out
+
+
+def _sql(ledger: Path, *statements: str) -> None:
+    with sqlite3.connect(ledger) as db:
+        for statement in statements:
+            db.execute(statement)
+    db.close()
+
+
+def _lose_all(ledger: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{ledger}{suffix}").unlink(missing_ok=True)
+
+
+def _empty(ledger: Path) -> None:
+    _lose_all(ledger)
+    ledger.write_bytes(b"")
+
+
+def _lose_wal(ledger: Path) -> None:
+    # a killed writer's rows sit in the -wal file: the main file alone has no tables
+    for suffix in ("-wal", "-shm"):
+        Path(f"{ledger}{suffix}").unlink(missing_ok=True)
+
+
+def _raise_sigma(ledger: Path) -> None:
+    _sql(
+        ledger,
+        "UPDATE events SET privacy = replace(privacy, '\"noise_multiplier\": 1.5', "
+        "'\"noise_multiplier\": 9.5')",
+    )
+
+
+def _drop_last_round(ledger: Path) -> None:
+    _sql(ledger, "DELETE FROM events WHERE round = 2", "DELETE FROM rounds WHERE round = 2")
+
+
+def _drop_round_row(ledger: Path) -> None:
+    _sql(ledger, "DELETE FROM rounds WHERE round = 2")
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_lose_all, "missing or empty"),
+        (_empty, "missing or empty"),
+        (_lose_wal, "no tables"),
+        (_raise_sigma, "to verify"),
+        (_drop_last_round, r"round\(s\) \[2\] are not"),
+        (_drop_round_row, "no record of their round"),
+    ],
+    ids=["deleted", "emptied", "wal-lost", "sigma-raised", "last-round-deleted", "orphan-events"],
+)
+def test_resume_refuses_a_ledger_that_holds_less_than_the_checkpoint(
+    cut: tuple[Path, Path], tmp_path: Path, damage, message: str
+) -> None:
+    out = _copy(cut[1], tmp_path)
+    ledger = out / INTEGRITY / "ledger.sqlite"
+    damage(ledger)
+    with pytest.raises(LedgerError, match=message):
+        resume_experiment(out, log=lambda m: None)
+    assert _summary(out / INTEGRITY)["status"] == "running"  # nothing was trained or overwritten
+
+
+def test_an_intact_ledger_resumes_to_the_uninterrupted_run(
+    cut: tuple[Path, Path], tmp_path: Path
+) -> None:
+    out = _copy(cut[1], tmp_path)
+    resume_experiment(out, log=lambda m: None)
+    full = cut[0]
+    a, b = torch.load(full / INTEGRITY / "model.pt"), torch.load(out / INTEGRITY / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _summary(out / INTEGRITY)["epsilon"] == _summary(full / INTEGRITY)["epsilon"]
+    assert verify_ledger(out / INTEGRITY / "ledger.sqlite") == []
+
+
+def test_a_run_killed_while_writing_its_outputs_resumes(tmp_path: Path) -> None:
+    # the ledger says the run finished; its plots and summary were never written
+    config = _config(tmp_path, INTEGRITY)
+    out = tmp_path / "out"
+    proc = _silodp("run", str(config), "--out", str(out), kill_at="run_recorded:3")
+    assert proc.returncode < 0, proc.stderr[-500:]
+    assert _summary(out / INTEGRITY)["status"] == "running"
+    assert not (out / INTEGRITY / "accuracy_loss.png").exists()
+    resumed = _silodp("run", "--resume", str(out))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    done = _summary(out / INTEGRITY)
+    assert done["status"] == "complete" and done["rounds_completed"] == 3
+    assert (out / INTEGRITY / "accuracy_loss.png").is_file()
+    (run,) = ledger_report(out / INTEGRITY / "ledger.sqlite")["runs"]
+    assert run["status"] == "complete" and run["rounds"] == 3 and not run["interrupted_rounds"]
+    assert run["epsilon"] == pytest.approx(done["epsilon"], rel=1e-12)

@@ -199,7 +199,7 @@ def test_reading_a_ledger_leaves_every_file_byte_for_byte_unchanged(tmp_path: Pa
     path = tmp_path / "ledger.sqlite"
     _write_ledger(path, rounds=3).close()
     before = _files(tmp_path)
-    assert list(before) == ["ledger.sqlite"]  # a closed WAL ledger: no -wal, no -shm
+    assert list(before) == ["ledger.sqlite"]  # a closed WAL ledger: no -wal, -shm or -lock
     report = ledger_report(path)
     (run,) = report["runs"]
     assert report["schema_version"] == SCHEMA_VERSION

@@ -19,9 +19,9 @@ from torch import nn
 
 from silodp._validation import (
     check_choice,
+    check_in_range,
     check_int,
     check_non_negative,
-    check_positive,
 )
 from silodp.accounting import FederatedAccountant, PrivacyPlan, SiloPrivacy
 from silodp.accounting.interface import Accountant
@@ -47,6 +47,8 @@ __all__ = [
 MAX_STEPS = 10**6
 #: the largest expected batch size (a batch above a silo's records takes all of them: q = 1)
 MAX_BATCH_SIZE = 10**9
+#: the largest learning rate (local or server) and clipping norm a config may set
+MAX_SCALE = 1e6
 
 
 def hyperparameter(default: Any, table: str | None, doc: str = "", *, account: bool = False) -> Any:
@@ -115,9 +117,8 @@ class AlgorithmConfig:
         check_int(self.key("local_steps"), self.local_steps, 1, MAX_STEPS)
         check_choice(self.key("grad_method"), self.grad_method, ("auto", "vmap"))
         check_int(self.key("batch_size"), self.batch_size, 1, MAX_BATCH_SIZE)
-        check_positive(self.key("lr"), self.lr)
-        check_positive(self.key("server_lr"), self.server_lr)
-        check_positive(self.key("clip"), self.clip)
+        for name in ("lr", "server_lr", "clip"):  # beyond it float32 training overflows
+            check_in_range(self.key(name), getattr(self, name), 0.0, MAX_SCALE, lo_open=True)
         check_non_negative("noise_multiplier", self.noise_multiplier)
 
     @classmethod

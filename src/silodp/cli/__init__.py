@@ -299,6 +299,23 @@ def run(
     continues it. Exit codes: 0 done, 2 bad input (nothing trained), 3 a privacy budget stopped
     a run (its model and results so far are kept), 130 interrupted by Ctrl-C, 143 by
     SIGTERM."""
+    if resume is not None:
+        extra = [
+            name
+            for name, given in (
+                ("CONFIG", config is not None),
+                ("--out", out is not None),
+                ("--overwrite", overwrite),
+                ("--ledger", ledger is not None),
+            )
+            if given
+        ]
+        if extra:
+            fail(
+                f"Expected --resume {str(resume)!r} without {', '.join(extra)}: a resumed run "
+                "continues with the config, results directory and ledger it started with "
+                f"({str(resume / 'experiment.toml')!r})."
+            )
     if out is None:
         out = Path("runs") / (config.stem if config is not None else "demo")
     _check_run_options(config, engine, on_failure, timeout, out, resume, ledger)

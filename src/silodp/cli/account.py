@@ -80,6 +80,11 @@ def account_report(
         raise InvalidValueError(
             f"Algorithm {algorithm!r} is not differentially private; it has no ε."
         )
+    if unit is not None and unit not in probe.units:
+        raise InvalidValueError(
+            f"Expected --unit={unit!r} to be one of the units {algorithm!r} protects: "
+            f"{', '.join(probe.units)}."
+        )
     try:  # a schedule a run would refuse (e.g. ULDP's noise split over every silo)
         silos_per_round = probe.check_schedule(silos_per_round, silos)
     except InvalidValueError as err:

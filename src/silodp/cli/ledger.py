@@ -36,7 +36,13 @@ def print_ledger(report: dict[str, Any]) -> None:
             typer.echo(f"      interrupted rounds (counted in full): {run['interrupted_rounds']}")
     for kind, total in report["total"].items():
         eps = ", ".join(f"{u}={fmt(v)}" for u, v in total["epsilon"].items())
-        typer.echo(f"  total over runs {total['runs']} ({kind} accounting): ε({eps})")
+        at = f" at δ={total['delta']:g}" if total.get("delta") is not None else ""
+        typer.echo(f"  total over runs {total['runs']} ({kind} accounting): ε({eps}){at}")
+    for unit, limit in report.get("budget", {}).items():
+        typer.echo(
+            f"  budget declared on this ledger: {unit} ε ≤ {limit['epsilon']:g} at "
+            f"δ={limit['delta']:g} (binds every run that writes here)"
+        )
 
 
 def _ledger_file(path: Path) -> Path:

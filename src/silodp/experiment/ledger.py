@@ -8,19 +8,22 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from silodp.accounting import FederatedAccountant
 from silodp.accounting.interface import Accountant
 from silodp.experiment.prepare import PreparedRun
 from silodp.io import check_writable_dir
 from silodp.ledger import Ledger, LedgerError, RunLedger
-from silodp.ledger.run import check_budget, total_before
+from silodp.ledger.report import verify_ledger
+from silodp.ledger.run import check_budget, ledger_budget, total_before
 
 __all__ = [
     "LEDGER_FILE",
     "budget_of",
-    "check_plan_fits",
+    "check_plans_fit",
     "check_shared_ledger",
     "open_run_ledger",
     "set_aside_ledger",
@@ -55,19 +58,46 @@ def _path(run: PreparedRun, run_dir: Path) -> Path:
 
 
 def resume_run_ledger(
-    run: PreparedRun, run_dir: Path, accountant: Accountant, config_hash: str
+    run: PreparedRun,
+    run_dir: Path,
+    accountant: Accountant,
+    config_hash: str,
+    completed: int = 0,
 ) -> RunLedger | None:
     """The ledger entry of ``run`` left unfinished, reopened with ``accountant`` composing all
-    it recorded (``None``: the run never registered, e.g. it was killed while calibrating)."""
+    it recorded (``None``: the run never registered, e.g. it was killed while calibrating).
+    ``completed``: the rounds its checkpoint holds. The ledger is verified first
+    (:func:`~silodp.ledger.report.verify_ledger`): a resumed run composes what it holds.
+
+    Raises:
+      LedgerError: the ledger is missing, unsound, edited, or lacks rounds the checkpoint
+        holds (resuming would count less than was spent).
+    """
     path = _path(run, run_dir)
-    if not path.is_file():
+    if not path.is_file() or path.stat().st_size == 0:
+        if completed:
+            raise LedgerError(
+                f"Expected the ledger {str(path)!r} of run {run.name!r}, whose checkpoint holds "
+                f"{completed} round(s); it is missing or empty, so what those rounds spent would "
+                "go uncounted. Restore it (with its -wal file), or start the run afresh "
+                "(--overwrite)."
+            )
         return None
+    problems = verify_ledger(path)
+    if problems:
+        shown = "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "")
+        raise LedgerError(
+            f"Expected the ledger {str(path)!r} to verify before run {run.name!r} resumes on "
+            f"it; {len(problems)} problem(s): {shown}. Restore the ledger the run wrote, or "
+            "start the run afresh (--overwrite)."
+        )
     return RunLedger.resume(
         Ledger(path),
         name=run.name,
         config_hash=config_hash,
         accountant=accountant,
         budget=budget_of(run),
+        completed=completed,
     )
 
 
@@ -105,31 +135,61 @@ def check_shared_ledger(path: str | None) -> None:
         )
 
 
-def check_plan_fits(run: PreparedRun) -> None:
-    """Checks ``run``'s whole plan against its budget, on the ledger as it stands (read only),
-    as :func:`open_run_ledger` does when the run registers: an experiment refused by its budget
-    is refused before it writes anything. A run's own ledger is new (an earlier one is set
-    aside), so only a shared ledger has spending to count.
+def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
+    """Checks each run's whole plan against its budget, read only and before an experiment
+    writes anything, as :func:`open_run_ledger` does when the run registers: an experiment
+    refused by a budget is refused before it writes anything.
+
+    A run's own ledger is new (an earlier one is set aside), so only a shared ledger has
+    spending to count: what it holds, its declared budget (:func:`ledger_budget`), and the
+    plans of the runs before this one in ``runs`` that write to it (the algorithms of one
+    experiment, or the cells of one sweep, run one after another).
 
     Raises:
-      BudgetExceededError: the plan, composed onto what the ledger holds, exceeds the budget.
-      LedgerError: the shared ledger cannot be read.
+      BudgetExceededError: a plan, composed onto what the ledger holds and the plans before
+        it, exceeds its budget.
+      LedgerError: the shared ledger cannot be read, or a budget cannot be held on it.
     """
-    budget = budget_of(run)
-    if run.plan is None or not budget:
-        return
-    accountant = run.algorithm.make_accountant(
-        span=run.span, delta=run.privacy.delta, target=run.privacy.adversary
-    )
-    total: Accountant = accountant
-    spent: dict[str, float] = {}
-    existing = _existing(run.privacy.ledger)
-    if existing is not None:
-        with Ledger(existing, read_only=True) as ledger:
-            total, shared = total_before(ledger, accountant)
-        if shared:
-            spent = {unit: est.epsilon for unit, est in total.estimates().items()}
-    check_budget(budget, spent, _plan_epsilon(run, total), "run's whole plan")
+    before: dict[str, list[PreparedRun]] = {}
+    for run in runs:
+        if run.plan is None:
+            continue
+        accountant = run.algorithm.make_accountant(
+            span=run.span, delta=run.privacy.delta, target=run.privacy.adversary
+        )
+        spec = accountant.spec()
+        budget = budget_of(run)
+        total: Accountant = accountant
+        spent: dict[str, float] = {}
+        shared = run.privacy.ledger
+        existing = _existing(shared)
+        if existing is not None:
+            with Ledger(existing, read_only=True) as ledger:
+                budget = ledger_budget(ledger, budget, spec)
+                total, held = total_before(ledger, accountant)
+            if held:
+                spent = {unit: est.epsilon for unit, est in total.estimates().items()}
+        if shared is not None:
+            planned = before.setdefault(str(Path(shared).resolve()), [])
+            kinds = {
+                p.algorithm.make_accountant(span=p.span, delta=p.privacy.delta).spec()["kind"]
+                for p in planned
+            } - {spec["kind"]}
+            if budget and kinds:
+                raise LedgerError(
+                    f"Expected the runs on the ledger {shared!r} to share one accounting kind "
+                    f"while a budget applies; runs before {run.name!r} are accounted as "
+                    f"{sorted(kinds)}, it as {spec['kind']!r}, and their spending cannot be "
+                    "composed into one total."
+                )
+            if planned:
+                total = copy.deepcopy(total)
+                for earlier in planned:
+                    _compose_plan(earlier, total)
+                spent = {unit: est.epsilon for unit, est in total.estimates().items()}
+            planned.append(run)
+        if budget:
+            check_budget(budget, spent, _plan_epsilon(run, total), "run's whole plan")
 
 
 def set_aside_ledger(run_dir: Path) -> Path | None:
@@ -192,19 +252,29 @@ def open_run_ledger(
         accountant=accountant,
         noise=_noise_id(run),
         budget=budget_of(run),
+        declared=run.privacy.budget,
         config_hash=config_hash,
         plan_check=lambda total: _plan_epsilon(run, total),
     )
     return ledger
 
 
-def _plan_epsilon(run: PreparedRun, total: Accountant) -> dict[str, float]:
-    """ε per unit of ``total`` (what the ledger holds) with the run's whole plan composed on."""
+def _compose_plan(run: PreparedRun, total: Accountant) -> None:
+    """Composes ``run``'s whole plan onto ``total`` (over the run's own span, as a ledger
+    replays it)."""
     assert run.plan is not None
-    trial = copy.deepcopy(total)
+    own = {"span": run.span} if isinstance(total, FederatedAccountant) else {}
     if run.plan.releases:
-        trial.compose_release(run.plan.releases)
+        total.compose_release(run.plan.releases, **own)
     events = run.algorithm.plan_events(run.plan)
     if events:
-        trial.compose_round(events, count=run.plan.rounds, participants=run.plan.silos_per_round)
+        total.compose_round(
+            events, count=run.plan.rounds, participants=run.plan.silos_per_round, **own
+        )
+
+
+def _plan_epsilon(run: PreparedRun, total: Accountant) -> dict[str, float]:
+    """ε per unit of ``total`` (what the ledger holds) with the run's whole plan composed on."""
+    trial = copy.deepcopy(total)
+    _compose_plan(run, trial)
     return {unit: est.epsilon for unit, est in trial.estimates().items()}

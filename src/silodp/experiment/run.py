@@ -16,7 +16,7 @@ from typing import Any
 import tomli_w
 import torch
 
-from silodp import display, plotting, tracking
+from silodp import display, faults, plotting, tracking
 from silodp.accounting import SiloPrivacy
 from silodp.config import ExperimentConfig, SweepConfig, load_config, to_toml_dict
 from silodp.data import FederatedData
@@ -26,7 +26,7 @@ from silodp.errors import InvalidValueError
 from silodp.experiment.checkpoint import load_checkpoint, save_checkpoint
 from silodp.experiment.ledger import (
     LEDGER_FILE,
-    check_plan_fits,
+    check_plans_fit,
     check_shared_ledger,
     open_run_ledger,
     resume_run_ledger,
@@ -46,6 +46,7 @@ from silodp.experiment.record import (
 from silodp.federated import RoundResult, Simulator
 from silodp.federated.engine import Engine
 from silodp.io import check_writable_dir, write_json, write_text
+from silodp.ledger.store import SQLITE_HEADER
 from silodp.models import build_model
 
 __all__ = [
@@ -179,7 +180,10 @@ def train_run(
         accountant = run.algorithm.make_accountant(
             span=run.span, delta=run.privacy.delta, target=run.privacy.adversary
         )
-        ledger = resume_run_ledger(run, run_dir, accountant, config_hash) if resume else None
+        completed = int(checkpoint["round"]) if checkpoint is not None else 0
+        ledger = (
+            resume_run_ledger(run, run_dir, accountant, config_hash, completed) if resume else None
+        )
         if not resume:
             set_aside_replaced_ledger(run, run_dir)
         if ledger is None:
@@ -257,6 +261,7 @@ def train_run(
             raise
         if ledger is not None:
             ledger.finish(status)
+        faults.reached("run_recorded", len(rows))
         title = f"{config.name}: {run.name}"
         plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
         if any(r.get("epsilon") for r in rows):  # a run without noise has no ε to draw
@@ -407,8 +412,7 @@ def run_experiment(
         _log_protocol_estimate(run, config, data, log)
         runs.append(run)
     if not resume:
-        for run in runs:  # a refusal by a budget comes before anything is written
-            check_plan_fits(run)
+        check_plans_fit(runs)  # a refusal by a budget comes before anything is written
         if overwrite:
             replace_previous(out, config, log)
     write_json(out / PRIVATE_DIR / "data.json", describe(data))
@@ -474,8 +478,23 @@ def previous_runs(out: Path) -> list[str]:
 
 
 def _is_ledger(path: Path, keep: set[Path]) -> bool:
+    """Whether ``path`` is a ledger (or a ledger's -wal/-shm/-lock file) to keep: a run's own,
+    one in ``keep``, or any SQLite database (a shared ledger an earlier config named there)."""
     name = path.name
-    return (name.startswith("ledger.") and ".sqlite" in name) or path.resolve() in keep
+    if (name.startswith("ledger.") and ".sqlite" in name) or path.resolve() in keep:
+        return True
+    for suffix in ("-wal", "-shm", "-lock"):
+        if name.endswith(suffix) and _is_database(path.with_name(name[: -len(suffix)])):
+            return True
+    return _is_database(path)
+
+
+def _is_database(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    except OSError:
+        return False
 
 
 def _remove(path: Path, keep: set[Path]) -> None:

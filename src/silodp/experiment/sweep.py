@@ -13,7 +13,7 @@ from silodp import plotting, reports
 from silodp.config import ExperimentConfig, SweepConfig, to_toml_dict
 from silodp.data import FederatedData
 from silodp.data.describe import describe
-from silodp.experiment.ledger import check_plan_fits
+from silodp.experiment.ledger import check_plans_fit
 from silodp.experiment.prepare import prepare_run
 from silodp.experiment.record import PRIVATE_DIR, check_output, read_rows
 from silodp.experiment.run import (
@@ -47,8 +47,7 @@ def run_sweep(
     runs = [prepare_run(name, config, data, cell=cell) for cell in sweep.cells()]
     if not resume:
         check_output(out, tuple(run.name for run in runs), overwrite)
-        for run in runs:  # a refusal by a budget comes before anything is written
-            check_plan_fits(run)
+        check_plans_fit(runs)  # a refusal by a budget comes before anything is written
         if overwrite:
             replace_previous(out, config, log)
     log(

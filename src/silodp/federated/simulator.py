@@ -161,7 +161,7 @@ class Simulator:
         """Records the events of an algorithm accounted from its plan (whoever takes part)
         before the round runs; whether it is one."""
         planned = self.algorithm.accounted_events([], self.planned)
-        if self.ledger is not None:
+        if self.ledger is not None and planned:
             self.ledger.record_planned(round_index, planned)
             faults.reached("silo_recorded", round_index)
         return bool(planned)

@@ -43,7 +43,8 @@ def _reading(path: str | Path) -> Iterator[Ledger]:
 def ledger_report(path: str | Path) -> dict[str, Any]:
     """Runs, rounds (complete or interrupted), events, and ε per unit and route recomputed
     from the events: per run, and for every group of runs of one accounting kind composed
-    together (what a shared ledger has spent on its data).
+    together (what a shared ledger has spent on its data, at the δ of its first run), and
+    the budget declared on it.
 
     ``schema_version`` is the version of the file; an older one is read as the current one
     without migrating the file.
@@ -75,20 +76,20 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
         for record in ledger.runs():
             if ledger.rounds(record.id):
                 kinds.setdefault(record.accountant.get("kind", "?"), []).append(record.id)
-        total = {
-            kind: {
+        total = {}
+        for kind, ids in kinds.items():
+            replayed = ledger.replay(ids)  # at the δ of the first run of the kind
+            total[kind] = {
                 "runs": ids,
-                "epsilon": {
-                    u: _finite(e.epsilon) for u, e in ledger.replay(ids).estimates().items()
-                },
+                "delta": replayed.spec().get("delta"),
+                "epsilon": {u: _finite(e.epsilon) for u, e in replayed.estimates().items()},
             }
-            for kind, ids in kinds.items()
-        }
         return {
             "path": str(path),
             "schema_version": ledger.file_schema_version,
             "runs": runs,
             "total": total,
+            "budget": ledger.budget(),
         }
 
 
@@ -107,6 +108,12 @@ def verify_ledger(path: str | Path) -> list[str]:
         for record in ledger.runs():
             accountant = accountant_from_spec(record.accountant)
             events = ledger.events(record.id)
+            problems += [
+                f"run {record.id} ({record.name}): {len(privacy)} event(s) recorded with no "
+                "record of their round (composed in every total all the same)"
+                for row, _, privacy in ledger.round_groups(record.id, events)
+                if row is None
+            ]
             releases = [p for _, _, _, kind, p in events if kind == "release"]
             if releases:
                 accountant.compose_release(releases)

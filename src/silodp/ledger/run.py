@@ -17,9 +17,9 @@ from silodp import display
 from silodp.accounting import SiloPrivacy
 from silodp.accounting.interface import Accountant, accountant_from_spec
 from silodp.errors import SilodpError
-from silodp.ledger.store import Ledger
+from silodp.ledger.store import Ledger, LedgerError
 
-__all__ = ["BudgetExceededError", "RunLedger", "check_budget", "total_before"]
+__all__ = ["BudgetExceededError", "RunLedger", "check_budget", "ledger_budget", "total_before"]
 
 
 class BudgetExceededError(SilodpError):
@@ -50,6 +50,39 @@ def total_before(ledger: Ledger, accountant: Accountant) -> tuple[Accountant, bo
     return ledger.replay(earlier, accountant_from_spec(spec)), True
 
 
+def ledger_budget(
+    ledger: Ledger, budget: Mapping[str, float], spec: Mapping[str, Any]
+) -> dict[str, float]:
+    """The budget a run with accountant ``spec`` and its own ``budget`` is held to on
+    ``ledger``: per unit, the smaller of its own and the ledger's declared one
+    (:meth:`Ledger.budget`), which binds every run that writes there whatever its config says.
+
+    Raises:
+      LedgerError: a budgeted unit's δ differs from the run's (a total is checked at one δ),
+        or the ledger holds runs of another accounting kind, whose spending cannot be composed
+        with this run's, while a budget applies.
+    """
+    merged = dict(budget)
+    delta = spec.get("delta")
+    for unit, declared in ledger.budget().items():
+        if declared["delta"] != delta:
+            raise LedgerError(
+                f"Expected δ={declared['delta']!r}: the budget of {str(ledger.path)!r} for unit "
+                f"{unit!r} is ε={declared['epsilon']!r} at that δ, and a run on it is checked "
+                f"at the same δ; this run's δ is {delta!r}."
+            )
+        merged[unit] = min(merged.get(unit, math.inf), declared["epsilon"])
+    others = sorted({r.accountant.get("kind", "?") for r in ledger.runs()} - {spec.get("kind")})
+    if merged and others:
+        raise LedgerError(
+            f"Expected the runs on {str(ledger.path)!r} to share one accounting kind while a "
+            f"budget applies; it holds runs accounted as {others}, this run as "
+            f"{spec.get('kind')!r}, and their spending cannot be composed into one total. Use "
+            "another ledger."
+        )
+    return merged
+
+
 def check_budget(
     budget: Mapping[str, float],
     spent: Mapping[str, float],
@@ -76,7 +109,10 @@ class RunLedger:
         engine composes it); otherwise the total is a replay of the earlier runs that this
         run's rounds are composed onto.
       noise: where the coins came from (mode and an id of the seed material; never a secret).
-      budget: ``{unit: ε}`` the total may not exceed (empty: no budget).
+      budget: ``{unit: ε}`` the total may not exceed (empty: no budget); the ledger's own
+        declared budget applies too (:func:`ledger_budget`).
+      declared: the config's ``privacy.budget``, declared on the ledger (at the run's δ) so
+        that it binds every later run there.
       config_hash: an id of the run's resolved config.
       plan_check: ``plan_check(total)`` is the ε per unit the ledger's total would reach with
         the run's whole plan composed on; checked against the budget before the run is
@@ -95,16 +131,19 @@ class RunLedger:
         accountant: Accountant,
         noise: Mapping[str, Any],
         budget: Mapping[str, float] | None = None,
+        declared: Mapping[str, float] | None = None,
         config_hash: str = "",
         plan_check: Callable[[Accountant], Mapping[str, float]] | None = None,
     ) -> None:
         self.ledger = ledger
-        self.budget = dict(budget or {})
         spec = accountant.spec()
+        self.budget = ledger_budget(ledger, budget or {}, spec)
         #: the ledger's total so far (earlier runs), composed with this run's rounds as they end
         self.total, self.shared = total_before(ledger, accountant)
         if plan_check is not None and self.budget:  # the whole plan, before anything runs
             self.check(plan_check(self.total), "run's whole plan")
+        if declared:  # the config's own budget binds every later run on this ledger too
+            ledger.declare_budget(declared, float(spec["delta"]))
         self.run_id = ledger.open_run(
             name=name, algorithm=algorithm, accountant=spec, noise=noise, config_hash=config_hash
         )
@@ -121,21 +160,55 @@ class RunLedger:
         config_hash: str,
         accountant: Accountant,
         budget: Mapping[str, float] | None = None,
+        completed: int = 0,
     ) -> RunLedger | None:
-        """The unfinished run ``name`` of this config in ``ledger``, reopened: ``accountant``
-        composes everything it recorded (rounds cut short included, in full) and its next
-        rounds record under a new attempt. ``None`` if the ledger holds no such run."""
+        """The run ``name`` of this config in ``ledger`` left unfinished, reopened:
+        ``accountant`` composes everything it recorded (rounds cut short included, in full)
+        and its next rounds record under a new attempt. A run the ledger marks complete is
+        reopened when its checkpoint holds all its rounds (it was stopped while writing its
+        outputs). ``completed``: the rounds the run's checkpoint holds, which the ledger must
+        hold complete too. ``None``: the ledger holds no such run and the checkpoint no round
+        (the run never registered, e.g. it was stopped while calibrating).
+
+        Raises:
+          LedgerError: the checkpoint holds rounds the ledger has no complete record of (a
+            ledger lost, replaced or edited: resuming would count less than was spent).
+        """
+
+        def done(run_id: int) -> set[int]:
+            return {r["round"] for r in ledger.rounds(run_id) if r["status"] == "complete"}
+
         found = [
             r
             for r in ledger.runs()
-            if r.name == name and r.config_hash == config_hash and r.status != "complete"
+            if r.name == name
+            and r.config_hash == config_hash
+            and (
+                r.status != "complete"
+                or (completed > 0 and max(done(r.id), default=0) == completed)
+            )
         ]
         if not found:
+            if completed:
+                raise LedgerError(
+                    f"Expected {str(ledger.path)!r} to record run {name!r}, whose checkpoint "
+                    f"holds {completed} round(s); it has no record of it, so what those rounds "
+                    "spent would go uncounted. Restore the ledger the run wrote (with its "
+                    "-wal file), or start the run afresh (--overwrite)."
+                )
             return None
         record = found[-1]
+        missing = sorted(set(range(1, completed + 1)) - done(record.id))
+        if missing:
+            raise LedgerError(
+                f"Expected {str(ledger.path)!r} to hold rounds 1-{completed} of run {name!r} "
+                f"complete, as its checkpoint does; round(s) {missing[:10]} are not, so "
+                "resuming would count less than was spent. Restore the ledger the run wrote, "
+                "or start the run afresh (--overwrite)."
+            )
         self = cls.__new__(cls)
         self.ledger = ledger
-        self.budget = dict(budget or {})
+        self.budget = ledger_budget(ledger, budget or {}, record.accountant)
         self.run_id = record.id
         earlier = [
             r.id

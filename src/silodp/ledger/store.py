@@ -16,13 +16,15 @@ to it.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
 import sqlite3
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +122,64 @@ COLUMNS = {
 
 #: how every SQLite database file starts (its header is 100 bytes long)
 SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+#: the write locks this process holds: lock file -> (its descriptor, how many ledgers hold it)
+_LOCKS: dict[str, list[int]] = {}
+
+
+def _lock(path: Path) -> str:
+    """Takes the write lock of the ledger at ``path`` (an exclusive ``flock`` on
+    ``<path>-lock``, released and removed when this process closes every ledger on it; a
+    process that dies releases it too, leaving the file).
+
+    Runs that share a ledger run one after another: each checks its budget against what the
+    others spent, which two runs writing at once could not see.
+
+    Raises:
+      LedgerError: another process holds it.
+    """
+    name = str(path.with_name(path.name + "-lock").resolve())
+    held = _LOCKS.get(name)
+    if held is not None:
+        held[1] += 1
+        return name
+    while True:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise LedgerError(
+                f"Expected the ledger {str(path)!r} to be free; another run (process {holder}) "
+                "is writing to it. Runs that share a ledger run one after another, so that "
+                "each checks its budget against everything the others spent."
+            ) from None
+        try:  # the file a releasing holder unlinked is no lock any more: take the new one
+            same = os.path.samestat(os.fstat(fd), os.stat(name))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _LOCKS[name] = [fd, 1]
+    return name
+
+
+def _unlock(name: str) -> None:
+    """Releases a lock of :func:`_lock`; the last holder in this process removes the file."""
+    held = _LOCKS.get(name)
+    if held is None:
+        return
+    held[1] -= 1
+    if held[1] == 0:
+        del _LOCKS[name]
+        with suppress(FileNotFoundError):
+            os.unlink(name)  # while still holding it: a waiter then retries on a new file
+        os.close(held[0])  # closing the descriptor releases the flock
 
 
 def _header(path: Path) -> bytes:
@@ -246,6 +306,7 @@ class Ledger:
             self._open_read_only()
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_name: str | None = _lock(self.path)
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -253,7 +314,11 @@ class Ledger:
             self.db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
         except sqlite3.DatabaseError as err:
+            self._release()
             raise LedgerError(f"Expected a silodp ledger at {str(self.path)!r}: {err}.") from err
+        except BaseException:
+            self._release()
+            raise
         self.file_schema_version = self.schema_version
 
     def _open_read_only(self) -> None:
@@ -340,6 +405,16 @@ class Ledger:
 
     def close(self) -> None:
         self.db.close()
+        self._release()
+
+    def _release(self) -> None:
+        name = getattr(self, "_lock_name", None)
+        if name is not None:
+            _unlock(name)
+            self._lock_name = None
+
+    def __del__(self) -> None:
+        self._release()
 
     def __enter__(self) -> Ledger:
         return self
@@ -450,7 +525,10 @@ class Ledger:
         kind: str = "round",
         attempt: int = 0,
     ) -> None:
-        """Records several (party, events) of one round in one transaction: all or none."""
+        """Records several (party, events) of one round in one transaction: all or none
+        (nothing at all for no executions: no round is opened)."""
+        if not executions:
+            return
         with self._transaction() as db:
             now = time.time()
             for party, privacy in executions:
@@ -489,6 +567,47 @@ class Ledger:
                     participants,
                     json.dumps(written or {}, sort_keys=True),
                 ),
+            )
+
+    def budget(self) -> dict[str, dict[str, float]]:
+        """The budget declared on this ledger, ``{unit: {"epsilon": ε, "delta": δ}}`` (empty:
+        none). Every run that writes here is held to it, whatever its own config says."""
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'budget'").fetchone()
+        if row is None:
+            return {}
+        try:
+            value = json.loads(row[0])
+            return {
+                str(u): {"epsilon": float(b["epsilon"]), "delta": float(b["delta"])}
+                for u, b in value.items()
+            }
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            raise LedgerError(
+                f"Expected the budget in {str(self.path)!r} as {{unit: {{epsilon, delta}}}}, got "
+                f"{row[0][:80]!r}."
+            ) from err
+
+    def declare_budget(self, budget: Mapping[str, float], delta: float) -> None:
+        """Adds ``budget`` (ε per unit at ``delta``) to the ledger's own: per unit, the smaller
+        ε is kept; a unit already budgeted at another δ is refused.
+
+        Raises:
+          LedgerError: ``delta`` differs from a budgeted unit's δ.
+        """
+        with self._transaction() as db:
+            stored = self.budget()
+            for unit, epsilon in budget.items():
+                if unit in stored and stored[unit]["delta"] != delta:
+                    raise LedgerError(
+                        f"Expected δ={stored[unit]['delta']!r} for unit {unit!r}: the budget of "
+                        f"{str(self.path)!r} is at that δ, got δ={delta!r}."
+                    )
+                if unit not in stored or epsilon < stored[unit]["epsilon"]:
+                    stored[unit] = {"epsilon": float(epsilon), "delta": float(delta)}
+            db.execute(
+                "INSERT INTO meta (key, value) VALUES ('budget', ?) ON CONFLICT (key) DO UPDATE "
+                "SET value = excluded.value",
+                (json.dumps(stored, sort_keys=True),),
             )
 
     def finish_run(self, run_id: int, status: str) -> None:
@@ -582,12 +701,30 @@ class Ledger:
             releases = [p for _, _, _, kind, p in events if kind == "release"]
             if releases:  # the releases before training: composed together, as one release
                 accountant.compose_release(releases, **own)
-            for row in self.rounds(run_id):
-                privacy = [
-                    p
-                    for r, a, _, kind, p in events
-                    if kind == "round" and (r, a) == (row["round"], row["attempt"])
-                ]
-                if privacy:
-                    accountant.compose_round(privacy, participants=row["participants"], **own)
+            for _, participants, privacy in self.round_groups(run_id, events):
+                accountant.compose_round(privacy, participants=participants, **own)
         return accountant
+
+    def round_groups(
+        self,
+        run_id: int,
+        events: Sequence[tuple[int, int, str, str, SiloPrivacy]] | None = None,
+    ) -> list[tuple[dict[str, Any] | None, int | None, list[SiloPrivacy]]]:
+        """Each round attempt of a run that recorded events, in the order it started: (its
+        ``rounds`` row, or ``None`` if it has none, its participants, its silos' events).
+
+        Taken from the events themselves, so an event whose round row is missing (a ledger
+        edited by hand) is still composed: :func:`~silodp.ledger.report.verify_ledger` reports
+        it."""
+        if events is None:
+            events = self.events(run_id)
+        rows = {(r["round"], r["attempt"]): r for r in self.rounds(run_id)}
+        groups: dict[tuple[int, int], list[SiloPrivacy]] = {}
+        for r, a, _, kind, p in events:
+            if kind == "round":
+                groups.setdefault((r, a), []).append(p)
+        out = []
+        for key, privacy in groups.items():  # dicts keep the order of the first event
+            row = rows.get(key)
+            out.append((row, None if row is None else row["participants"], privacy))
+        return out

@@ -1,0 +1,159 @@
+"""A budget declared on a shared ledger binds every later run there, the algorithms of one
+experiment are checked against it together before anything is written, and two runs never
+write one ledger at once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from silodp.config import load_config
+from silodp.errors import SilodpError
+from silodp.experiment import run_experiment
+from silodp.ledger import Ledger, LedgerError
+from silodp.ledger.run import BudgetExceededError
+
+NAME = "local_item_dp"
+
+BASE = {
+    "data": {"source": "digits", "num_silos": 3, "num_subjects": 40, "max_records": 300},
+    "model": {"name": "mlp"},
+    "training": {"rounds": 2, "local_steps": 2, "batch_size": 16, "lr": 0.5},
+    "privacy": {"noise_multiplier": 3.0, "group_size": 4, "noise": "seeded"},
+}
+
+
+def _shared(tmp: Path, name: str, ledger: Path, algorithms=(NAME,), **privacy) -> Path:
+    raw = json.loads(json.dumps(BASE))
+    raw.update(name=name, algorithms=list(algorithms))
+    raw["privacy"].update(ledger=str(ledger), **privacy)
+    path = tmp / f"{name}.toml"
+    path.write_text(tomli_w.dumps(raw))
+    return path
+
+
+def _run(path: Path, out: Path) -> dict:
+    return run_experiment(load_config(path), out, log=lambda m: None)
+
+
+def test_a_budget_declared_on_a_shared_ledger_binds_every_later_run(tmp_path: Path) -> None:
+    ledger = tmp_path / "shared.sqlite"
+    first = _run(_shared(tmp_path, "a", ledger, budget={"record": 1.2}), tmp_path / "a")
+    spent = first["runs"][0]["epsilon"]["record"]
+    assert spent < 1.2  # a second identical run (composed: 1.36) would exceed the budget
+    with Ledger(ledger, read_only=True) as held:
+        assert held.budget() == {"record": {"epsilon": 1.2, "delta": 1e-5}}
+    # leaving the budget out, or raising it, does not lift the ledger's
+    for i, privacy in enumerate([{}, {"budget": {"record": 100.0}}]):
+        config = _shared(tmp_path, f"b{i}", ledger, **privacy)
+        with pytest.raises(BudgetExceededError, match="budget 1.2"):
+            _run(config, tmp_path / f"b{i}")
+        assert not (tmp_path / f"b{i}").exists() or not any((tmp_path / f"b{i}").iterdir())
+    # nor does a larger δ, at which the same spending reads as a smaller ε
+    with pytest.raises(LedgerError, match=r"Expected δ=1e-05"):
+        _run(_shared(tmp_path, "c", ledger, delta=0.2), tmp_path / "c")
+    # nor another accounting kind, whose spending cannot be composed with this one's
+    other = _shared(tmp_path, "d", ledger, algorithms=("prifedsync",))
+    with pytest.raises(LedgerError, match="one accounting kind"):
+        _run(other, tmp_path / "d")
+    # a smaller budget is declared too
+    with pytest.raises(BudgetExceededError, match="budget 1.0"):
+        _run(_shared(tmp_path, "e", ledger, budget={"record": 1.0}), tmp_path / "e")
+
+
+def test_an_experiments_runs_are_checked_together_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    algorithms = (NAME, "local_group_dp")
+    raw = json.loads(json.dumps(BASE))
+    raw.update(name="probe", algorithms=list(algorithms))
+    probe = run_experiment(
+        load_config(_write(tmp_path / "probe.toml", raw)), tmp_path / "probe", log=lambda m: None
+    )
+    alone = max(r["epsilon"]["subject"] for r in probe["runs"])
+    # each plan fits the budget alone; the two one after another on one ledger do not
+    ledger = tmp_path / "shared.sqlite"
+    both = _shared(
+        tmp_path, "both", ledger, algorithms=algorithms, budget={"subject": alone * 1.05}
+    )
+    out = tmp_path / "both"
+    with pytest.raises(BudgetExceededError, match="run's whole plan"):
+        _run(both, out)
+    assert not out.exists() or not any(out.iterdir())
+    assert not ledger.exists()
+
+
+def _write(path: Path, raw: dict) -> Path:
+    path.write_text(tomli_w.dumps(raw))
+    return path
+
+
+def test_two_runs_cannot_write_one_ledger_at_once(tmp_path: Path) -> None:
+    ledger = tmp_path / "shared.sqlite"
+    Ledger(ledger).close()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import sys, time
+                from silodp.ledger import Ledger
+                held = Ledger({str(ledger)!r})
+                print("held", flush=True)
+                sys.stdin.readline()
+                """
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(LedgerError, match=f"another run \\(process {holder.pid}\\)"):
+            Ledger(ledger)
+        with Ledger(ledger, read_only=True) as reader:  # reading never waits
+            assert reader.runs() == []
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        holder.wait(timeout=60)  # this process, by its PID
+    deadline = time.monotonic() + 10
+    while True:  # its exit released the lock
+        try:
+            Ledger(ledger).close()
+            break
+        except SilodpError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    # in one process, the ledgers of one run share the lock
+    a, b = Ledger(ledger), Ledger(ledger)
+    a.close()
+    b.close()
+    assert not Path(f"{ledger}-lock").exists()
+
+
+def test_overwrite_keeps_a_shared_ledger_an_earlier_config_put_in_its_directory(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    inside = out / NAME / "spend.sqlite"
+    _run(_shared(tmp_path, "a", inside), out)
+    assert Ledger(inside, read_only=True).runs()
+    # the next config names no ledger: --overwrite replaces the experiment, not its spending
+    raw = json.loads(json.dumps(BASE))
+    raw.update(name="b", algorithms=[NAME])
+    config = load_config(_write(tmp_path / "b.toml", raw))
+    run_experiment(config, out, log=lambda m: None, overwrite=True)
+    with Ledger(inside, read_only=True) as kept:
+        assert len(kept.runs()) == 1 and kept.runs()[0].status == "complete"
+    assert (out / NAME / "ledger.sqlite").is_file()  # the new run's own
