@@ -346,7 +346,7 @@ def test_a_release_before_training_enters_every_subject_route(name, k) -> None:
     release = dp_event.GaussianDpEvent(3.0)
 
     def account(release_first: bool | None) -> dict:
-        acc = FederatedAccountant(units=algo.units, span=8, delta=1e-5)
+        acc = FederatedAccountant(units=algo.units, span=8, delta=1e-5, target="released")
         rounds = [algo.silo_privacy(sampling_rate=0.02)] * 8
         if release_first:
             acc.compose_release([SiloPrivacy({"record": release, "subject": release})] * 8)

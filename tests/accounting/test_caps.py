@@ -142,7 +142,16 @@ def test_a_larger_rate_dominates_replace_one_events_too() -> None:
 def test_calibration_reaches_a_record_target_whose_event_holds_a_mixture() -> None:
     """Under a span cap the record event holds the subject's mixture, which the fast (RDP)
     routes cannot bound; calibration then brackets σ with the PLD and still meets the target."""
-    plan = dict(sample_rate=0.1, steps=3, rounds=4, silos=3, span=2, settings={"group_size": 2})
+    # against the released model: the silos have no record-level guarantee under a span cap
+    plan = dict(
+        sample_rate=0.1,
+        steps=3,
+        rounds=4,
+        silos=3,
+        span=2,
+        settings={"group_size": 2},
+        adversary="released",
+    )
     report = account_report("local_item_dp", target_epsilon=8.0, **plan)
     assert report["epsilon"]["record"] <= 8.0
     assert report["method"]["record"] == "pld-mixture"
@@ -188,8 +197,14 @@ def test_runs_charge_the_caps_they_apply(tmp_path: Path, privacy, data, capped, 
     assert ("--group-capped" if capped else "--no-group-capped") in command
     assert ("--cross-silo-cap" in command) == ("records_per_subject" in data)
     account = json.loads(CliRunner().invoke(app, [*command[1:], "--json"]).output)
-    item = runs["local_item_dp"]["epsilon"]["record"]
-    assert item == pytest.approx(account["epsilon"]["record"], rel=1e-5)  # per round vs at once
+    # the released model's record ε; a cap across silos leaves the silos none (they see which
+    # of their records other silos' records pushed out)
+    by = runs["local_item_dp"]["epsilon_by_adversary"]
+    item = by["released"]["record"]
+    assert (by["silos"]["record"] is None) == across
+    assert (runs["local_item_dp"]["epsilon"]["record"] is None) == across
+    released = account["epsilon_by_adversary"]["released"]["record"]
+    assert item == pytest.approx(released, rel=1e-5)  # per round vs at once
     plain = account_report(
         "local_item_dp",
         noise_multiplier=1.5,
@@ -203,7 +218,8 @@ def test_runs_charge_the_caps_they_apply(tmp_path: Path, privacy, data, capped, 
         assert item > 1.2 * plain
     else:
         assert item == pytest.approx(plain, rel=1e-5)
-    silo = runs["user_ldp"]["epsilon"]["silo"]
+    silo = runs["user_ldp"]["epsilon_by_adversary"]["released"]["silo"]
+    assert (runs["user_ldp"]["epsilon_by_adversary"]["silos"]["silo"] is None) == across
     plain_silo = account_report("user_ldp", noise_multiplier=1.5, steps=2, rounds=2, silos=3)
     if across:
         assert silo > 1.2 * plain_silo["epsilon"]["silo"]

@@ -179,7 +179,9 @@ def test_three_algorithms_match_in_process(federation, tmp_path):
             json.loads((tmp_path / d / algorithm / "summary.json").read_text())
             for d in ("local", "deploy")
         )
-        assert sa["epsilon"] == sb["epsilon"] and sb["epsilon"]["subject"] > 0
+        assert sa["epsilon_by_adversary"] == sb["epsilon_by_adversary"]
+        assert sa["epsilon"] == sb["epsilon"]
+        assert sb["epsilon_by_adversary"]["released"]["subject"] > 0
         assert sb["aggregation"].startswith(how)
 
 

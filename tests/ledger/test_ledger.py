@@ -351,3 +351,37 @@ def test_a_shared_total_composes_each_run_over_its_own_span(tmp_path: Path) -> N
     spent = later.spent()["subject"]
     assert spent == pytest.approx(gdp_epsilon(mu_wide, 1e-5), rel=1e-3)
     assert spent > gdp_epsilon(math.sqrt(rounds * steps) / sigma, 1e-5) * 1.5
+
+
+def test_a_resume_reopens_the_run_it_registered_as(tmp_path: Path) -> None:
+    """Two runs of one config on a shared ledger (two results directories): each resumes its
+    own registration, not the last one of that name, so its ε composes its own events."""
+    path = tmp_path / "shared.sqlite"
+    event = SiloPrivacy({"subject": gaussian_steps(4.0, 1)})
+
+    def acc() -> FederatedAccountant:
+        return FederatedAccountant(units=("subject",), span=1, delta=1e-5)
+
+    runs = []
+    for rounds in (2, 1):  # the first recorded one round more, then both were killed
+        run = RunLedger(
+            Ledger(path),
+            name="x",
+            algorithm="user_ldp",
+            accountant=acc(),
+            noise={"mode": "x"},
+            config_hash="h",
+        )
+        for r in range(1, rounds + 1):
+            run.record(r, "silo:0", event)
+            run.complete_round(r, run.round_events(r), {})
+        runs.append(run.run_id)
+    mine = acc()
+    first = RunLedger.resume(
+        Ledger(path), name="x", config_hash="h", accountant=mine, completed=2, run_id=runs[0]
+    )
+    assert first is not None and first.run_id == runs[0]
+    assert mine.rounds == 2 and first.total.rounds == 3  # its own rounds; the ledger's total
+    # without the registration the last run of that name is taken, whose ledger lacks round 2
+    with pytest.raises(LedgerError, match=r"round\(s\) \[2\] are not"):
+        RunLedger.resume(Ledger(path), name="x", config_hash="h", accountant=acc(), completed=2)

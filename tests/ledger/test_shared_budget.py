@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -49,7 +48,9 @@ def test_a_budget_declared_on_a_shared_ledger_binds_every_later_run(tmp_path: Pa
     spent = first["runs"][0]["epsilon"]["record"]
     assert spent < 1.2  # a second identical run (composed: 1.36) would exceed the budget
     with Ledger(ledger, read_only=True) as held:
-        assert held.budget() == {"record": {"epsilon": 1.2, "delta": 1e-5}}
+        assert held.budget() == {
+            "record": {"epsilon": 1.2, "delta": 1e-5, "adversary": "strongest"}
+        }
     # leaving the budget out, or raising it, does not lift the ledger's
     for i, privacy in enumerate([{}, {"budget": {"record": 100.0}}]):
         config = _shared(tmp_path, f"b{i}", ledger, **privacy)
@@ -98,24 +99,7 @@ def _write(path: Path, raw: dict) -> Path:
 def test_two_runs_cannot_write_one_ledger_at_once(tmp_path: Path) -> None:
     ledger = tmp_path / "shared.sqlite"
     Ledger(ledger).close()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(
-                f"""
-                import sys, time
-                from silodp.ledger import Ledger
-                held = Ledger({str(ledger)!r})
-                print("held", flush=True)
-                sys.stdin.readline()
-                """
-            ),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = _holding(ledger)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with pytest.raises(LedgerError, match=f"another run \\(process {holder.pid}\\)"):
@@ -157,3 +141,69 @@ def test_overwrite_keeps_a_shared_ledger_an_earlier_config_put_in_its_directory(
     with Ledger(inside, read_only=True) as kept:
         assert len(kept.runs()) == 1 and kept.runs()[0].status == "complete"
     assert (out / NAME / "ledger.sqlite").is_file()  # the new run's own
+
+
+def test_a_declared_budget_binds_units_and_adversaries_it_was_declared_for(
+    tmp_path: Path,
+) -> None:
+    ledger = tmp_path / "shared.sqlite"
+    _run(_shared(tmp_path, "a", ledger, budget={"record": 5.0}), tmp_path / "a")
+    # a run that accounts no record ε would spend unchecked at the record level
+    other = _shared(tmp_path, "b", ledger, algorithms=("higradavg_dp",))
+    with pytest.raises(LedgerError, match="Expected this run to account unit 'record'"):
+        _run(other, tmp_path / "b")
+    # a total against a weaker adversary than the declared one could read smaller
+    weaker = _shared(tmp_path, "c", ledger, adversary="released")
+    with pytest.raises(LedgerError, match="Expected privacy.adversary='strongest'"):
+        _run(weaker, tmp_path / "c")
+    with Ledger(ledger, read_only=True) as held:
+        assert held.budget()["record"]["adversary"] == "strongest"
+        assert len(held.runs()) == 1
+
+
+def test_budgets_the_runs_before_will_declare_are_checked_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    # the second algorithm's own budget is looser, but the first one's, declared when it
+    # registers, binds it: refused up front, not after the first has trained
+    raw = json.loads(json.dumps(BASE))
+    raw.update(name="two", algorithms=[NAME, "local_group_dp"])
+    raw["privacy"]["ledger"] = str(tmp_path / "shared.sqlite")
+    raw["algorithm"] = {
+        NAME: {"budget": {"subject": 5.0}},
+        "local_group_dp": {"budget": {"subject": 100.0}},
+    }
+    out = tmp_path / "two"
+    with pytest.raises(BudgetExceededError, match="budget 5.0"):
+        run_experiment(load_config(_write(tmp_path / "two.toml", raw)), out, log=lambda m: None)
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_the_write_lock_is_one_for_every_name_of_the_ledger(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    real = tmp_path / "a" / "shared.sqlite"
+    Ledger(real).close()
+    (tmp_path / "b").mkdir()
+    link = tmp_path / "b" / "shared.sqlite"
+    link.symlink_to(real)
+    holder = _holding(real)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(LedgerError, match="another run"):
+            Ledger(link)
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)  # this process, by its PID
+
+
+def _holding(path: Path) -> subprocess.Popen:
+    """Another process that holds the ledger at ``path`` open for writing until its stdin
+    closes (stopped by the caller, by its PID)."""
+    script = (
+        "import sys\nfrom silodp.ledger import Ledger\n"
+        f"held = Ledger({str(path)!r})\nprint('held', flush=True)\nsys.stdin.readline()\n"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )

@@ -29,7 +29,30 @@ from dp_accounting import dp_event
 from silodp.accounting.events import replace_one
 from silodp.errors import InvalidValueError
 
-__all__ = ["record_event_under_caps", "silo_event_under_span_cap"]
+__all__ = [
+    "CAPS_SEEN_BY_SILOS_NOTE",
+    "caps_seen_by_silos",
+    "record_event_under_caps",
+    "silo_event_under_span_cap",
+]
+
+#: why a run with a cap across silos has no record (silo) guarantee against the silos
+CAPS_SEEN_BY_SILOS_NOTE = (
+    "a cap across silos (a federation-wide group bound, data.records_per_subject or a span "
+    "cap) decides which of a silo's records it keeps from the other silos' records, and each "
+    "silo sees which of its own it keeps: no record-level (user_ldp: silo-level) guarantee "
+    "holds against the silos (ε = inf); the released model's stands, and the subject level "
+    "is unaffected"
+)
+
+
+def caps_seen_by_silos(*, cross_silo: bool, span_cap: int | None) -> bool:
+    """Whether a silo's kept records depend on the other silos' records: a cap across silos
+    or a span cap. Adding one record in silo s' can then change, deterministically, which
+    records silo s keeps, and silo s sees that (it knows its records and trains on the kept
+    ones), so against the silos the record and silo units have no guarantee. Per-silo caps
+    depend on the silo's own records only."""
+    return cross_silo or span_cap is not None
 
 
 def record_event_under_caps(

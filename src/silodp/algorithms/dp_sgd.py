@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from dp_accounting import dp_event
 from torch import nn
 
 from silodp._validation import check_int
@@ -38,7 +39,11 @@ from silodp.algorithms.base import (
     hyperparameter,
     poisson_mask,
 )
-from silodp.algorithms.caps import record_event_under_caps
+from silodp.algorithms.caps import (
+    CAPS_SEEN_BY_SILOS_NOTE,
+    caps_seen_by_silos,
+    record_event_under_caps,
+)
 from silodp.algorithms.registry import register
 from silodp.errors import InvalidValueError
 from silodp.privacy.ghost import clipper_for
@@ -195,19 +200,33 @@ class LocalItemDP(Algorithm):
         q = sampling_rate
         record = poisson_gaussian_steps(q, cfg.noise_multiplier, cfg.local_steps)
         subject = subject_mixture_steps(q, cfg.noise_multiplier, cfg.group_size, cfg.local_steps)
+        cross_silo = cfg.cross_silo_cap or self.group_scope == "federation"
         capped = record_event_under_caps(
             record,
             subject,
             group_capped=cfg.group_capped,
-            cross_silo=cfg.cross_silo_cap or self.group_scope == "federation",
+            cross_silo=cross_silo,
             span_cap=cfg.span_cap,
         )
+        views = {}
+        if caps_seen_by_silos(cross_silo=cross_silo, span_cap=cfg.span_cap):
+            views["silos"] = {"record": dp_event.NonPrivateDpEvent(), "subject": subject}
         return SiloPrivacy(
             {"record": capped, "subject": subject},
             record_event=record,
             group_size=cfg.group_size,
             group_scope=self.group_scope,
+            views=views,
         )
+
+    def accounting_notes(self) -> list[str]:
+        cfg = self.config
+        cross_silo = cfg.cross_silo_cap or self.group_scope == "federation"
+        seen = caps_seen_by_silos(cross_silo=cross_silo, span_cap=cfg.span_cap)
+        return [CAPS_SEEN_BY_SILOS_NOTE] if seen else []
+
+    def run_notes(self) -> list[str]:
+        return super().run_notes() + self.accounting_notes()
 
     def local_update(
         self,

@@ -23,12 +23,17 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
+from dp_accounting import dp_event
 from torch import nn
 
 from silodp.accounting import SiloPrivacy
 from silodp.accounting.events import gaussian_steps
 from silodp.algorithms.base import Algorithm, SiloData, SiloUpdate, uniform_batch
-from silodp.algorithms.caps import silo_event_under_span_cap
+from silodp.algorithms.caps import (
+    CAPS_SEEN_BY_SILOS_NOTE,
+    caps_seen_by_silos,
+    silo_event_under_span_cap,
+)
 from silodp.algorithms.dp_sgd import noisy_sum
 from silodp.algorithms.registry import register
 from silodp.privacy.gradients import Params, batch_gradient, clip_tree
@@ -59,7 +64,18 @@ class UserLDP(Algorithm):
         silo = silo_event_under_span_cap(
             event, span_cap=cfg.span_cap, cross_silo=cfg.cross_silo_cap, num_silos=cfg.num_silos
         )
-        return SiloPrivacy({"silo": silo, "subject": event})
+        views = {}
+        if caps_seen_by_silos(cross_silo=cfg.cross_silo_cap, span_cap=cfg.span_cap):
+            views["silos"] = {"silo": dp_event.NonPrivateDpEvent(), "subject": event}
+        return SiloPrivacy({"silo": silo, "subject": event}, views=views)
+
+    def accounting_notes(self) -> list[str]:
+        cfg = self.config
+        seen = caps_seen_by_silos(cross_silo=cfg.cross_silo_cap, span_cap=cfg.span_cap)
+        return [CAPS_SEEN_BY_SILOS_NOTE] if seen else []
+
+    def run_notes(self) -> list[str]:
+        return super().run_notes() + self.accounting_notes()
 
     def local_update(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import logging
 import os
 import time
@@ -15,10 +16,11 @@ from typing import Any
 from silodp.accounting import FederatedAccountant
 from silodp.accounting.interface import Accountant
 from silodp.experiment.prepare import PreparedRun
-from silodp.io import check_writable_dir
+from silodp.io import check_writable_dir, write_json
 from silodp.ledger import Ledger, LedgerError, RunLedger
 from silodp.ledger.report import verify_ledger
-from silodp.ledger.run import check_budget, ledger_budget, total_before
+from silodp.ledger.run import check_budget, held_to, ledger_budget, total_before
+from silodp.ledger.store import merge_declared
 
 __all__ = [
     "LEDGER_FILE",
@@ -74,6 +76,7 @@ def resume_run_ledger(
         holds (resuming would count less than was spent).
     """
     path = _path(run, run_dir)
+    registered = _registration(run_dir, path)
     if not path.is_file() or path.stat().st_size == 0:
         if completed:
             raise LedgerError(
@@ -98,7 +101,25 @@ def resume_run_ledger(
         accountant=accountant,
         budget=budget_of(run),
         completed=completed,
+        run_id=registered,
     )
+
+
+#: in a run's directory: which run of its ledger it is (a shared ledger may hold the same
+#: config run into other directories), written when the run registers
+REGISTRATION_FILE = "ledger_run.json"
+
+
+def _registration(run_dir: Path, path: Path) -> int | None:
+    """The id under which the run in ``run_dir`` registered in the ledger at ``path``."""
+    try:
+        found = json.loads((run_dir / REGISTRATION_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(found, dict) or found.get("ledger") != str(path.resolve()):
+        return None
+    run_id = found.get("run_id")
+    return run_id if isinstance(run_id, int) and not isinstance(run_id, bool) else None
 
 
 def _existing(path: str | None) -> Path | None:
@@ -151,6 +172,8 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
       LedgerError: the shared ledger cannot be read, or a budget cannot be held on it.
     """
     before: dict[str, list[PreparedRun]] = {}
+    #: per shared ledger: its declared budget, with what the runs before will declare
+    declared: dict[str, dict[str, dict[str, Any]]] = {}
     for run in runs:
         if run.plan is None:
             continue
@@ -163,14 +186,17 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
         spent: dict[str, float] = {}
         shared = run.privacy.ledger
         existing = _existing(shared)
+        key = str(Path(shared).resolve()) if shared is not None else ""
         if existing is not None:
             with Ledger(existing, read_only=True) as ledger:
-                budget = ledger_budget(ledger, budget, spec)
+                ledger_budget(ledger, budget, accountant)  # its kinds, units, δ, adversary
+                declared.setdefault(key, ledger.budget())
                 total, held = total_before(ledger, accountant)
             if held:
                 spent = {unit: est.epsilon for unit, est in total.estimates().items()}
         if shared is not None:
-            planned = before.setdefault(str(Path(shared).resolve()), [])
+            budget = held_to(budget, declared.get(key, {}), accountant, where=repr(shared))
+            planned = before.setdefault(key, [])
             kinds = {
                 p.algorithm.make_accountant(span=p.span, delta=p.privacy.delta).spec()["kind"]
                 for p in planned
@@ -188,6 +214,14 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
                     _compose_plan(earlier, total)
                 spent = {unit: est.epsilon for unit, est in total.estimates().items()}
             planned.append(run)
+            if run.privacy.budget:  # what this run will declare binds the runs after it
+                declared[key] = merge_declared(
+                    declared.get(key, {}),
+                    run.privacy.budget,
+                    float(spec["delta"]),
+                    str(spec.get("target", "strongest")),
+                    where=repr(shared),
+                )
         if budget:
             check_budget(budget, spent, _plan_epsilon(run, total), "run's whole plan")
 
@@ -256,6 +290,8 @@ def open_run_ledger(
         config_hash=config_hash,
         plan_check=lambda total: _plan_epsilon(run, total),
     )
+    where = _path(run, run_dir).resolve()
+    write_json(run_dir / REGISTRATION_FILE, {"ledger": str(where), "run_id": ledger.run_id})
     return ledger
 
 

@@ -258,9 +258,11 @@ def train_run(
         except BaseException:
             if ledger is not None:
                 ledger.finish("interrupted")
+                ledger.close()
             raise
         if ledger is not None:
             ledger.finish(status)
+            ledger.close()  # frees the ledger's write lock for the next run
         faults.reached("run_recorded", len(rows))
         title = f"{config.name}: {run.name}"
         plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)

@@ -19,7 +19,14 @@ from silodp.accounting.interface import Accountant, accountant_from_spec
 from silodp.errors import SilodpError
 from silodp.ledger.store import Ledger, LedgerError
 
-__all__ = ["BudgetExceededError", "RunLedger", "check_budget", "ledger_budget", "total_before"]
+__all__ = [
+    "BudgetExceededError",
+    "RunLedger",
+    "check_budget",
+    "held_to",
+    "ledger_budget",
+    "total_before",
+]
 
 
 class BudgetExceededError(SilodpError):
@@ -50,35 +57,68 @@ def total_before(ledger: Ledger, accountant: Accountant) -> tuple[Accountant, bo
     return ledger.replay(earlier, accountant_from_spec(spec)), True
 
 
-def ledger_budget(
-    ledger: Ledger, budget: Mapping[str, float], spec: Mapping[str, Any]
+def held_to(
+    budget: Mapping[str, float],
+    declared: Mapping[str, Mapping[str, Any]],
+    accountant: Accountant,
+    *,
+    where: str,
 ) -> dict[str, float]:
-    """The budget a run with accountant ``spec`` and its own ``budget`` is held to on
-    ``ledger``: per unit, the smaller of its own and the ledger's declared one
-    (:meth:`Ledger.budget`), which binds every run that writes there whatever its config says.
+    """The budget a run with ``accountant`` and its own ``budget`` is held to under the
+    ``declared`` budget of the ledger ``where``: per unit, the smaller ε.
 
     Raises:
-      LedgerError: a budgeted unit's δ differs from the run's (a total is checked at one δ),
-        or the ledger holds runs of another accounting kind, whose spending cannot be composed
-        with this run's, while a budget applies.
+      LedgerError: a declared unit the run does not account (its spending there would go
+        unchecked), another δ (a total is checked at one δ), or another adversary than the
+        declared one or ``strongest`` (a total against a weaker one reads smaller).
     """
+    spec = accountant.spec()
+    delta, adversary = spec.get("delta"), spec.get("target", "strongest")
     merged = dict(budget)
-    delta = spec.get("delta")
-    for unit, declared in ledger.budget().items():
-        if declared["delta"] != delta:
+    for unit, limit in declared.items():
+        if unit not in accountant.units:
             raise LedgerError(
-                f"Expected δ={declared['delta']!r}: the budget of {str(ledger.path)!r} for unit "
-                f"{unit!r} is ε={declared['epsilon']!r} at that δ, and a run on it is checked "
-                f"at the same δ; this run's δ is {delta!r}."
+                f"Expected this run to account unit {unit!r}: {where} has a budget on it "
+                f"(ε={limit['epsilon']!r}) that binds every run there, and this run accounts "
+                f"{list(accountant.units)} only, so what it spends at {unit!r} would go "
+                "unchecked. Use another ledger."
             )
-        merged[unit] = min(merged.get(unit, math.inf), declared["epsilon"])
-    others = sorted({r.accountant.get("kind", "?") for r in ledger.runs()} - {spec.get("kind")})
+        if limit["delta"] != delta:
+            raise LedgerError(
+                f"Expected δ={limit['delta']!r}: the budget of {where} for unit {unit!r} is "
+                f"ε={limit['epsilon']!r} at that δ, and a run on it is checked at the same δ; "
+                f"this run's δ is {delta!r}."
+            )
+        against = limit.get("adversary", "strongest")
+        if adversary not in (against, "strongest"):
+            raise LedgerError(
+                f"Expected privacy.adversary={against!r} (or 'strongest'): the budget of "
+                f"{where} for unit {unit!r} holds against that adversary, and a total against "
+                f"{adversary!r} could read smaller."
+            )
+        merged[unit] = min(merged.get(unit, math.inf), float(limit["epsilon"]))
+    return merged
+
+
+def ledger_budget(
+    ledger: Ledger, budget: Mapping[str, float], accountant: Accountant
+) -> dict[str, float]:
+    """The budget a run with ``accountant`` and its own ``budget`` is held to on ``ledger``
+    (:func:`held_to` its declared budget, :meth:`Ledger.budget`).
+
+    Raises:
+      LedgerError: as :func:`held_to`, or the ledger holds runs of another accounting kind,
+        whose spending cannot be composed with this run's, while a budget applies.
+    """
+    where = repr(str(ledger.path))
+    merged = held_to(budget, ledger.budget(), accountant, where=where)
+    kind = accountant.spec().get("kind")
+    others = sorted({r.accountant.get("kind", "?") for r in ledger.runs()} - {kind})
     if merged and others:
         raise LedgerError(
-            f"Expected the runs on {str(ledger.path)!r} to share one accounting kind while a "
-            f"budget applies; it holds runs accounted as {others}, this run as "
-            f"{spec.get('kind')!r}, and their spending cannot be composed into one total. Use "
-            "another ledger."
+            f"Expected the runs on {where} to share one accounting kind while a budget applies; "
+            f"it holds runs accounted as {others}, this run as {kind!r}, and their spending "
+            "cannot be composed into one total. Use another ledger."
         )
     return merged
 
@@ -137,13 +177,15 @@ class RunLedger:
     ) -> None:
         self.ledger = ledger
         spec = accountant.spec()
-        self.budget = ledger_budget(ledger, budget or {}, spec)
+        self.budget = ledger_budget(ledger, budget or {}, accountant)
         #: the ledger's total so far (earlier runs), composed with this run's rounds as they end
         self.total, self.shared = total_before(ledger, accountant)
         if plan_check is not None and self.budget:  # the whole plan, before anything runs
             self.check(plan_check(self.total), "run's whole plan")
         if declared:  # the config's own budget binds every later run on this ledger too
-            ledger.declare_budget(declared, float(spec["delta"]))
+            ledger.declare_budget(
+                declared, float(spec["delta"]), str(spec.get("target", "strongest"))
+            )
         self.run_id = ledger.open_run(
             name=name, algorithm=algorithm, accountant=spec, noise=noise, config_hash=config_hash
         )
@@ -161,6 +203,7 @@ class RunLedger:
         accountant: Accountant,
         budget: Mapping[str, float] | None = None,
         completed: int = 0,
+        run_id: int | None = None,
     ) -> RunLedger | None:
         """The run ``name`` of this config in ``ledger`` left unfinished, reopened:
         ``accountant`` composes everything it recorded (rounds cut short included, in full)
@@ -168,7 +211,9 @@ class RunLedger:
         reopened when its checkpoint holds all its rounds (it was stopped while writing its
         outputs). ``completed``: the rounds the run's checkpoint holds, which the ledger must
         hold complete too. ``None``: the ledger holds no such run and the checkpoint no round
-        (the run never registered, e.g. it was stopped while calibrating).
+        (the run never registered, e.g. it was stopped while calibrating). ``run_id``: the
+        id the run registered under, where it is known (a shared ledger may hold the same
+        config run elsewhere): only that run is reopened.
 
         Raises:
           LedgerError: the checkpoint holds rounds the ledger has no complete record of (a
@@ -183,6 +228,7 @@ class RunLedger:
             for r in ledger.runs()
             if r.name == name
             and r.config_hash == config_hash
+            and (run_id is None or r.id == run_id)
             and (
                 r.status != "complete"
                 or (completed > 0 and max(done(r.id), default=0) == completed)
@@ -208,7 +254,7 @@ class RunLedger:
             )
         self = cls.__new__(cls)
         self.ledger = ledger
-        self.budget = ledger_budget(ledger, budget or {}, record.accountant)
+        self.budget = ledger_budget(ledger, budget or {}, accountant)
         self.run_id = record.id
         earlier = [
             r.id
@@ -292,3 +338,7 @@ class RunLedger:
 
     def finish(self, status: str) -> None:
         self.ledger.finish_run(self.run_id, status)
+
+    def close(self) -> None:
+        """Closes the ledger (and releases its write lock); the run records nothing more."""
+        self.ledger.close()

@@ -34,7 +34,14 @@ from silodp.accounting.interface import Accountant, accountant_from_spec
 from silodp.errors import SilodpError
 from silodp.ledger.serialize import privacy_from_json, privacy_to_json
 
-__all__ = ["SCHEMA_VERSION", "Ledger", "LedgerError", "RunRecord", "ledger_file_problem"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Ledger",
+    "LedgerError",
+    "RunRecord",
+    "ledger_file_problem",
+    "merge_declared",
+]
 
 #: the schema this code writes; an older ledger opened for writing is migrated, a newer refused
 SCHEMA_VERSION = 3
@@ -139,7 +146,8 @@ def _lock(path: Path) -> str:
     Raises:
       LedgerError: another process holds it.
     """
-    name = str(path.with_name(path.name + "-lock").resolve())
+    real = path.resolve()  # one lock for every name of the file (a symbolic link too)
+    name = str(real.with_name(real.name + "-lock"))
     held = _LOCKS.get(name)
     if held is not None:
         held[1] += 1
@@ -180,6 +188,42 @@ def _unlock(name: str) -> None:
         with suppress(FileNotFoundError):
             os.unlink(name)  # while still holding it: a waiter then retries on a new file
         os.close(held[0])  # closing the descriptor releases the flock
+
+
+def merge_declared(
+    stored: Mapping[str, Mapping[str, Any]],
+    budget: Mapping[str, float],
+    delta: float,
+    adversary: str,
+    *,
+    where: str,
+) -> dict[str, dict[str, Any]]:
+    """A ledger's declared budget with ``budget`` (ε per unit at ``delta``, against
+    ``adversary``) added: per unit the smaller ε, held against the stronger adversary (the
+    same one, or ``strongest`` where they differ).
+
+    Raises:
+      LedgerError: ``delta`` differs from a budgeted unit's δ (``where``: the ledger's name).
+    """
+    merged = {unit: dict(value) for unit, value in stored.items()}
+    for unit, epsilon in budget.items():
+        old = merged.get(unit)
+        if old is None:
+            merged[unit] = {
+                "epsilon": float(epsilon),
+                "delta": float(delta),
+                "adversary": adversary,
+            }
+            continue
+        if old["delta"] != delta:
+            raise LedgerError(
+                f"Expected δ={old['delta']!r} for unit {unit!r}: the budget of {where} is at that "
+                f"δ, got δ={delta!r}."
+            )
+        old["epsilon"] = min(float(old["epsilon"]), float(epsilon))
+        if old.get("adversary", "strongest") != adversary:
+            old["adversary"] = "strongest"
+    return merged
 
 
 def _header(path: Path) -> bytes:
@@ -569,41 +613,40 @@ class Ledger:
                 ),
             )
 
-    def budget(self) -> dict[str, dict[str, float]]:
-        """The budget declared on this ledger, ``{unit: {"epsilon": ε, "delta": δ}}`` (empty:
-        none). Every run that writes here is held to it, whatever its own config says."""
+    def budget(self) -> dict[str, dict[str, Any]]:
+        """The budget declared on this ledger, ``{unit: {"epsilon": ε, "delta": δ,
+        "adversary": whom}}`` (empty: none). Every run that writes here is held to it,
+        whatever its own config says (:func:`~silodp.ledger.run.ledger_budget`)."""
         row = self.db.execute("SELECT value FROM meta WHERE key = 'budget'").fetchone()
         if row is None:
             return {}
         try:
             value = json.loads(row[0])
             return {
-                str(u): {"epsilon": float(b["epsilon"]), "delta": float(b["delta"])}
+                str(u): {
+                    "epsilon": float(b["epsilon"]),
+                    "delta": float(b["delta"]),
+                    "adversary": str(b.get("adversary", "strongest")),
+                }
                 for u, b in value.items()
             }
         except (ValueError, TypeError, KeyError, AttributeError) as err:
             raise LedgerError(
-                f"Expected the budget in {str(self.path)!r} as {{unit: {{epsilon, delta}}}}, got "
-                f"{row[0][:80]!r}."
+                f"Expected the budget in {str(self.path)!r} as {{unit: {{epsilon, delta, "
+                f"adversary}}}}, got {row[0][:80]!r}."
             ) from err
 
-    def declare_budget(self, budget: Mapping[str, float], delta: float) -> None:
-        """Adds ``budget`` (ε per unit at ``delta``) to the ledger's own: per unit, the smaller
-        ε is kept; a unit already budgeted at another δ is refused.
+    def declare_budget(self, budget: Mapping[str, float], delta: float, adversary: str) -> None:
+        """Adds ``budget`` (ε per unit at ``delta`` against ``adversary``) to the ledger's own
+        (:func:`merge_declared`).
 
         Raises:
           LedgerError: ``delta`` differs from a budgeted unit's δ.
         """
         with self._transaction() as db:
-            stored = self.budget()
-            for unit, epsilon in budget.items():
-                if unit in stored and stored[unit]["delta"] != delta:
-                    raise LedgerError(
-                        f"Expected δ={stored[unit]['delta']!r} for unit {unit!r}: the budget of "
-                        f"{str(self.path)!r} is at that δ, got δ={delta!r}."
-                    )
-                if unit not in stored or epsilon < stored[unit]["epsilon"]:
-                    stored[unit] = {"epsilon": float(epsilon), "delta": float(delta)}
+            stored = merge_declared(
+                self.budget(), budget, delta, adversary, where=repr(str(self.path))
+            )
             db.execute(
                 "INSERT INTO meta (key, value) VALUES ('budget', ?) ON CONFLICT (key) DO UPDATE "
                 "SET value = excluded.value",
