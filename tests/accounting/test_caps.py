@@ -143,15 +143,8 @@ def test_calibration_reaches_a_record_target_whose_event_holds_a_mixture() -> No
     """Under a span cap the record event holds the subject's mixture, which the fast (RDP)
     routes cannot bound; calibration then brackets σ with the PLD and still meets the target."""
     # against the released model: the silos have no record-level guarantee under a span cap
-    plan = dict(
-        sample_rate=0.1,
-        steps=3,
-        rounds=4,
-        silos=3,
-        span=2,
-        settings={"group_size": 2},
-        adversary="released",
-    )
+    plan = dict(sample_rate=0.1, steps=3, rounds=4, silos=3, span=2, settings={"group_size": 2})
+    plan["adversary"] = "released"
     report = account_report("local_item_dp", target_epsilon=8.0, **plan)
     assert report["epsilon"]["record"] <= 8.0
     assert report["method"]["record"] == "pld-mixture"

@@ -86,7 +86,14 @@ def test_shipped_config_runs_one_round(name: str, tmp_path: Path) -> None:
         assert item["rounds_completed"] == 1
         if item["algorithm"] != "fedavg":
             assert item["epsilon"], item["algorithm"]
-            assert all(v is not None and v > 0 for v in item["epsilon"].values())
+            # every unit has a finite ε against the released model, and the calibrated one
+            # against the config's adversary (a unit no guarantee holds for against some
+            # party, e.g. uldp_group's record level against the silos, reads None: inf)
+            released = item["epsilon_by_adversary"]["released"]
+            assert all(v is not None and v > 0 for v in released.values()), item["algorithm"]
+            unit = item["calibration"].get("unit")
+            if unit is not None:
+                assert item["epsilon"][unit] is not None and item["epsilon"][unit] > 0
 
 
 @pytest.mark.slow
