@@ -200,16 +200,15 @@ class LocalItemDP(Algorithm):
         q = sampling_rate
         record = poisson_gaussian_steps(q, cfg.noise_multiplier, cfg.local_steps)
         subject = subject_mixture_steps(q, cfg.noise_multiplier, cfg.group_size, cfg.local_steps)
-        cross_silo = cfg.cross_silo_cap or self.group_scope == "federation"
         capped = record_event_under_caps(
             record,
             subject,
             group_capped=cfg.group_capped,
-            cross_silo=cross_silo,
+            cross_silo=self._cross_silo(),
             span_cap=cfg.span_cap,
         )
         views = {}
-        if caps_seen_by_silos(cross_silo=cross_silo, span_cap=cfg.span_cap):
+        if self._caps_seen_by_silos():
             views["silos"] = {"record": dp_event.NonPrivateDpEvent(), "subject": subject}
         return SiloPrivacy(
             {"record": capped, "subject": subject},
@@ -219,11 +218,15 @@ class LocalItemDP(Algorithm):
             views=views,
         )
 
+    def _cross_silo(self) -> bool:
+        """Whether a cap bounds a subject's records across silos (data's or uldp_group's)."""
+        return self.config.cross_silo_cap or self.group_scope == "federation"
+
+    def _caps_seen_by_silos(self) -> bool:
+        return caps_seen_by_silos(cross_silo=self._cross_silo(), span_cap=self.config.span_cap)
+
     def accounting_notes(self) -> list[str]:
-        cfg = self.config
-        cross_silo = cfg.cross_silo_cap or self.group_scope == "federation"
-        seen = caps_seen_by_silos(cross_silo=cross_silo, span_cap=cfg.span_cap)
-        return [CAPS_SEEN_BY_SILOS_NOTE] if seen else []
+        return [CAPS_SEEN_BY_SILOS_NOTE] if self._caps_seen_by_silos() else []
 
     def run_notes(self) -> list[str]:
         return super().run_notes() + self.accounting_notes()

@@ -19,7 +19,7 @@ from silodp.experiment.prepare import PreparedRun
 from silodp.io import check_writable_dir, write_json
 from silodp.ledger import Ledger, LedgerError, RunLedger
 from silodp.ledger.report import verify_ledger
-from silodp.ledger.run import check_budget, held_to, ledger_budget, total_before
+from silodp.ledger.run import check_budget, check_one_kind, held_to, total_before
 from silodp.ledger.store import merge_declared
 
 __all__ = [
@@ -174,6 +174,8 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
     before: dict[str, list[PreparedRun]] = {}
     #: per shared ledger: its declared budget, with what the runs before will declare
     declared: dict[str, dict[str, dict[str, Any]]] = {}
+    #: per shared ledger: the accounting kinds of its runs and of the runs before
+    kinds: dict[str, set[str]] = {}
     for run in runs:
         if run.plan is None:
             continue
@@ -189,25 +191,17 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
         key = str(Path(shared).resolve()) if shared is not None else ""
         if existing is not None:
             with Ledger(existing, read_only=True) as ledger:
-                ledger_budget(ledger, budget, accountant)  # its kinds, units, δ, adversary
                 declared.setdefault(key, ledger.budget())
+                kinds.setdefault(key, {r.accountant.get("kind", "?") for r in ledger.runs()})
                 total, held = total_before(ledger, accountant)
             if held:
                 spent = {unit: est.epsilon for unit, est in total.estimates().items()}
         if shared is not None:
-            budget = held_to(budget, declared.get(key, {}), accountant, where=repr(shared))
+            where = repr(shared)
+            budget = held_to(budget, declared.get(key, {}), accountant, where=where)
+            check_one_kind(kinds.get(key, set()), spec["kind"], budget, where=where)
+            kinds.setdefault(key, set()).add(spec["kind"])
             planned = before.setdefault(key, [])
-            kinds = {
-                p.algorithm.make_accountant(span=p.span, delta=p.privacy.delta).spec()["kind"]
-                for p in planned
-            } - {spec["kind"]}
-            if budget and kinds:
-                raise LedgerError(
-                    f"Expected the runs on the ledger {shared!r} to share one accounting kind "
-                    f"while a budget applies; runs before {run.name!r} are accounted as "
-                    f"{sorted(kinds)}, it as {spec['kind']!r}, and their spending cannot be "
-                    "composed into one total."
-                )
             if planned:
                 total = copy.deepcopy(total)
                 for earlier in planned:
@@ -220,7 +214,7 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
                     run.privacy.budget,
                     float(spec["delta"]),
                     str(spec.get("target", "strongest")),
-                    where=repr(shared),
+                    where=where,
                 )
         if budget:
             check_budget(budget, spent, _plan_epsilon(run, total), "run's whole plan")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from silodp import display
@@ -23,6 +23,7 @@ __all__ = [
     "BudgetExceededError",
     "RunLedger",
     "check_budget",
+    "check_one_kind",
     "held_to",
     "ledger_budget",
     "total_before",
@@ -112,15 +113,25 @@ def ledger_budget(
     """
     where = repr(str(ledger.path))
     merged = held_to(budget, ledger.budget(), accountant, where=where)
-    kind = accountant.spec().get("kind")
-    others = sorted({r.accountant.get("kind", "?") for r in ledger.runs()} - {kind})
-    if merged and others:
+    kinds = {r.accountant.get("kind", "?") for r in ledger.runs()}
+    check_one_kind(kinds, accountant.spec().get("kind"), merged, where=where)
+    return merged
+
+
+def check_one_kind(
+    kinds: Iterable[str], kind: str | None, budget: Mapping[str, float], *, where: str
+) -> None:
+    """Raises:
+    LedgerError: ``budget`` applies and the ledger ``where`` holds (or will hold) runs of
+      accounting ``kinds`` other than this run's ``kind``: their spending cannot be composed
+      into one total."""
+    others = sorted(set(kinds) - {kind})
+    if budget and others:
         raise LedgerError(
             f"Expected the runs on {where} to share one accounting kind while a budget applies; "
             f"it holds runs accounted as {others}, this run as {kind!r}, and their spending "
             "cannot be composed into one total. Use another ledger."
         )
-    return merged
 
 
 def check_budget(
