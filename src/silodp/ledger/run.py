@@ -162,8 +162,8 @@ class RunLedger:
       noise: where the coins came from (mode and an id of the seed material; never a secret).
       budget: ``{unit: ε}`` the total may not exceed (empty: no budget); the ledger's own
         declared budget applies too (:func:`ledger_budget`).
-      declared: the config's ``privacy.budget``, declared on the ledger (at the run's δ) so
-        that it binds every later run there.
+      declared: the config's ``privacy.budget``, declared on the ledger (at the run's δ and
+        adversary) so that it binds every later run there.
       config_hash: an id of the run's resolved config.
       plan_check: ``plan_check(total)`` is the ε per unit the ledger's total would reach with
         the run's whole plan composed on; checked against the budget before the run is
@@ -231,8 +231,10 @@ class RunLedger:
             ledger lost, replaced or edited: resuming would count less than was spent).
         """
 
-        def done(run_id: int) -> set[int]:
-            return {r["round"] for r in ledger.rounds(run_id) if r["status"] == "complete"}
+        def done(registered: int) -> set[int]:
+            """The rounds of run ``registered`` that completed."""
+            rows = ledger.rounds(registered)
+            return {r["round"] for r in rows if r["status"] == "complete"}
 
         found = [
             r
