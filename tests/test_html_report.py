@@ -438,3 +438,32 @@ def test_report_out_that_is_a_directory_is_refused_before_any_figure(
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no OUT_files/
     assert not (tmp_path / f"{out.name}_files").exists()
+
+
+def test_report_out_over_a_file_that_is_not_a_report_is_refused(
+    experiment: Path, tmp_path: Path
+) -> None:
+    """--out naming an existing file silodp report did not write (here the results' own
+    summary.json, or a stray _files directory) is refused before anything is written; a
+    report it wrote is replaced."""
+    summary = experiment / "summary.json"
+    before = summary.read_bytes()
+    result = CliRunner().invoke(app, ["report", str(experiment), "--out", str(summary)])
+    assert result.exit_code == 2, result.output
+    assert f"error: Expected --out {str(summary)!r} to be a new file or a report" in result.output
+    assert summary.read_bytes() == before and not (experiment / "summary_files").exists()
+
+    stray = tmp_path / "r_files"
+    stray.mkdir()
+    (stray / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(app, ["report", str(experiment), "--out", str(tmp_path / "r.html")])
+    assert result.exit_code == 2, result.output
+    assert f"Expected {str(stray)!r} (where the report's figures" in result.output
+    assert sorted(p.name for p in stray.iterdir()) == ["notes.txt"]
+    assert not (tmp_path / "r.html").exists()
+
+    out = tmp_path / "again.html"
+    for _ in range(2):  # its own report is replaced
+        result = CliRunner().invoke(app, ["report", str(experiment), "--out", str(out)])
+        assert result.exit_code == 0, result.output
+    _read(out)

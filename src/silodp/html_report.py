@@ -40,6 +40,9 @@ __all__ = ["write_report"]
 #: that a report needs no torch)
 PRIVATE_DIR = "silo_private"
 
+#: the mark in every report's head by which a later report knows it may replace the file
+GENERATOR = "<meta name='generator' content='silodp report'>"
+
 STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; } td, th { border: 1px solid #ccc;
@@ -70,6 +73,7 @@ def write_report(results_dir: str | Path, out: str | Path, *, public: bool = Fal
             f"Expected {str(files)!r} to be the directory of the report's figures and tables; "
             "it is not a directory."
         )
+    _check_replaceable(out, files, own=out.resolve() == (src / "report.html").resolve())
     if (src / "grid.json").is_file():
         body = _sweep(src, files)
     elif (src / "summary.json").is_file() and "runs" in _json(src / "summary.json"):
@@ -81,10 +85,40 @@ def write_report(results_dir: str | Path, out: str | Path, *, public: bool = Fal
         )
     title = html.escape(body[0])
     page = (
-        f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{title}</title>"
+        f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>{GENERATOR}"
+        f"<title>{title}</title>"
         f"<style>{STYLE}</style></head><body><h1>{title}</h1>\n{body[1]}\n</body></html>\n"
     )
     return write_text(out, page)
+
+
+def _is_report(path: Path) -> bool:
+    """Whether ``path`` is a file this module wrote (its head names the generator)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(512)
+    except OSError:
+        return False
+    return path.is_file() and not path.is_symlink() and GENERATOR.encode() in head
+
+
+def _check_replaceable(out: Path, files: Path, *, own: bool) -> None:
+    """Refuses to write over a file that is not a report (e.g. ``--out DIR/summary.json``)
+    or into a ``_files`` directory beside no report; ``own``: ``out`` is the results' own
+    ``report.html``, which ``silodp run`` rewrites (older runs wrote it without the mark)."""
+    if own and not out.is_symlink():
+        return
+    if os.path.lexists(out) and not _is_report(out):
+        raise InvalidValueError(
+            f"Expected --out {str(out)!r} to be a new file or a report silodp wrote; it exists "
+            "and is not one. Give another path (nothing was written)."
+        )
+    if files.is_dir() and any(files.iterdir()) and not _is_report(out):
+        raise InvalidValueError(
+            f"Expected {str(files)!r} (where the report's figures and tables go) to be new or "
+            f"to belong to the report {str(out)!r}; it holds files and that report does not "
+            "exist. Remove it or give another --out (nothing was written)."
+        )
 
 
 def _json(path: Path) -> Any:
