@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,12 +162,17 @@ def test_run_paths_are_checked_first(
 
 
 def _stop_after_rounds(
-    config: Path, out: Path, rounds: int, stop: signal.Signals
+    config: Path,
+    out: Path,
+    rounds: int,
+    stop: signal.Signals,
+    meanwhile: Callable[[int], None] | None = None,
+    args: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[str], str]:
-    """Starts ``silodp run``, sends it ``stop`` (by its PID) once fedavg wrote ``rounds``
-    rounds; the process and its stderr."""
+    """Starts ``silodp run`` (with ``args``), sends it ``stop`` (by its PID) once fedavg wrote
+    ``rounds`` rounds (after calling ``meanwhile`` with its PID); the process and its stderr."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "silodp.cli", "run", str(config), "--out", str(out)],
+        [sys.executable, "-m", "silodp.cli", "run", str(config), "--out", str(out), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -179,7 +185,11 @@ def _stop_after_rounds(
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the run wrote no rounds"
         time.sleep(0.02)
-    proc.send_signal(stop)
+    try:
+        if meanwhile is not None:
+            meanwhile(proc.pid)
+    finally:
+        proc.send_signal(stop)
     _, stderr = proc.communicate(timeout=60)
     assert "Traceback" not in stderr
     return proc, stderr
@@ -233,6 +243,38 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path: Path) -> None:
     assert stderr.rstrip().endswith(f"continue with: silodp run --resume {out}")
     summary = json.loads((out / "fedavg" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds_completed"] == rounds
+
+
+def test_a_second_run_on_a_live_run_s_out_is_refused_and_removes_nothing(tmp_path: Path) -> None:
+    """--overwrite on the --out of a run still training used to remove that run's files (and
+    set its ledger aside) under it: the results directory is locked while a run writes it."""
+    first = _config(tmp_path / "a.toml", algorithms=("fedavg",), rounds=2, privacy=NO_NOISE)
+    live = _config(tmp_path / "b.toml", algorithms=("fedavg",), rounds=40, privacy=NO_NOISE)
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["run", str(first), "--out", str(out), "--quiet"]).exit_code == 0
+    refusals: list[str] = []
+
+    def others(pid: int) -> None:
+        for cmd in (
+            ["run", str(first), "--out", str(out), "--quiet", "--overwrite"],
+            ["run", "--resume", str(out), "--quiet"],
+        ):
+            result = runner.invoke(app, cmd)
+            assert result.exit_code == 2, result.output
+            assert f"another silodp run (process {pid}) is writing there" in result.output
+            refusals.append(result.output)
+
+    # the live run replaces the finished one (3 rounds: more than the first one wrote)
+    proc, stderr = _stop_after_rounds(live, out, 3, signal.SIGINT, others, ["--overwrite"])
+    assert proc.returncode == 130, stderr[-2000:]
+    assert len(refusals) == 2
+    summary = json.loads((out / "fedavg" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds_completed"] >= 3
+    rows = [json.loads(r) for r in (out / "fedavg" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == list(range(1, summary["rounds_completed"] + 1))
+    assert not (out / ".silodp-run.lock").exists()  # released when it stopped
+    resumed = runner.invoke(app, ["run", "--resume", str(out), "--quiet"])
+    assert resumed.exit_code == 0, resumed.output
 
 
 def test_ctrl_c_before_any_round_says_to_start_again(

@@ -10,13 +10,14 @@ import os
 import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 import torch
 
-from silodp import display, faults, plotting, tracking
+from silodp import display, faults, locking, plotting, tracking
 from silodp.accounting import SiloPrivacy
 from silodp.config import ExperimentConfig, SweepConfig, load_config, to_toml_dict
 from silodp.data import FederatedData
@@ -366,8 +367,9 @@ def run_experiment(
 
     Raises:
       OutputExistsError: results exist in ``out_dir`` and ``overwrite`` is false.
-      InvalidValueError: ``out_dir``, a tracking store or the shared ledger's directory cannot
-        be created or written (found before the data is loaded).
+      InvalidValueError: another run holds ``out_dir``, or ``out_dir``, a tracking store or
+        the shared ledger's directory cannot be created or written (found before the data is
+        loaded).
       LedgerError: the shared ledger is not one a run can write to (found before the data is
         loaded).
       BudgetExceededError: a run's whole plan does not fit its budget on the ledger as it
@@ -375,10 +377,61 @@ def run_experiment(
       SilodpError: bad data, a schedule or target the algorithm cannot meet (found before
         anything trains).
     """
-    from silodp.experiment.sweep import run_sweep
-
     tracking.check_installed(config.tracking)
     out = check_writable_dir(out_dir, name="out_dir")
+    created = not out.exists()
+    lock = _lock_results(out)
+    try:
+        return _run_experiment(
+            config,
+            out,
+            overwrite=overwrite,
+            progress=progress,
+            log=log,
+            resume=resume,
+            engine_factory=engine_factory,
+        )
+    finally:
+        locking.release(lock)
+        if created:
+            with suppress(OSError):
+                out.rmdir()  # a refused run leaves no directory it made (only if empty)
+
+
+#: the lock a run holds on its results directory (see :mod:`silodp.locking`)
+RESULTS_LOCK = ".silodp-run.lock"
+
+
+def _lock_results(out: Path) -> str:
+    """Takes ``out``'s lock: one experiment (or sweep, or resume) at a time writes there, so
+    that an ``--overwrite`` cannot remove the files of a run still writing them.
+
+    Raises:
+      InvalidValueError: another process holds it.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return locking.acquire(str(out.resolve() / RESULTS_LOCK))
+    except locking.Held as held:
+        raise InvalidValueError(
+            f"Expected --out {str(out)!r} to be free; another silodp run (process "
+            f"{held.holder}) is writing there. Wait for it to end, or choose another --out "
+            "(nothing was written)."
+        ) from None
+
+
+def _run_experiment(
+    config: ExperimentConfig,
+    out: Path,
+    *,
+    overwrite: bool,
+    progress: ProgressFactory | None,
+    log: Callable[[str], None],
+    resume: bool,
+    engine_factory: EngineFactory | None,
+) -> dict[str, Any]:
+    from silodp.experiment.sweep import run_sweep
+
     tracking.check_writable(config.tracking)
     check_shared_ledger(config.privacy.ledger)
     if resume and config.data.scaling == "dp":

@@ -16,19 +16,18 @@ to it.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import shutil
 import sqlite3
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing, contextmanager, suppress
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from silodp import locking
 from silodp.accounting import FederatedAccountant, SiloPrivacy
 from silodp.accounting.interface import Accountant, accountant_from_spec
 from silodp.errors import SilodpError
@@ -131,14 +130,9 @@ COLUMNS = {
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
-#: the write locks this process holds: lock file -> (its descriptor, how many ledgers hold it)
-_LOCKS: dict[str, list[int]] = {}
-
-
 def _lock(path: Path) -> str:
-    """Takes the write lock of the ledger at ``path`` (an exclusive ``flock`` on
-    ``<path>-lock``, released and removed when this process closes every ledger on it; a
-    process that dies releases it too, leaving the file).
+    """Takes the write lock of the ledger at ``path`` (``<path>-lock``, see
+    :mod:`silodp.locking`; one lock for every name of the file, a symbolic link too).
 
     Runs that share a ledger run one after another: each checks its budget against what the
     others spent, which two runs writing at once could not see.
@@ -146,48 +140,15 @@ def _lock(path: Path) -> str:
     Raises:
       LedgerError: another process holds it.
     """
-    real = path.resolve()  # one lock for every name of the file (a symbolic link too)
-    name = str(real.with_name(real.name + "-lock"))
-    held = _LOCKS.get(name)
-    if held is not None:
-        held[1] += 1
-        return name
-    while True:
-        fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise LedgerError(
-                f"Expected the ledger {str(path)!r} to be free; another run (process {holder}) "
-                "is writing to it. Runs that share a ledger run one after another, so that "
-                "each checks its budget against everything the others spent."
-            ) from None
-        try:  # the file a releasing holder unlinked is no lock any more: take the new one
-            same = os.path.samestat(os.fstat(fd), os.stat(name))
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    _LOCKS[name] = [fd, 1]
-    return name
-
-
-def _unlock(name: str) -> None:
-    """Releases a lock of :func:`_lock`; the last holder in this process removes the file."""
-    held = _LOCKS.get(name)
-    if held is None:
-        return
-    held[1] -= 1
-    if held[1] == 0:
-        del _LOCKS[name]
-        with suppress(FileNotFoundError):
-            os.unlink(name)  # while still holding it: a waiter then retries on a new file
-        os.close(held[0])  # closing the descriptor releases the flock
+    real = path.resolve()
+    try:
+        return locking.acquire(str(real.with_name(real.name + "-lock")))
+    except locking.Held as held:
+        raise LedgerError(
+            f"Expected the ledger {str(path)!r} to be free; another run (process {held.holder}) "
+            "is writing to it. Runs that share a ledger run one after another, so that "
+            "each checks its budget against everything the others spent."
+        ) from None
 
 
 def merge_declared(
@@ -454,7 +415,7 @@ class Ledger:
     def _release(self) -> None:
         name = getattr(self, "_lock_name", None)
         if name is not None:
-            _unlock(name)
+            locking.release(name)
             self._lock_name = None
 
     def __del__(self) -> None:
