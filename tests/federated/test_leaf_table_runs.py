@@ -7,10 +7,14 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
+import torch
 
 from silodp.config import parse_config
+from silodp.data.build import DataConfig
 from silodp.data.loaders import LEAF_ALL_LETTERS
+from silodp.errors import InvalidValueError
 from silodp.experiment import run_experiment
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -113,6 +117,7 @@ def test_csv_table_with_subject_and_silo_columns(tmp_path: Path) -> None:
             "path": str(tmp_path / "t.csv"),
             "feature_columns": ["f0", "f1", "f2", "f3", "f4"],
             "label_column": "label",
+            "label_values": [0, 1],
             "subject_column": "patient",
             "silo_column": "hospital",
             "allocation": "column",
@@ -152,3 +157,60 @@ def test_uldp_tabular_config_runs_every_method_on_a_generated_csv(tmp_path: Path
         if item["algorithm"] != "fedavg":
             assert 3.0 < item["epsilon"]["subject"] <= 4.0
     assert (tmp_path / "out" / "comparison.png").is_file()
+
+
+def test_a_private_run_needs_the_table_s_classes_declared(tmp_path: Path) -> None:
+    """The model has one output per class: read from the labels, one record with a label
+    nobody else has adds an output to the released model (no ε covers that), so a private
+    run refuses such a table; declared classes give every table the same model."""
+    rng = np.random.default_rng(3)
+    n = 120
+    frame = pd.DataFrame(
+        {"a": rng.normal(size=n), "b": rng.normal(size=n), "label": rng.integers(0, 2, size=n)}
+    )
+    rare = pd.concat([frame, pd.DataFrame({"a": [0.1], "b": [0.2], "label": [2]})])
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    rare.to_csv(tmp_path / "rare.csv", index=False)
+
+    def raw(path: str, algorithms: list[str], **data: object) -> dict:
+        return {
+            "algorithms": algorithms,
+            "data": {"source": "table", "path": str(tmp_path / path), **data},
+            "training": {"rounds": 1, "local_steps": 1, "batch_size": 16, "lr": 0.1},
+            "privacy": {"noise_multiplier": 1.0, "group_size": 1},
+        }
+
+    with pytest.raises(InvalidValueError, match="Expected \\[data\\] label_values"):
+        run_experiment(parse_config(raw("t.csv", ["local_item_dp"])), tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    # without privacy the classes may come from the data
+    run_experiment(parse_config(raw("t.csv", ["fedavg"])), tmp_path / "b")
+    shapes = {}
+    for path in ("t.csv", "rare.csv"):
+        out = tmp_path / f"c_{path}"
+        config = raw(path, ["local_item_dp"], label_values=[0, 1, 2])
+        run_experiment(parse_config(config), out)
+        state = torch.load(out / "local_item_dp" / "model.pt", weights_only=True)
+        shapes[path] = {k: tuple(v.shape) for k, v in state.items()}
+    assert shapes["t.csv"] == shapes["rare.csv"]  # the rare record no longer shows
+    assert max(s[0] for s in shapes["t.csv"].values()) >= 3
+    with pytest.raises(InvalidValueError, match="not in the given label_values"):
+        run_experiment(
+            parse_config(raw("rare.csv", ["local_item_dp"], label_values=[0, 1])), tmp_path / "d"
+        )
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ([0], "at least 2 class labels"),
+        ([0, "1"], "all integers, all strings"),
+        ([0, 1, 0], "\\[0\\] repeated"),
+        ("01", "a list of class labels"),
+    ],
+)
+def test_label_values_are_checked(values: object, message: str) -> None:
+    with pytest.raises(InvalidValueError, match=message):
+        DataConfig(source="table", path="t.csv", label_values=values)
+    with pytest.raises(InvalidValueError, match="tables only"):
+        DataConfig(source="digits", label_values=[0, 1])

@@ -299,6 +299,7 @@ def test_dp_feature_statistics_are_recorded_as_a_release_before_they_are_written
         "source": "table",
         "path": str(tmp_path / "t.csv"),
         "feature_columns": ["a", "b"],
+        "label_values": [0, 1],
         "silo_column": "site",
         "allocation": "column",
         "scaling": "dp",

@@ -89,6 +89,7 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
             label_column=cfg.label_column,
             silo_column=cfg.silo_column,
             subject_column=cfg.subject_column,
+            label_values=cfg.label_values,
         )
         subject = table.subject
         if cfg.subjects_from == "records":

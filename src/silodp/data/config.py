@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from silodp._validation import check_choice, check_in_range, check_int, check_positive
 from silodp.data import scaling as sc
@@ -90,6 +92,13 @@ class DataConfig:
     column has one subject per record, so its record split already holds out whole
     subjects). The split depends only on the data and ``seed``.
 
+    Classes. A table's model has one output per class, so the class list is part of what
+    every run releases. ``label_values`` declares it (public, e.g. from a data dictionary;
+    the model's outputs follow its order, and a label outside it is an error). Without it
+    the classes are the distinct labels found in the table, sorted: then whether a record
+    with a rare label took part shows in the released model, which no ε covers, so a
+    private run refuses such a table (``fedavg`` and σ = 0 runs accept it).
+
     Feature scaling (tables only; the same transform for training and test records):
 
     * ``scaling = "none"`` (default): raw values. When the feature columns' scales (root
@@ -130,6 +139,7 @@ class DataConfig:
     records_per_subject: int | None = None
     feature_columns: tuple[str, ...] = ()
     label_column: str = "label"
+    label_values: tuple[Any, ...] | None = None
     silo_column: str | None = None
     subject_column: str | None = None
     scaling: str = "none"
@@ -203,6 +213,7 @@ class DataConfig:
             raise InvalidValueError(
                 f"Expected label_column={self.label_column!r} to be a column name."
             )
+        self._check_label_values()
         for name in ("silo_column", "subject_column"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -226,6 +237,34 @@ class DataConfig:
         self._check_split()
         self._check_scaling()
         self._check_allocation()
+
+    def _check_label_values(self) -> None:
+        """``label_values``: a table's public list of classes (one model output each, in this
+        order), at least two distinct values of one kind (integers, strings or booleans)."""
+        values = self.label_values
+        if values is None:
+            return
+        if self.source != "table":
+            raise InvalidValueError(
+                f"Expected label_values=None for source={self.source!r} (tables only: the "
+                f"other sources have their classes fixed), got {values!r}."
+            )
+        if isinstance(values, str) or not isinstance(values, Sequence):
+            raise InvalidValueError(
+                f"Expected label_values={values!r} to be a list of class labels."
+            )
+        kinds = {type(v) for v in values}
+        if len(values) < 2 or len(kinds) != 1 or not kinds <= {int, str, bool}:
+            raise InvalidValueError(
+                f"Expected label_values={list(values)!r} to list at least 2 class labels, "
+                "all integers, all strings or all booleans."
+            )
+        repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+        if repeated:
+            raise InvalidValueError(
+                f"Expected distinct label_values; {repeated!r} repeated in {list(values)!r}."
+            )
+        object.__setattr__(self, "label_values", tuple(values))
 
     def _check_synthetic(self) -> None:
         records = self.max_records if self.max_records is not None else SYNTHETIC_RECORDS

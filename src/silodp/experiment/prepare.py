@@ -255,6 +255,25 @@ def privacy_caps(config: ExperimentConfig, data: FederatedData) -> dict[str, dic
     return out
 
 
+def _check_public_classes(name: str, config: ExperimentConfig, data: FederatedData) -> None:
+    """Refuses a private run on a table whose classes were read from its labels: the model
+    has one output per class, so the released model would show whether a record with a
+    label no other record has took part.
+
+    Raises:
+      InvalidValueError: ``[data] source = "table"`` without ``label_values``.
+    """
+    if config.data.source != "table" or config.data.label_values is not None:
+        return
+    raise InvalidValueError(
+        f"Expected [data] label_values (the public list of classes) for the private run "
+        f"{name!r} on a table: without it the model's {data.train.num_classes} outputs are "
+        "the distinct labels found in the data, and the released model would show whether a "
+        "record with a rare label took part, which no ε covers. Declare the classes from the "
+        'data\'s documentation, e.g. label_values = [0, 1] or ["no", "yes"].'
+    )
+
+
 def prepare_run(
     name: str,
     config: ExperimentConfig,
@@ -286,6 +305,8 @@ def prepare_run(
         name, group_size=group_size or 1, num_silos=train.num_silos, **caps
     )
     probe = make_algorithm(name, algo_config)
+    if probe.private and privacy.noise_multiplier != 0:
+        _check_public_classes(name, config, data)
     plan: PrivacyPlan | None = None
     sigma: float | None = None
     calibration: dict[str, Any] = {"method": "not private"}
