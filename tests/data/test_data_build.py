@@ -218,6 +218,27 @@ def test_table_column_allocation(tmp_path: Path) -> None:
     assert train.subject_count is None and train.num_subjects == int(train.subject.max()) + 1
 
 
+def test_a_test_file_that_is_also_training_data_is_refused(tmp_path: Path) -> None:
+    """test_path = path was accepted and described as a separate test set (every test record
+    a training record); so was a LEAF test file inside the training directory."""
+    frame = pd.DataFrame({"f": np.arange(20.0), "label": np.arange(20) % 2})
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    (tmp_path / "link.csv").symlink_to(tmp_path / "t.csv")
+    for test in ("t.csv", "link.csv"):
+        cfg = DataConfig(
+            source="table", path=str(tmp_path / "t.csv"), test_path=str(tmp_path / test)
+        )
+        with pytest.raises(InvalidValueError, match="to be separate from data.path"):
+            build_federated_data(cfg)
+    train = tmp_path / "leaf"
+    train.mkdir()
+    (train / "a.json").write_text("{}")
+    with pytest.raises(InvalidValueError, match="both read .*a.json"):
+        build_federated_data(
+            DataConfig(source="leaf_femnist", path=str(train), test_path=str(train / "a.json"))
+        )
+
+
 def test_table_fixed_silo(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     frame = pd.DataFrame(

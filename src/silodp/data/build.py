@@ -45,8 +45,30 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+def _check_separate_test(path: str, test_path: str) -> None:
+    """Refuses a test file that is also read as training data: the same file, or a LEAF file
+    in both the training and the test directory's ``*.json``.
+
+    Raises:
+      InvalidValueError: they overlap.
+    """
+
+    def files(item: str) -> set[Path]:
+        p = Path(item)
+        return {f.resolve() for f in p.glob("*.json")} if p.is_dir() else {p.resolve()}
+
+    both = sorted(files(path) & files(test_path))
+    if both:
+        raise InvalidValueError(
+            f"Expected data.test_path={test_path!r} to be separate from data.path={path!r}; "
+            f"both read {str(both[0])!r}, so its records would be test and training records."
+        )
+
+
 def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.Generator) -> _Raw:
     file_split = SplitSummary(kind="file", fraction=None)
+    if cfg.test_path is not None and cfg.path is not None:
+        _check_separate_test(cfg.path, cfg.test_path)
     if cfg.source == "fashion_mnist":
         (x, y), (xt, yt) = loaders.load_fashion_mnist(cfg.path)
         return _Raw(x=x, y=y, num_classes=10, test=TestSplit(x=xt, y=yt), split=file_split)
