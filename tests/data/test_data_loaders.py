@@ -20,6 +20,7 @@ from silodp.data.loaders import (
     load_table,
     make_synthetic,
 )
+from silodp.errors import InvalidValueError
 
 # --- digits -----------------------------------------------------------------------------
 
@@ -284,3 +285,26 @@ def test_feature_columns_of_dates_or_text_numbers_are_named(tmp_path: Path) -> N
         load_table(path, feature_columns=["d"], label_column="label")
     with pytest.raises(ValueError, match=r"column 't' is not numeric \(it holds numbers stored"):
         load_table(path, feature_columns=["t"], label_column="label")
+
+
+def test_csv_ids_are_read_as_written(tmp_path: Path) -> None:
+    """Read as numbers, "007" and "7" were one customer, "1.0" joined "1", " 3" joined "3"
+    (whose spaces are refused) and the country code "NA" was a missing value."""
+    path = tmp_path / "t.csv"
+    path.write_text("f,label,cust,bank\n1,0,007,NA\n2,1,7,NA\n3,0,1.0,10\n4,1,1,9\n5,0,7,9\n")
+    table = loaders.load_table(
+        path,
+        feature_columns=["f"],
+        label_column="label",
+        subject_column="cust",
+        silo_column="bank",
+    )
+    assert table.subject_names == ["007", "1", "1.0", "7"]  # "1.0": ordered as text
+    assert table.subject.tolist() == [0, 3, 2, 1, 3]
+    assert table.silo_names == ["10", "9", "NA"]  # not all integers: ordered as text
+    path.write_text("f,label,cust\n1,0, 3\n2,1,3\n")
+    with pytest.raises(InvalidValueError, match="an id with spaces around it, ' 3', in row 1"):
+        loaders.load_table(path, feature_columns=["f"], label_column="label", subject_column="cust")
+    path.write_text("f,label,cust\n1,0,\n2,1,3\n")
+    with pytest.raises(InvalidValueError, match="'cust' .* 1 missing value"):
+        loaders.load_table(path, feature_columns=["f"], label_column="label", subject_column="cust")

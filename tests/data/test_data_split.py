@@ -212,8 +212,9 @@ def test_leaf_users_split_by_record_by_default_or_by_subject(tmp_path: Path) -> 
     assert by_subject["split"]["test_subjects"] == 2
     assert by_subject["split"]["shared_subjects"] == 0
     assert by_subject["subjects_with_records"] == 10
+    (tmp_path / "test.json").write_text(json.dumps(blob))
     with_file = describe(
-        build_federated_data(DataConfig(**leaf, test_path=str(tmp_path / "train.json")))  # type: ignore[arg-type]
+        build_federated_data(DataConfig(**leaf, test_path=str(tmp_path / "test.json")))  # type: ignore[arg-type]
     )
     assert with_file["split"]["kind"] == "file" and with_file["split"]["fraction"] is None
     assert with_file["split"]["test_subjects"] is None

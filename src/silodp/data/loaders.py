@@ -544,6 +544,22 @@ def _read_frame(path: Path) -> Any:
     return frame
 
 
+def _ids_as_written(frame: Any, path: Path, columns: list[str]) -> None:
+    """Replaces a CSV's id ``columns`` by their text as written: read as numbers, "007" and
+    "7" (or "1" and "1.0", " 3" and "3") were one id, and "NA" a missing one. Only an empty
+    field is missing."""
+    import pandas as pd
+
+    if not columns or path.name.lower().endswith((".parquet", ".pq")):
+        return
+    present = [c for c in columns if c in frame.columns]
+    if not present:
+        return
+    text = pd.read_csv(path, index_col=False, usecols=present, dtype=str, keep_default_na=False)
+    for column in present:
+        frame[column] = text[column].where(text[column] != "", None)
+
+
 def _to_python(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
@@ -758,6 +774,7 @@ def load_table(
     """
     path = Path(path)
     frame = _read_frame(path)
+    _ids_as_written(frame, path, [c for c in (silo_column, subject_column) if c is not None])
     if len(frame) == 0:
         raise InvalidValueError(
             f"Table {str(path)!r} has no rows; expected one row per record after the header."
