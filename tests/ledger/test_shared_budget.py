@@ -5,6 +5,7 @@ write one ledger at once."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -12,7 +13,10 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from typer.testing import CliRunner
 
+from silodp.accounting.interface import accountant_from_spec
+from silodp.cli import app
 from silodp.config import load_config
 from silodp.errors import SilodpError
 from silodp.experiment import run_experiment
@@ -207,3 +211,37 @@ def _holding(path: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
+
+
+@pytest.mark.parametrize("algorithms", [("fedavg", NAME), (NAME,)])
+def test_a_run_without_noise_on_a_shared_ledger_is_counted_as_no_guarantee(
+    tmp_path: Path, algorithms: tuple[str, ...]
+) -> None:
+    """fedavg (or σ = 0) released its model while the shared ledger kept a finite total, and
+    a budget declared there still let later runs in: now its release is recorded as ε = inf
+    for every unit, so the total reads inf and a budget refuses it before anything runs."""
+    ledger = tmp_path / "shared.sqlite"
+    extra = {} if "fedavg" in algorithms else {"noise_multiplier": 0.0}
+    name = "fedavg" if "fedavg" in algorithms else NAME
+    # a budget (declared earlier on the ledger) refuses it up front
+    _run(_shared(tmp_path, "first", ledger, budget={"record": 50.0}), tmp_path / "first")
+    config = _shared(tmp_path, "a", ledger, algorithms=algorithms, **extra)
+    with pytest.raises(BudgetExceededError, match="'record' would be exceeded.*make it inf"):
+        _run(config, tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    with Ledger(ledger, read_only=True) as held:
+        assert [r.name for r in held.runs()] == [NAME]
+    # without a budget it runs, and the ledger's total is inf from then on
+    free = tmp_path / "free.sqlite"
+    _run(_shared(tmp_path, "b", free, algorithms=algorithms, **extra), tmp_path / "b")
+    with Ledger(free, read_only=True) as held:
+        runs = {r.name: r for r in held.runs()}
+        assert runs[name].status == "complete"
+        total = held.replay(
+            [r.id for r in held.runs()], accountant_from_spec(runs[name].accountant)
+        )
+        assert all(math.isinf(e.epsilon) for e in total.estimates().values())
+    shown = CliRunner().invoke(app, ["ledger", "show", str(free)])
+    assert shown.exit_code == 0, shown.output
+    assert "inf" in shown.output.split("total over runs")[1].splitlines()[0]
+    assert CliRunner().invoke(app, ["ledger", "verify", str(free)]).exit_code == 0

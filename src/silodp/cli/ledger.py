@@ -32,6 +32,8 @@ def print_ledger(report: dict[str, Any]) -> None:
             f"{run['rounds']} rounds, {run['events']} events, coins {run['noise'].get('mode')}"
         )
         typer.echo(f"      ε({eps or 'nothing spent'}) at δ={run['delta']:g}")
+        if run["noise"].get("mode") == "none":
+            typer.echo("      trained without noise: its model has no guarantee for any unit")
         if run["interrupted_rounds"]:
             typer.echo(f"      interrupted rounds (counted in full): {run['interrupted_rounds']}")
     for kind, total in report["total"].items():

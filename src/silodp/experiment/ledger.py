@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from silodp.accounting import FederatedAccountant
+from dp_accounting import dp_event
+
+from silodp.accounting import UNITS, FederatedAccountant, SiloPrivacy
 from silodp.accounting.interface import Accountant
 from silodp.experiment.prepare import PreparedRun
 from silodp.io import check_writable_dir, write_json
@@ -27,6 +29,7 @@ __all__ = [
     "budget_of",
     "check_plans_fit",
     "check_shared_ledger",
+    "open_no_noise_ledger",
     "open_run_ledger",
     "set_aside_ledger",
     "set_aside_replaced_ledger",
@@ -177,11 +180,9 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
     #: per shared ledger: the accounting kinds of its runs and of the runs before
     kinds: dict[str, set[str]] = {}
     for run in runs:
-        if run.plan is None:
-            continue
-        accountant = run.algorithm.make_accountant(
-            span=run.span, delta=run.privacy.delta, target=run.privacy.adversary
-        )
+        if run.plan is None and run.privacy.ledger is None:
+            continue  # no noise, no ledger of its own
+        accountant = accountant_of(run)
         spec = accountant.spec()
         budget = budget_of(run)
         total: Accountant = accountant
@@ -289,11 +290,67 @@ def open_run_ledger(
     return ledger
 
 
+def accountant_of(run: PreparedRun) -> Accountant:
+    """The accountant ``run``'s events compose in: its algorithm's; for a run without noise
+    on a shared ledger, one of every unit (its release is ε = inf in each)."""
+    if run.plan is None:
+        return FederatedAccountant(
+            units=UNITS, span=run.span, delta=run.privacy.delta, target=run.privacy.adversary
+        )
+    return run.algorithm.make_accountant(
+        span=run.span, delta=run.privacy.delta, target=run.privacy.adversary
+    )
+
+
+def no_noise_release() -> list[SiloPrivacy]:
+    """What a run without noise spends on its data: a release with no guarantee for any
+    unit, against anyone (the model itself is published without noise)."""
+    return [SiloPrivacy(events={u: dp_event.NonPrivateDpEvent() for u in UNITS}, scope="aggregate")]
+
+
+def open_no_noise_ledger(
+    run: PreparedRun, run_dir: Path, config_hash: str, *, resume: bool = False
+) -> RunLedger:
+    """Records a run without noise (``fedavg``, σ = 0) on its shared ledger: its model spends
+    ε = inf on the ledger's data, so every total there reads inf from now on, and a budget
+    declared there refuses it (and every later run). Recorded before it trains, as a release.
+
+    Raises:
+      BudgetExceededError: the ledger (or the run's config) has a budget.
+      LedgerError: the ledger cannot be used.
+    """
+    assert run.plan is None and run.privacy.ledger is not None
+    path = Path(run.privacy.ledger)
+    accountant = accountant_of(run)
+    if resume:
+        reopened = resume_run_ledger(run, run_dir, accountant, config_hash)
+        if reopened is not None:
+            return reopened
+    ledger = RunLedger(
+        Ledger(path),
+        name=run.name,
+        algorithm=run.algorithm.name,
+        accountant=accountant,
+        noise={"mode": "none"},
+        budget=budget_of(run),
+        declared=run.privacy.budget,
+        config_hash=config_hash,
+        plan_check=lambda total: _plan_epsilon(run, total),
+    )
+    write_json(
+        run_dir / REGISTRATION_FILE, {"ledger": str(path.resolve()), "run_id": ledger.run_id}
+    )
+    ledger.record_release(no_noise_release())
+    return ledger
+
+
 def _compose_plan(run: PreparedRun, total: Accountant) -> None:
     """Composes ``run``'s whole plan onto ``total`` (over the run's own span, as a ledger
     replays it)."""
-    assert run.plan is not None
     own = {"span": run.span} if isinstance(total, FederatedAccountant) else {}
+    if run.plan is None:  # no noise: its model is a release without a guarantee
+        total.compose_release(no_noise_release(), **own)
+        return
     if run.plan.releases:
         total.compose_release(run.plan.releases, **own)
     events = run.algorithm.plan_events(run.plan)

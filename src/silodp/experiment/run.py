@@ -29,6 +29,7 @@ from silodp.experiment.ledger import (
     LEDGER_FILE,
     check_plans_fit,
     check_shared_ledger,
+    open_no_noise_ledger,
     open_run_ledger,
     resume_run_ledger,
     set_aside_ledger,
@@ -177,6 +178,10 @@ def train_run(
         checkpoint = load_checkpoint(run_dir, config_hash)
     accountant = None
     ledger = None
+    #: a run without noise on a shared ledger: its release recorded there, not its rounds
+    no_noise = None
+    if run.plan is None and run.privacy.ledger is not None:
+        no_noise = open_no_noise_ledger(run, run_dir, config_hash, resume=resume)
     if run.plan is not None:
         accountant = run.algorithm.make_accountant(
             span=run.span, delta=run.privacy.delta, target=run.privacy.adversary
@@ -257,13 +262,15 @@ def train_run(
                 previous=previous,
             )
         except BaseException:
-            if ledger is not None:
-                ledger.finish("interrupted")
-                ledger.close()
+            for held in (ledger, no_noise):
+                if held is not None:
+                    held.finish("interrupted")
+                    held.close()
             raise
-        if ledger is not None:
-            ledger.finish(status)
-            ledger.close()  # frees the ledger's write lock for the next run
+        for held in (ledger, no_noise):
+            if held is not None:
+                held.finish(status)
+                held.close()  # frees the ledger's write lock for the next run
         faults.reached("run_recorded", len(rows))
         title = f"{config.name}: {run.name}"
         plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)

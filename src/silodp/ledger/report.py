@@ -56,7 +56,8 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
         runs = []
         for record in ledger.runs():
             rounds = ledger.rounds(record.id)
-            totals = ledger.replay([record.id]).estimates() if rounds else {}
+            spent = bool(rounds) or ledger.count_events(record.id) > 0  # a release alone too
+            totals = ledger.replay([record.id]).estimates() if spent else {}
             runs.append(
                 {
                     "id": record.id,
@@ -74,7 +75,7 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
             )
         kinds: dict[str, list[int]] = {}
         for record in ledger.runs():
-            if ledger.rounds(record.id):
+            if ledger.rounds(record.id) or ledger.count_events(record.id):
                 kinds.setdefault(record.accountant.get("kind", "?"), []).append(record.id)
         total = {}
         for kind, ids in kinds.items():
