@@ -218,7 +218,13 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
                     where=where,
                 )
         if budget:
-            check_budget(budget, spent, _plan_epsilon(run, total), "run's whole plan")
+            what = "run's whole plan"
+            if run.plan is None:
+                what = (
+                    f"release of {run.name}, which trains without noise (leave it out of this "
+                    "experiment; in a sweep, set baseline = false),"
+                )
+            check_budget(budget, spent, _plan_epsilon(run, total), what)
 
 
 def set_aside_ledger(run_dir: Path) -> Path | None:
