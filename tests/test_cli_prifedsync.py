@@ -33,8 +33,12 @@ def test_json_has_the_fields_and_the_rigorous_epsilon() -> None:
     result = runner.invoke(app, [*ARGS, "--noise-multiplier", "1.0", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
-    assert set(out["mu"]) >= {"weak", "strong", "client_max"}
-    assert out["mu"]["strong"] > out["mu"]["weak"]
+    assert "mu" not in out  # no μ-GDP guarantee: the CLT μ are estimates
+    assert set(out["mu_estimates"]) >= {"weak", "strong", "client_max"}
+    assert out["mu_estimates"]["strong"] > out["mu_estimates"]["weak"]
+    text = runner.invoke(app, [*ARGS, "--noise-multiplier", "1.0"]).output
+    assert "client_max: μ ≈" in text and "(CLT estimate, not a guarantee)" in text
+    assert "Gaussian DP, a guarantee" not in text
     assert {"record", "record_every_round"} <= set(out["epsilon"])
     assert out["epsilon_route"]["record"] == "pld-client-sampling"
     assert "record_clt_weak" in out["estimates"]

@@ -36,9 +36,9 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("rounds", "R"),
     ("total_iterations", "K·R"),
     ("total_examples", "B·K·R"),
-    ("mu_max", "μ_max"),
-    ("mu_weak", "μ weak"),
-    ("mu_strong", "μ strong"),
+    ("mu_max", "μ_max (CLT est.)"),
+    ("mu_weak", "μ weak (CLT est.)"),
+    ("mu_strong", "μ strong (CLT est.)"),
     ("epsilon", "ε (record)"),
     ("personalised_accuracy", "personalised acc"),
     ("global_accuracy", "global acc"),
@@ -74,7 +74,7 @@ def sweep_row(
     at = hit if hit is not None else metrics[-1]
     rounds = int(at["round"])
     batch, steps = int(training["batch_size"]), int(training["local_steps"])
-    mu = at.get("mu") or {}
+    mu = at.get("mu_estimates") or {}  # the paper's CLT μ: estimates, not guarantees
     eps = at.get("epsilon") or {}
     return {
         "run": label,

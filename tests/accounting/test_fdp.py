@@ -283,3 +283,23 @@ def test_calibration_unreachable_names_the_target() -> None:
 def test_plan_rejects_bad_values(kwargs: dict[str, object], name: str) -> None:
     with pytest.raises(ValueError, match=name):
         _plan(**kwargs)
+
+
+def test_prifedsync_clt_mu_is_reported_as_an_estimate_not_as_gaussian_dp() -> None:
+    """The paper's CLT μ was printed and stored as `mu`, beside user_ldp's exact μ; the exact
+    trade-off of one subsampled step, C_q(G_{1/σ}), falls below G_μ at that μ, so it is no
+    μ-GDP guarantee: `mu` is empty and the CLT values are `mu_estimates`
+    (tests/test_cli_prifedsync.py checks the keys)."""
+    from scipy import stats
+
+    from silodp.accounting.tradeoff import clt_mu, subsampled_tradeoff, tradeoff_gaussian
+
+    sigma, q = 1.0, 0.1
+    mu = clt_mu(sigma, q, 1)
+    alphas = np.asarray([1e-3, 1e-4, 1e-6])
+    exact = subsampled_tradeoff(sigma, q, alphas)
+    assert np.all(exact < tradeoff_gaussian(mu, alphas))  # the CLT μ is optimistic here
+    # the smallest μ the step satisfies (on this grid; 1/σ as α → 0) is far above the CLT value
+    grid = np.geomspace(1e-12, 0.999, 20000)
+    smallest = np.max(stats.norm.isf(grid) - stats.norm.ppf(subsampled_tradeoff(sigma, q, grid)))
+    assert smallest > 3 * mu

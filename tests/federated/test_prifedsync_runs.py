@@ -92,7 +92,7 @@ def test_sweep_writes_tables_and_plots_with_the_accountants_numbers(tmp_path: Pa
         ]
         rounds = int(row["rounds"])
         at = metrics[rounds - 1]
-        assert float(row["mu_max"]) == at["mu"]["client_max"]
+        assert float(row["mu_max"]) == at["mu_estimates"]["client_max"]
         assert float(row["epsilon"]) == at["epsilon"]["record"]
         if row["reached"] == "True":
             assert at["personalised_accuracy"] >= 0.3
@@ -121,7 +121,7 @@ def test_plain_prifedsync_run_reports_accountant_privacy(tmp_path: Path) -> None
     (item,) = summary["runs"]
     assert item["algorithm"] == "prifedsync" and item["status"] == "complete"
     mu, eps = _account(item["account_command"])
-    assert item["mu"]["client_max"] == pytest.approx(mu, rel=1e-9)
+    assert item["mu_estimates"]["client_max"] == pytest.approx(mu, rel=1e-9)
     assert item["epsilon"]["record"] == pytest.approx(eps, rel=1e-6)
     assert item["threat_model"].startswith("local noise")
 

@@ -622,6 +622,10 @@ class FederatedAccountant:
         """Non-rigorous estimates reported beside ε (none: every number here is a bound)."""
         return {}
 
+    def mu_estimates(self) -> dict[str, float]:
+        """Non-rigorous μ reported beside :meth:`mu` (none: every μ here is exact)."""
+        return {}
+
     def epsilons(self, adversary: str | None = None) -> dict[str, float]:
         return {unit: est.epsilon for unit, est in self.estimates(adversary).items()}
 

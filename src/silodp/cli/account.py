@@ -158,6 +158,9 @@ def account_report(
     estimates = accountant.labelled_estimates()
     if estimates:
         result["estimates"] = {k: _finite(v) for k, v in estimates.items()}
+    mu_estimates = accountant.mu_estimates()
+    if mu_estimates:
+        result["mu_estimates"] = {k: _finite(v) for k, v in mu_estimates.items()}
     if per_round:
         result["per_round"] = [
             {"round": r, "epsilon": {u: _finite(e.epsilon) for u, e in row.items()}}
@@ -202,7 +205,10 @@ def print_report(result: dict[str, Any]) -> None:
         typer.echo(f"  {key:>20}: ε ≈ {value}  (CLT estimate, not a guarantee)")
     for u, m in result.get("mu", {}).items():
         mu = display.upper(m, places=4)
-        typer.echo(f"  {u:>20}: μ = {mu} (Gaussian DP; an estimate where labelled)")
+        typer.echo(f"  {u:>20}: μ = {mu} (Gaussian DP, a guarantee)")
+    for key, m in result.get("mu_estimates", {}).items():
+        mu = "inf" if m is None else display.upper(m, places=4)
+        typer.echo(f"  {key:>20}: μ ≈ {mu}  (CLT estimate, not a guarantee)")
     for row in result.get("per_round", []):
         text = ", ".join(f"{u}={display.upper(v, places=4)}" for u, v in row["epsilon"].items())
         typer.echo(f"  round {row['round']:>4}: ε({text})")

@@ -167,6 +167,7 @@ def summary(
         "adversary": run.privacy.adversary if private else None,
         "epsilon_by_adversary": by_adversary[-1] if by_adversary else {},
         "mu": last.to_json()["mu"] if last else {},
+        **({"mu_estimates": last.to_json()["mu_estimates"]} if last and last.mu_estimates else {}),
         "delta": run.privacy.delta if private else None,
         "units": list(algorithm.units) if private else [],
         "noise_multiplier": run.noise_multiplier,

@@ -109,7 +109,7 @@ def _table_title(config: ExperimentConfig, sweep: SweepConfig, data: FederatedDa
     return (
         f"**{config.name}** — {data.name}, {data.train.num_silos} clients: rounds R until the "
         f"mean {sweep.target_metric} test accuracy over clients reaches "
-        f"{100 * sweep.target_accuracy:g}%, and the privacy spent by then (μ: Gaussian DP by "
-        f"the CLT of Theorem 2; ε at δ={config.privacy.delta:g}: the accountant's rigorous "
+        f"{100 * sweep.target_accuracy:g}%, and the privacy spent by then (μ: the CLT estimate of "
+        f"Theorem 2, not a guarantee; ε at δ={config.privacy.delta:g}: the accountant's rigorous "
         "bound). Accuracies in %."
     )

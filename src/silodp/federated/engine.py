@@ -28,8 +28,8 @@ class RoundResult:
     """What one round produced: utility, privacy spent so far, diagnostics.
 
     ``metrics`` holds an algorithm's further evaluation results (e.g. PriFedSync's
-    ``global_accuracy`` and ``personalised_accuracy``); ``estimates`` the accountant's
-    labelled non-rigorous ε (never guarantees).
+    ``global_accuracy`` and ``personalised_accuracy``); ``estimates`` and ``mu_estimates``
+    the accountant's labelled non-rigorous ε and μ (never guarantees; ``mu`` is exact).
     """
 
     round: int
@@ -44,6 +44,7 @@ class RoundResult:
     subjects_per_batch: list[int] = field(default_factory=list)
     metrics: dict[str, float | None] = field(default_factory=dict)
     estimates: dict[str, float] | None = None
+    mu_estimates: dict[str, float] | None = None
 
     @classmethod
     def from_json(cls, row: dict[str, Any], private: dict[str, Any] | None = None) -> RoundResult:
@@ -55,6 +56,7 @@ class RoundResult:
             return {k: math.inf if v is None else v for k, v in values.items()}
 
         estimates = row.get("epsilon_estimates")
+        mu_estimates = row.get("mu_estimates")
         return cls(
             round=row["round"],
             test_accuracy=row.get("test_accuracy"),
@@ -68,6 +70,7 @@ class RoundResult:
             subjects_per_batch=list(private.get("subjects_per_batch", [])),
             metrics={k: row[k] for k in metric_keys if k in row},
             estimates=None if estimates is None else numbers(estimates),
+            mu_estimates=None if mu_estimates is None else numbers(mu_estimates),
         )
 
     def to_json(self) -> dict[str, object]:
@@ -86,6 +89,8 @@ class RoundResult:
         out.update(self.metrics)
         if self.estimates is not None:
             out["epsilon_estimates"] = {k: _finite(v) for k, v in self.estimates.items()}
+        if self.mu_estimates is not None:
+            out["mu_estimates"] = {k: _finite(v) for k, v in self.mu_estimates.items()}
         return out
 
 

@@ -143,19 +143,25 @@ class Simulator:
 
     def _account(
         self, round_index: int, updates: list[SiloUpdate]
-    ) -> tuple[dict, dict, dict, dict | None]:
+    ) -> tuple[dict, dict, dict, dict | None, dict | None]:
         privacy = self.algorithm.accounted_events(updates, self.planned)
         if self.ledger is not None:  # what the ledger holds is what is composed
             privacy = self.ledger.round_events(round_index)
         if self.accountant is None or not privacy:
-            return {}, {}, {}, None
+            return {}, {}, {}, None, None
         self.accountant.compose_round(privacy)
         epsilon, routes = {}, {}
         for unit, est in self.accountant.estimates().items():
             epsilon[unit], routes[unit] = est.epsilon, est.route
         if self.ledger is not None:
             self.ledger.complete_round(round_index, privacy, epsilon)
-        return epsilon, routes, self.accountant.mu(), self.accountant.labelled_estimates() or None
+        return (
+            epsilon,
+            routes,
+            self.accountant.mu(),
+            self.accountant.labelled_estimates() or None,
+            self.accountant.mu_estimates() or None,
+        )
 
     def _record_planned(self, round_index: int) -> bool:
         """Records the events of an algorithm accounted from its plan (whoever takes part)
@@ -206,7 +212,7 @@ class Simulator:
         )
         updates = self.silo_updates(round_index, chosen, instructions, record=not from_plan)
         chosen = [u.silo for u in updates]
-        epsilon, routes, mu, estimates = self._account(round_index, updates)
+        epsilon, routes, mu, estimates, mu_estimates = self._account(round_index, updates)
         self.params = self.algorithm.aggregate(self.params, self.to_aggregate(updates), self.states)
         metrics: dict[str, float | None] = {}
         if evaluate_now:
@@ -225,6 +231,7 @@ class Simulator:
             subjects_per_batch=[d for u in updates for d in u.subjects_per_batch],
             metrics=metrics,
             estimates=estimates,
+            mu_estimates=mu_estimates,
         )
 
     def run(
