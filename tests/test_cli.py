@@ -109,7 +109,18 @@ def test_account_prints_a_calibrated_sigma_rounded_up() -> None:
     nearest_below = 0
     for target in ("1", "2", "3", "4", "6", "8"):
         args = ["account", "--algorithm", "local_item_dp", "--target-epsilon", target]
-        args += ["--rounds", "10", "--silos", "3", "--sample-rate", "0.01", "--steps", "100"]
+        args += [
+            "--group-size",
+            "2",
+            "--rounds",
+            "10",
+            "--silos",
+            "3",
+            "--sample-rate",
+            "0.01",
+            "--steps",
+            "100",
+        ]
         text = runner.invoke(app, args)
         exact = json.loads(runner.invoke(app, [*args, "--json"]).output)["noise_multiplier"]
         shown = float(re.search(r"σ = ([0-9.]+) \(calibrated\)", text.output).group(1))
@@ -209,6 +220,15 @@ def test_account_target_epsilon_returns_a_sigma_meeting_it() -> None:
             "unreachable",
         ),
         (["--algorithm", "user_ldp", "--target-epsilon", "1", "--unit", "record"], "'record'"),
+        # k = 1 by default was the best case (one record per subject): ε 3 read 14 at k = 4
+        (
+            ["--algorithm", "local_group_dp", "--target-epsilon", "3", "--silos", "3"],
+            "Expected --group-size (the public bound k on one subject's records in one silo)",
+        ),
+        (
+            ["--algorithm", "higradavg_dp", "--noise-multiplier", "1", "--sampling", "record"],
+            "Expected --group-size",
+        ),
     ],
 )
 def test_account_bad_input_is_a_clear_error(args: list[str], message: str) -> None:

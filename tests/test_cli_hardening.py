@@ -461,6 +461,7 @@ def test_progress_of_long_steps_prints_as_plain_lines_while_a_command_runs(
 # --- numeric options: refused, never clamped or replaced --------------------------------------
 
 ACCOUNT = ["account", "--algorithm", "local_item_dp", "--noise-multiplier", "1", "--silos", "3"]
+ACCOUNT += ["--group-size", "2"]
 
 
 @pytest.mark.parametrize(
@@ -502,6 +503,7 @@ def test_account_answers_the_largest_plan_it_accepts(algorithm: str) -> None:
     """10¹² steps over 10⁶ silos: too long for a PLD (10 GB at 10⁹ steps), so ε comes from
     RDP, in seconds and without running out of memory (it used to hang)."""
     args = ["account", "--algorithm", algorithm, "--noise-multiplier", "0.3", "--json"]
+    args += ["--group-size", "2"] if algorithm == "local_item_dp" else []
     result = runner.invoke(app, [*args, "--sample-rate", "0.5", *LARGEST])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)

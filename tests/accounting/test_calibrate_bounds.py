@@ -66,7 +66,8 @@ def test_cli_names_the_absurd_target_and_the_range() -> None:
     from silodp.cli import app
 
     result = CliRunner().invoke(
-        app, ["account", "--algorithm", "local_item_dp", "--target-epsilon", "1e6"]
+        app,
+        ["account", "--algorithm", "local_item_dp", "--target-epsilon", "1e6", "--group-size", "1"],
     )
     assert result.exit_code == 2
     assert "target_epsilon=1000000.0" in result.output

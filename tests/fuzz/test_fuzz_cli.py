@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "smoke.toml"
 
 SILOS = 3
-ACCOUNT = ["account", "--algorithm", "local_item_dp", "--silos", str(SILOS)]
+ACCOUNT = ["account", "--algorithm", "local_item_dp", "--silos", str(SILOS), "--group-size", "2"]
 
 
 def _parses_as_float(text: str) -> bool:

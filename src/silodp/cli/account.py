@@ -54,6 +54,7 @@ def account_report(
     unit: str | None = None,
     per_round: bool = False,
     settings: dict[str, Any] | None = None,
+    require_group_size: bool = False,
 ) -> dict[str, Any]:
     """The privacy of a plan of ``algorithm`` as one JSON-ready mapping: ε per unit (against
     ``adversary`` and against each adversary), the routes, μ where defined, labelled
@@ -61,7 +62,9 @@ def account_report(
 
     Raises:
       SilodpError: exactly one of ``noise_multiplier`` and ``target_epsilon`` is not given, a
-        value is out of range, the algorithm is not private or the target is unreachable.
+        value is out of range, the algorithm is not private or the target is unreachable;
+        with ``require_group_size``, the accounting uses the bound k and ``settings`` does not
+        give it (the default k = 1 is the best case, which a run with k unset never assumes).
     """
     if (noise_multiplier is None) == (target_epsilon is None):
         raise InvalidValueError("Expected exactly one of --noise-multiplier and --target-epsilon.")
@@ -79,6 +82,15 @@ def account_report(
     if not probe.private:
         raise InvalidValueError(
             f"Algorithm {algorithm!r} is not differentially private; it has no ε."
+        )
+    scope = probe.group_bound_scope()
+    if require_group_size and scope is not None and "group_size" not in (settings or {}):
+        where = "in the whole federation" if scope == "federation" else "in one silo"
+        raise InvalidValueError(
+            f"Expected --group-size (the public bound k on one subject's records {where}): "
+            f"{algorithm}'s ε depends on it, and k = 1 would assume every subject holds one "
+            "record. Give the bound the run uses (privacy.group_size; a run without it takes "
+            "the data's largest)."
         )
     if unit is not None and unit not in probe.units:
         raise InvalidValueError(
@@ -149,6 +161,7 @@ def account_report(
             **algo.account_options(),
         },
         "adjacency": algo.adjacency,
+        "group_bound": algo.group_bound_scope(),
         "threat_model": algo.threat_model,
         "notes": algo.accounting_notes(),
     }
@@ -187,7 +200,9 @@ def print_report(result: dict[str, Any]) -> None:
     typer.echo(
         f"{result['algorithm']}: σ = {_sigma(result)} "
         f"({result['noise_multiplier_source']}), δ = {result['delta']:g}, "
-        f"S = {plan['silos']}, R = {plan['rounds']}, ε against {result['adversary']}"
+        f"S = {plan['silos']}, R = {plan['rounds']}, "
+        + (f"k = {plan['group_size']}, " if result.get("group_bound") else "")
+        + f"ε against {result['adversary']}"
         + (f", {result['adjacency']} adjacency" if result["adjacency"] == "replace-one" else "")
     )
     per_unit = result["adjacency"] if isinstance(result["adjacency"], dict) else {}
@@ -309,6 +324,7 @@ def account(  # noqa: PLR0913 - the command's options
             unit=unit,
             per_round=per_round,
             settings={k: v for k, v in settings.items() if v is not None},
+            require_group_size=True,
         )
     except (SilodpError, ValueError) as err:
         fail(str(err))
