@@ -207,7 +207,11 @@ def test_empty_round_leaves_the_global_model_unchanged_and_counts() -> None:
         before = {k: v.clone() for k, v in sim.params.items()}
         personal = [{k: v.clone() for k, v in p.items()} for p in sim.personal_params]
         result = sim.run_round(r)
-        assert result.mu == reports[r - 1].mu and result.epsilon == reports[r - 1].epsilon
+        assert (
+            result.mu == {}
+            and result.mu_estimates == reports[r - 1].mu
+            and result.epsilon == reports[r - 1].epsilon
+        )
         if not result.silos:
             empty += 1
             assert all(torch.equal(before[k], sim.params[k]) for k in before)

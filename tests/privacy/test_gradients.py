@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
@@ -200,3 +201,36 @@ def test_weighted_sum_matches_loop() -> None:
     for k, g in per.items():
         ref = sum(w[i] * g[i] for i in range(4))
         torch.testing.assert_close(out[k], ref, rtol=1e-12, atol=1e-14)
+
+
+def test_clip_tree_releases_a_vector_of_norm_at_most_clip() -> None:
+    """Clipped to its float32 norm, a vector came out up to 1.5e-7 above C once rounded
+    (user_ldp and uldp_naive account sensitivity exactly C)."""
+    from silodp.privacy.gradients import CLIP_MARGIN, clip_tree
+
+    gen = torch.Generator().manual_seed(0)
+    rng = np.random.default_rng(0)
+    worst_before = worst = -1.0
+    for _ in range(400):
+        d = int(rng.integers(1, 5000))
+        tree = {
+            "w": torch.randn(d, generator=gen) * float(10 ** rng.uniform(-2, 4)),
+            "b": torch.randn(3, generator=gen) * 0.01,
+        }
+        clip = float(rng.choice([1e-3, 1.0, 7.5]))
+        norm = float(np.sqrt(sum(float((t.double() ** 2).sum()) for t in tree.values())))
+        out = clip_tree(tree, clip)
+        released = float(np.sqrt(sum(float((t.double() ** 2).sum()) for t in out.values())))
+        worst = max(worst, released / clip - 1.0)
+        # what clipping to the float32 norm released (the former rule), for comparison
+        factor = min(1.0, clip / float(torch.sqrt(sum(t.pow(2).sum() for t in tree.values()))))
+        old = {k: t * factor for k, t in tree.items()}
+        before = float(np.sqrt(sum(float((t.double() ** 2).sum()) for t in old.values())))
+        worst_before = max(worst_before, before / clip - 1.0)
+        if norm <= clip * (1 - CLIP_MARGIN):
+            assert all(torch.equal(out[k], tree[k]) for k in tree)  # left as it is
+        else:
+            assert released == pytest.approx(clip, rel=2 * CLIP_MARGIN)
+    assert worst <= 0.0 < worst_before  # the former rule went above C on this sample
+    zeros = clip_tree({"w": torch.tensor([float("nan"), 1.0])}, 1.0)
+    assert torch.equal(zeros["w"], torch.zeros(2))
