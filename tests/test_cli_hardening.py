@@ -511,6 +511,27 @@ def test_account_answers_the_largest_plan_it_accepts(algorithm: str) -> None:
     assert all(e is not None and e > 1e6 for e in report["epsilon"].values())
 
 
+def test_account_answers_a_tiny_sigma_within_bounded_memory() -> None:
+    """σ = 0.001 with k = 3: one mechanism's PLD alone wanted 15 GB (the process was killed);
+    now a PLD that cannot fit is never built and ε comes from RDP."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+    args = ["--algorithm", "local_item_dp", "--noise-multiplier", "0.001", "--sample-rate", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "silodp.cli", "account", *args, "--group-size", "3", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert all(e is not None and e > 1e5 for e in report["epsilon"].values())
+
+
 def test_account_refuses_a_prifedsync_plan_too_long_for_its_pld() -> None:
     args = ["account", "--algorithm", "prifedsync", "--noise-multiplier", "0.3"]
     result = runner.invoke(app, [*args, "--sample-rate", "0.5", *LARGEST])

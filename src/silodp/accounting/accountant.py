@@ -48,6 +48,7 @@ from silodp.accounting.events import KnownSampleDpEvent, PoissonReplaceOneDpEven
 from silodp.accounting.hockey import EpsilonForDelta, epsilon_for_delta
 from silodp.accounting.pld import (
     DEFAULT_DISCRETIZATION,
+    coarsest_fit,
     event_pld,
     fits,
     is_supported,
@@ -310,6 +311,9 @@ class FederatedAccountant:
                 value = epsilon_for_delta(event_pld(event, 1e-2), self.delta)
             else:  # too long a plan for a PLD: same noise, more loss variance dominates
                 value = loss_variance(event, 1e-2)
+                coarse = coarsest_fit(event, 1e-2) if math.isinf(value) else None
+                if coarse is not None:  # so wide a loss (tiny σ): its ε on a coarser grid
+                    value = epsilon_for_delta(event_pld(event, coarse), self.delta)
             self._rank_cache[event] = value
         return self._rank_cache[event]
 

@@ -21,6 +21,7 @@ from silodp.accounting.mixture import mixture_gaussian_pld
 __all__ = [
     "DEFAULT_DISCRETIZATION",
     "MAX_PLD_POINTS",
+    "coarsest_fit",
     "event_pld",
     "fits",
     "is_supported",
@@ -80,7 +81,42 @@ def _loss_moments(event: dp_event.DpEvent, discretization: float) -> tuple[float
         q = event.sampling_probability
         mean, variance = _loss_moments(event.event, discretization)
         return q * mean, q * (variance + mean**2) - (q * mean) ** 2
+    ratio = _loss_ratio(event)
+    if ratio is not None and (ratio * ratio + 2 * _TAIL_IN_STD * ratio) > (
+        MAX_PLD_POINTS * discretization
+    ):  # one mechanism's PLD alone would not fit (e.g. σ = 0.001): never built
+        return 0.5 * ratio * ratio, math.inf
     return pld_loss_moments(event_pld(event, discretization))
+
+
+#: how many standard deviations of the privacy loss a Gaussian PLD keeps on each side
+#: (dp-accounting truncates at a tail mass of 1e-15, about 8)
+_TAIL_IN_STD = 10.0
+
+
+def _loss_ratio(event: dp_event.DpEvent) -> float | None:
+    """The largest sensitivity / σ of one Gaussian-family mechanism (its privacy loss lies
+    within ratio²/2 + a few ratio of 0, sub-sampled or not), else ``None``."""
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        event = event.event
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return 1.0 / event.noise_multiplier if event.noise_multiplier > 0 else math.inf
+    if isinstance(event, PoissonReplaceOneDpEvent):
+        return 2.0 / event.noise_multiplier if event.noise_multiplier > 0 else math.inf
+    if isinstance(event, dp_event.MixtureOfGaussiansDpEvent):
+        top = max(abs(s) for s in event.sensitivities)
+        return top / event.standard_deviation if event.standard_deviation > 0 else math.inf
+    return None
+
+
+def coarsest_fit(event: dp_event.DpEvent, discretization: float) -> float | None:
+    """The finest grid, ``discretization`` doubled as often as needed, on which ``event``'s
+    PLD fits (``None``: none within 2^60 times)."""
+    for _ in range(61):
+        if fits(loss_variance(event, discretization), discretization):
+            return discretization
+        discretization *= 2.0
+    return None
 
 
 def pld_loss_moments(pld: pld_lib.PrivacyLossDistribution) -> tuple[float, float]:
