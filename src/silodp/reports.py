@@ -39,7 +39,8 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("mu_max", "μ_max (CLT est.)"),
     ("mu_weak", "μ weak (CLT est.)"),
     ("mu_strong", "μ strong (CLT est.)"),
-    ("epsilon", "ε (record)"),
+    ("epsilon", "ε (record) at R"),
+    ("epsilon_planned", "ε (record), all planned rounds"),
     ("personalised_accuracy", "personalised acc"),
     ("global_accuracy", "global acc"),
 )
@@ -65,6 +66,7 @@ def sweep_row(
     target_key: str,
     target: float,
     account_command: str | None,
+    epsilon_planned: float | None = None,
 ) -> dict[str, Any]:
     """One table row: rounds to reach ``target`` and the privacy spent at that round (at the
     last round, with ``reached = False``, when the target was not reached)."""
@@ -91,6 +93,7 @@ def sweep_row(
         "mu_weak": mu.get("weak"),
         "mu_strong": mu.get("strong"),
         "epsilon": eps.get("record"),
+        "epsilon_planned": epsilon_planned,
         "epsilon_route": (at.get("epsilon_route") or {}).get("record"),
         "personalised_accuracy": at.get("personalised_accuracy"),
         "global_accuracy": at.get("global_accuracy"),
@@ -110,7 +113,7 @@ def _cell(key: str, value: Any, row: Mapping[str, Any]) -> str:
             return "∞"
         if key.endswith("accuracy"):
             return f"{100 * value:.2f}"
-        if key == "epsilon" or key.startswith("mu_"):
+        if key.startswith(("epsilon", "mu_")):
             return display.upper(value)  # privacy bounds: rounded up
         return f"{value:.3g}" if key != "client_rate" else f"{value:g}"
     return str(value)

@@ -83,6 +83,7 @@ def test_sweep_writes_tables_and_plots_with_the_accountants_numbers(tmp_path: Pa
     assert len(rows) == 4
     md = (tmp_path / "prifedsync_table.md").read_text()
     assert md.count("\n| ") == 5  # header + 4 rows
+    stopped_early = 0
     for row, run in zip(rows, summary["runs"], strict=True):
         run_dir = tmp_path / run["algorithm"]
         for f in ("metrics.jsonl", "summary.json", "personalised_vs_global.png", "model.pt"):
@@ -100,6 +101,14 @@ def test_sweep_writes_tables_and_plots_with_the_accountants_numbers(tmp_path: Pa
         mu, eps = _account(row["account_command"])
         assert float(row["mu_max"]) == pytest.approx(mu, rel=1e-9)
         assert float(row["epsilon"]) == pytest.approx(eps, rel=1e-6)
+        # R is read from the models' accuracy: the guarantee is the plan's whole ε
+        planned = row["account_command"].replace(
+            f"--rounds {rounds} ", f"--rounds {run['rounds_planned']} "
+        )
+        assert float(row["epsilon_planned"]) == pytest.approx(_account(planned)[1], rel=1e-6)
+        assert float(row["epsilon_planned"]) >= float(row["epsilon"])
+        assert (planned != row["account_command"]) == (rounds < run["rounds_planned"])
+        stopped_early += rounds < run["rounds_planned"]
         assert (
             int(row["total_examples"]) == int(row["batch_size"]) * int(row["local_steps"]) * rounds
         )
@@ -107,6 +116,7 @@ def test_sweep_writes_tables_and_plots_with_the_accountants_numbers(tmp_path: Pa
         assert done["status"] == "complete" and done["batch_sampling"] == "uniform"
         assert done["personalised_accuracy"] is not None and done["global_accuracy"] is not None
         assert done["empty_rounds"] == sum(1 for m in metrics if not m["silos"])
+    assert stopped_early > 0  # the planned ε was computed from the plan, not read
     # batch size 4 with twice the steps: smaller sampling rate, smaller μ per round
     by_run = {r["run"]: r for r in rows}
     a, b = by_run["p1_sigma1_B8_K3"], by_run["p1_sigma1_B4_K6"]
