@@ -281,6 +281,21 @@ def test_fashion_mnist_build() -> None:
     ("kwargs", "message"),
     [
         ({"source": "mnist"}, "source='mnist'"),
+        # silently ignored before: the data fix the classes, features and subjects
+        ({"num_classes": 3}, "Expected num_classes unset for source='digits'"),
+        ({"num_features": 5}, "Expected num_features unset for source='digits'"),
+        (
+            {"source": "table", "path": "t.csv", "num_classes": 10},
+            "a table declares its classes with label_values",
+        ),
+        (
+            {"source": "table", "path": "t.csv", "subject_column": "p", "num_subjects": 5},
+            "Expected num_subjects unset: the subjects come from the data \\(the subject_column",
+        ),
+        (
+            {"source": "leaf_femnist", "path": "d", "num_subjects": 3},
+            "\\(LEAF users\\), so num_subjects=3 would be ignored",
+        ),
         ({"allocation": "random"}, "allocation='random'"),
         ({"test_fraction": 1.0}, r"test_fraction=1.0 in \(0.0, 1.0\)"),
         ({"num_silos": 0}, "num_silos=0"),

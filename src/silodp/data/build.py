@@ -77,6 +77,7 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
             x, y = loaders.load_digits_arrays()
             num_classes = 10
         else:
+            assert cfg.num_features is not None and cfg.num_classes is not None
             x, y = loaders.make_synthetic(
                 num_records=cfg.max_records or SYNTHETIC_RECORDS,
                 num_features=cfg.num_features,

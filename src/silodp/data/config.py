@@ -147,8 +147,9 @@ class DataConfig:
     feature_mean: float | tuple[float, ...] | None = None
     feature_std: float | tuple[float, ...] | None = None
     scaling_budget: float = 0.1
-    num_features: int = 20
-    num_classes: int = 4
+    #: ``source = "synthetic"`` only (default 20 and 4); the other sources fix their own
+    num_features: int | None = None
+    num_classes: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -228,8 +229,22 @@ class DataConfig:
                 raise InvalidValueError(
                     f"Expected feature_columns=() for source={self.source!r} (tables only)."
                 )
-        check_int("num_features", self.num_features, 1)
-        check_int("num_classes", self.num_classes, 2)
+        for name, default, lo in (("num_features", 20, 1), ("num_classes", 4, 2)):
+            value = getattr(self, name)
+            if self.source != "synthetic":
+                if value is not None:
+                    hint = (
+                        " (a table declares its classes with label_values)"
+                        if (name == "num_classes" and is_table)
+                        else ""
+                    )
+                    raise InvalidValueError(
+                        f"Expected {name} unset for source={self.source!r}, whose data fix it; "
+                        f"got {name}={value!r} (it applies to source='synthetic' only){hint}."
+                    )
+                continue
+            object.__setattr__(self, name, default if value is None else value)
+            check_int(name, getattr(self, name), lo)
         check_int("seed", self.seed, 0, MAX_SEED)
         if self.source == "synthetic":
             self._check_synthetic()
@@ -268,6 +283,7 @@ class DataConfig:
 
     def _check_synthetic(self) -> None:
         records = self.max_records if self.max_records is not None else SYNTHETIC_RECORDS
+        assert self.num_features is not None and self.num_classes is not None
         for what, count in (
             ("max_records", records * self.num_features),
             ("num_classes", self.num_classes * self.num_features),
@@ -297,6 +313,13 @@ class DataConfig:
             )
         if self.num_subjects is not None:
             check_int("num_subjects", self.num_subjects, 1)
+        if self.num_subjects is not None and self.subjects_from in ("column", "leaf_users"):
+            raise InvalidValueError(
+                f"Expected num_subjects unset: the subjects come from the data "
+                f"({'the subject_column' if self.subjects_from == 'column' else 'LEAF users'}), "
+                f"so num_subjects={self.num_subjects} would be ignored; first_subjects keeps "
+                "the first ones."
+            )
         if self.subjects_from == "records" and self.num_subjects is not None:
             raise InvalidValueError(
                 f"num_subjects={self.num_subjects} would invent subjects: the table has no "
