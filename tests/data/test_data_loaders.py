@@ -308,3 +308,29 @@ def test_csv_ids_are_read_as_written(tmp_path: Path) -> None:
     path.write_text("f,label,cust\n1,0,\n2,1,3\n")
     with pytest.raises(InvalidValueError, match="'cust' .* 1 missing value"):
         loaders.load_table(path, feature_columns=["f"], label_column="label", subject_column="cust")
+
+
+def test_integers_beyond_any_float_are_a_clear_error(tmp_path: Path) -> None:
+    """A 400-digit integer raised OverflowError (a traceback) from a CSV feature and a LEAF
+    pixel."""
+    path = tmp_path / "t.csv"
+    path.write_text("f,label\n" + "1" * 400 + ",0\n2,1\n")
+    with pytest.raises(InvalidValueError, match="integer too large for float32 in column 'f'"):
+        loaders.load_table(path, feature_columns=["f"], label_column="label")
+    blob = {
+        "users": ["u"],
+        "num_samples": [2],
+        "user_data": {"u": {"x": [[0] * 784, [10**400] + [0] * 783], "y": [1, 2]}},
+    }
+    leaf = tmp_path / "l.json"
+    leaf.write_text(json.dumps(blob))
+    with pytest.raises(InvalidValueError, match="x\\[1\\] holds an integer too large"):
+        loaders.load_leaf_json(str(leaf), kind="femnist")
+
+
+def test_a_float_label_beyond_int64_is_refused(tmp_path: Path) -> None:
+    """2**70 as a float label became -9223372036854775808 silently."""
+    frame = pd.DataFrame({"f": [1.0, 2.0], "label": [2.0**70, 1.0]})
+    frame.to_parquet(tmp_path / "t.parquet")
+    with pytest.raises(InvalidValueError, match="Expected class labels"):
+        loaders.load_table(tmp_path / "t.parquet", feature_columns=["f"], label_column="label")

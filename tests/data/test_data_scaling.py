@@ -435,3 +435,13 @@ def test_dp_scaling_refuses_a_span_one_algorithm_overrides() -> None:
     )
     with pytest.raises(InvalidValueError, match=r"no \[algorithm.local_item_dp\] span"):
         dp_scaling(config, None)  # type: ignore[arg-type]
+
+
+def test_bounds_whose_width_overflows_are_refused() -> None:
+    """[-1e308, 1e308] is infinitely wide in floating point: every feature scaled to 0."""
+    from silodp.data.scaling import check_bounds
+    from silodp.errors import InvalidValueError
+
+    with pytest.raises(InvalidValueError, match="width hi - lo a float32 holds"):
+        check_bounds("feature_bounds", [-1e308, 1e308])
+    assert check_bounds("feature_bounds", [-1e30, 1e30]) == (-1e30, 1e30)

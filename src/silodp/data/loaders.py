@@ -261,6 +261,14 @@ def _leaf_files(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
     return files
 
 
+def _overflows(row: Any) -> bool:
+    try:
+        np.asarray(row, dtype=np.float64)
+    except OverflowError:
+        return True
+    return False
+
+
 def _encode_text(text: Any, where: str) -> list[int]:
     if not isinstance(text, str):
         raise InvalidValueError(f"Expected a string in {where}, got {type(text).__name__}.")
@@ -286,7 +294,14 @@ def _femnist_records(xs: list[Any], ys: list[Any], where: str) -> tuple[np.ndarr
             raise InvalidValueError(
                 f"Expected numeric FEMNIST pixels in {where}, got {bad!r} at x[{i}]."
             )
-    x = np.asarray(xs, dtype=np.float64)
+    try:
+        x = np.asarray(xs, dtype=np.float64)
+    except OverflowError:  # an integer beyond any float (e.g. 400 digits)
+        first = next(i for i, row in enumerate(xs) if _overflows(row))
+        raise InvalidValueError(
+            f"Expected finite FEMNIST pixels in {where}; x[{first}] holds an integer too "
+            "large for float32."
+        ) from None
     finite = np.isfinite(x) & (np.abs(x) <= np.finfo(np.float32).max)
     if not finite.all():
         row, col = (int(v[0]) for v in np.nonzero(~finite))
@@ -617,7 +632,13 @@ def _feature_matrix(frame: Any, path: Path, features: list[str]) -> np.ndarray:
                 f"values of dtype {frame[c].dtype}."
             )
         values = frame[c].to_numpy()
-        numbers = pd.to_numeric(frame[c], errors="coerce").to_numpy()
+        try:
+            numbers = pd.to_numeric(frame[c], errors="coerce").to_numpy()
+        except OverflowError:  # an integer beyond any float (e.g. 400 digits)
+            raise InvalidValueError(
+                f"Table {str(path)!r} has an integer too large for float32 in column {c!r}; "
+                "expected finite numbers."
+            ) from None
         text = np.flatnonzero(np.isnan(numbers.astype(np.float64)))
         what = (
             f"{_to_python(values[text[0]])!r} in {_row(int(text[0]))}"
@@ -649,7 +670,7 @@ def _label_array(frame: Any, path: Path, label_column: str) -> np.ndarray:
     if kind in "biu":
         return values
     if kind == "f":
-        bad = ~np.isfinite(values) | (values != np.round(values))
+        bad = ~np.isfinite(values) | (values != np.round(values)) | (np.abs(values) >= 2.0**63)
         if bad.any():
             first = int(np.flatnonzero(bad)[0])
             raise InvalidValueError(

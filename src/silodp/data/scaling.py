@@ -126,6 +126,13 @@ def check_bounds(name: str, value: Any) -> tuple[float, float] | tuple[tuple[flo
             raise InvalidValueError(
                 f"Expected {name}={value!r} to have lo < hi{where}; got [{lo}, {hi}]."
             )
+        width = float(hi) - float(lo)
+        if not math.isfinite(width) or width > np.finfo(np.float32).max:
+            where = "" if single else f" (pair {i})"
+            raise InvalidValueError(
+                f"Expected {name}={value!r} to have a width hi - lo a float32 holds{where}; "
+                f"[{lo}, {hi}] is {width:g} wide, and every feature would scale to 0."
+            )
         out.append((float(lo), float(hi)))
     return out[0] if single else tuple(out)
 
