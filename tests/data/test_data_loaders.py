@@ -334,3 +334,29 @@ def test_a_float_label_beyond_int64_is_refused(tmp_path: Path) -> None:
     frame.to_parquet(tmp_path / "t.parquet")
     with pytest.raises(InvalidValueError, match="Expected class labels"):
         loaders.load_table(tmp_path / "t.parquet", feature_columns=["f"], label_column="label")
+
+
+def test_leaf_users_are_read_as_listed_and_in_natural_file_order(tmp_path: Path) -> None:
+    """all_data_10 was read before all_data_2 (which changed the first writers kept), a user
+    id with spaces around it was accepted, and user_data of unlisted users was dropped."""
+
+    def blob(users: list[str], extra: dict | None = None) -> dict:
+        data = {u: {"x": [[0.0] * 784], "y": [1]} for u in users}
+        return {
+            "users": users,
+            "num_samples": [1] * len(users),
+            "user_data": {**data, **(extra or {})},
+        }
+
+    for n in (10, 2, 1):
+        (tmp_path / f"all_data_{n}_niid.json").write_text(json.dumps(blob([f"w{n}"])))
+    leaf = loaders.load_leaf_json(str(tmp_path), kind="femnist")
+    assert leaf.subject_names == ["w1", "w2", "w10"]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "a.json").write_text(json.dumps(blob([" w1"])))
+    with pytest.raises(InvalidValueError, match="without surrounding spaces"):
+        loaders.load_leaf_json(str(bad / "a.json"), kind="femnist")
+    (bad / "a.json").write_text(json.dumps(blob(["w1"], {"w9": {"x": [[0.0] * 784], "y": [2]}})))
+    with pytest.raises(InvalidValueError, match="user_data for 1 user\\(s\\) not listed .* 'w9'"):
+        loaders.load_leaf_json(str(bad / "a.json"), kind="femnist")

@@ -217,4 +217,21 @@ def test_leaf_users_split_by_record_by_default_or_by_subject(tmp_path: Path) -> 
         build_federated_data(DataConfig(**leaf, test_path=str(tmp_path / "test.json")))  # type: ignore[arg-type]
     )
     assert with_file["split"]["kind"] == "file" and with_file["split"]["fraction"] is None
-    assert with_file["split"]["test_subjects"] is None
+    # LEAF test files carry their users: counted (every writer is on both sides here)
+    assert with_file["split"]["test_subjects"] == 12 == with_file["split"]["shared_subjects"]
+    # first_subjects keeps the first writers before the split, and their test records only
+    # (it cut the training side after the split: the test side kept everyone, and a record
+    # split's fraction no longer held)
+    reordered = {**blob, "users": list(users)[::-1], "num_samples": list(users.values())[::-1]}
+    (tmp_path / "test.json").write_text(json.dumps(reordered))  # test users by name
+    first = build_federated_data(DataConfig(**leaf, first_subjects=5))  # type: ignore[arg-type]
+    info = describe(first)["split"]
+    assert info["test_subjects"] <= 5 and describe(first)["subjects_with_records"] == 5
+    kept = sum(list(users.values())[:5])
+    assert len(first.train) + len(first.test) == kept
+    assert len(first.test) == pytest.approx(0.2 * kept, abs=62)  # stratified per label
+    filed = build_federated_data(
+        DataConfig(**leaf, first_subjects=5, test_path=str(tmp_path / "test.json"))  # type: ignore[arg-type]
+    )
+    assert len(filed.test) == kept
+    assert describe(filed)["split"]["test_subjects"] == 5

@@ -65,6 +65,18 @@ def _check_separate_test(path: str, test_path: str) -> None:
         )
 
 
+def _first_subjects(cfg: DataConfig, raw: _Raw) -> _Raw:
+    """The records of the first ``first_subjects`` subjects of the data (LEAF users, a
+    table's subject ids in order), kept before the test split: the split's fraction then
+    holds, and the test records come from the same people."""
+    if cfg.first_subjects is None or raw.subject is None:
+        return raw
+    keep = np.flatnonzero(raw.subject < cfg.first_subjects)
+    if len(keep) == 0:  # pragma: no cover - subject ids are dense from 0
+        raise InvalidValueError(f"No records belong to the first {cfg.first_subjects} subjects.")
+    return raw.take(keep)
+
+
 def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.Generator) -> _Raw:
     file_split = SplitSummary(kind="file", fraction=None)
     if cfg.test_path is not None and cfg.path is not None:
@@ -97,6 +109,7 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
             subject=leaf.subject,
             subject_names=leaf.subject_names,
         )
+        raw = _first_subjects(cfg, raw)
         if cfg.test_path is not None:
             test_leaf = loaders.load_leaf_json(cfg.test_path, kind=kind)
             if test_leaf.x.shape[1:] != leaf.x.shape[1:]:
@@ -104,7 +117,20 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
                     f"Expected the records of data.test_path={cfg.test_path!r} to have the shape "
                     f"of data.path's, {leaf.x.shape[1:]}; got {test_leaf.x.shape[1:]}."
                 )
-            return replace(raw, test=TestSplit(x=test_leaf.x, y=test_leaf.y), split=file_split)
+            users = [test_leaf.subject_names[s] for s in test_leaf.subject]
+            keep = np.arange(len(users))
+            if cfg.first_subjects is not None:  # the test records of the writers kept
+                kept = set(raw.subject_names or ())
+                keep = np.asarray([i for i, u in enumerate(users) if u in kept], dtype=np.int64)
+                if len(keep) == 0:
+                    raise InvalidValueError(
+                        f"Expected data.test_path={cfg.test_path!r} to hold records of the "
+                        f"first_subjects={cfg.first_subjects} users kept for training; it holds "
+                        "none of them."
+                    )
+            test = TestSplit(x=test_leaf.x[keep], y=test_leaf.y[keep])
+            names = frozenset(users[i] for i in keep)
+            return replace(raw, test=test, split=file_split, test_subject_names=names)
     else:
         table = loaders.load_table(
             str(cfg.path),
@@ -129,6 +155,8 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
             silo_names=table.silo_names,
             feature_names=table.feature_columns,
         )
+        if cfg.subjects_from == "column":
+            raw = _first_subjects(cfg, raw)
         if cfg.test_path is not None:
             test_table = loaders.load_table(
                 cfg.test_path,
@@ -328,8 +356,8 @@ def _build(cfg: DataConfig) -> FederatedData:
         # drawn subjects: |U| is the config's number, whichever of them got records
         subject_count=None if subject is raw.subject else cfg.num_subjects or DEFAULT_NUM_SUBJECTS,
     )
-    if cfg.first_subjects is not None:
-        train = part.first_subjects(train, cfg.first_subjects)
+    if cfg.first_subjects is not None and cfg.subjects_from == "simulated":
+        train = part.first_subjects(train, cfg.first_subjects)  # drawn: after the drawing
     if cfg.records_per_subject_per_silo is not None or cfg.records_per_subject is not None:
         train = part.cap_records(
             train,
@@ -369,6 +397,15 @@ def _build(cfg: DataConfig) -> FederatedData:
 def _split_summary(cfg: DataConfig, raw: _Raw, train: FederatedDataset) -> SplitSummary | None:
     """``raw.split`` with the subjects on both sides counted on the final training records."""
     split = raw.split
+    names = train.subject_names
+    if split is not None and split.kind == "file" and raw.test_subject_names is not None:
+        assert names is not None  # LEAF users
+        users = {names[i] for i in np.unique(train.subject)}
+        return replace(
+            split,
+            test_subjects=len(raw.test_subject_names),
+            shared_subjects=len(users & raw.test_subject_names),
+        )
     if split is None or split.kind == "file" or cfg.subjects_from == "simulated":
         # a test file's records or drawn subjects: test records carry no subject
         return None if split is None else replace(split, test_subjects=None)

@@ -250,7 +250,7 @@ def _leaf_files(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
             raise InvalidValueError(f"Expected a LEAF file or directory path, got {item!r}.")
         p = Path(item)
         if p.is_dir():
-            found = sorted(p.glob("*.json"))
+            found = sorted(p.glob("*.json"), key=_natural_key)  # all_data_2 before _10
             if not found:
                 raise DataFileNotFoundError(f"LEAF directory {str(p)!r} holds no .json files.")
             files.extend(found)
@@ -259,6 +259,14 @@ def _leaf_files(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
         else:
             raise DataFileNotFoundError(f"LEAF path {str(p)!r} does not exist.")
     return files
+
+
+def _natural_key(path: Path) -> list[Any]:
+    """Sort key of a file name with its digit runs compared as numbers."""
+    return [
+        (0, int(part), "") if part.isdigit() else (1, 0, part)
+        for part in re.split(r"(\d+)", path.name)
+    ]
 
 
 def _overflows(row: Any) -> bool:
@@ -373,10 +381,11 @@ def _read_leaf_blob(file: Path) -> dict[str, Any]:
         )
     seen: set[str] = set()
     for i, (user, count) in enumerate(zip(users, counts, strict=True)):
-        if not isinstance(user, str) or not user.strip():
+        if not isinstance(user, str) or not user.strip() or user != user.strip():
             raise InvalidValueError(
-                f"Expected a non-empty user id string in LEAF file {str(file)!r}, got "
-                f"{user!r} at users[{i}]."
+                f"Expected a non-empty user id string without surrounding spaces (which would "
+                f"make ' u' and 'u' two people) in LEAF file {str(file)!r}, got {user!r} at "
+                f"users[{i}]."
             )
         if user in seen:
             raise InvalidValueError(
@@ -389,6 +398,13 @@ def _read_leaf_blob(file: Path) -> dict[str, Any]:
                 f"Expected num_samples[{i}] (user {user!r}) in LEAF file {str(file)!r} to be a "
                 f"count >= 0, got {count!r}."
             )
+    unlisted = sorted(set(data) - seen)
+    if unlisted:
+        raise InvalidValueError(
+            f"LEAF file {str(file)!r} has user_data for {len(unlisted)} user(s) not listed in "
+            f"users (first: {unlisted[0]!r}); expected users to list every user whose records "
+            "it holds."
+        )
     return blob
 
 
