@@ -445,3 +445,33 @@ def test_a_missing_data_path_names_the_key(tmp_path: Path) -> None:
 def test_more_config_values_are_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(InvalidValueError, match=message):
         DataConfig(**kwargs)
+
+
+def test_describe_names_the_feature_columns_and_checks_dp_scaling_bounds(tmp_path: Path) -> None:
+    """describe never named the columns the model reads (an undeclared id column could be
+    one), printed 'none' for scaling = 'dp', and accepted bounds a run then refused."""
+    from typer.testing import CliRunner
+
+    from silodp.cli import app
+
+    path = tmp_path / "t.csv"
+    frame = _people().assign(g=1.0)
+    frame.to_csv(path, index=False)
+    info = describe(build_federated_data(_table_config(path)))
+    assert info["feature_columns"] == ["f", "g"]  # every column but label, subject and silo
+    assert any(
+        line.split() == ["feature", "columns", "f,", "g"]
+        for line in format_description(info).splitlines()
+    )
+    with pytest.raises(InvalidValueError, match="feature columns of .* are \\['f', 'g'\\]"):
+        build_federated_data(
+            _table_config(path, scaling="dp", feature_bounds=[[0, 1], [0, 1], [0, 1]])
+        )
+    config = tmp_path / "c.toml"
+    config.write_text(
+        f'[data]\nsource = "table"\npath = "{path}"\nsubject_column = "person"\n'
+        'silo_column = "site"\nallocation = "column"\nscaling = "dp"\nfeature_bounds = [0, 300]\n'
+    )
+    shown = CliRunner().invoke(app, ["describe", str(config), "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.output)["scaling"].startswith("dp (estimated with DP when a run")

@@ -536,6 +536,8 @@ def describe(
     except (SilodpError, OSError) as err:
         fail(str(err))
     info = {**describe_data(data), "privacy_caps": caps}
+    if cfg.data.scaling == "dp":  # the data is returned unscaled: a run estimates it
+        info["scaling"] = "dp (estimated with DP when a run starts; not applied here)"
     typer.echo(json.dumps(info, indent=2) if as_json else format_description(info))
 
 

@@ -390,6 +390,7 @@ def _build(cfg: DataConfig) -> FederatedData:
         split=_split_summary(cfg, raw, train),
         subjects_from=cfg.subjects_from,
         subjects_note=cfg.subjects_note,
+        feature_names=tuple(raw.feature_names),
     )
     return _scale(cfg, data, raw.feature_names)
 
@@ -421,9 +422,17 @@ def _split_summary(cfg: DataConfig, raw: _Raw, train: FederatedDataset) -> Split
 
 def _scale(cfg: DataConfig, data: FederatedData, names: tuple[str, ...]) -> FederatedData:
     """Applies ``bounds``/``standard`` scaling; warns about raw scales for ``none``."""
-    if cfg.source != "table" or cfg.scaling == "dp":
+    if cfg.source != "table":
         return data
     num_features = data.train.x.shape[1]
+    if cfg.scaling == "dp":  # estimated when a run starts; its bounds are checked now
+        try:
+            sc.FeatureStats.from_bounds(cfg.feature_bounds, num_features)
+        except ValueError as err:
+            raise InvalidValueError(
+                f"{err} The feature columns of {cfg.path!r} are {list(names)}."
+            ) from None
+        return data
     if cfg.scaling == "none":
         message = sc.scale_warning(data.train.x, names, where=f"table {cfg.path!r}")
         if message:

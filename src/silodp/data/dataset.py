@@ -384,6 +384,8 @@ class FederatedData:
       subjects_note: one line saying what a subject is here (``describe`` prints it).
       scaling: the feature scaling already applied to ``train.x`` and ``test.x``
         (``"none"``, ``"bounds"``, ``"standard"`` or ``"dp"``).
+      feature_names: a table's feature columns, in the order the model reads them (empty for
+        the other sources).
     """
 
     train: FederatedDataset
@@ -393,6 +395,7 @@ class FederatedData:
     subjects_from: str = "given"
     subjects_note: str = ""
     scaling: str = "none"
+    feature_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.subjects_from not in SUBJECT_ORIGINS:

@@ -55,6 +55,8 @@ def describe(data: FederatedData | FederatedDataset) -> dict[str, Any]:
         out = _describe_train(data.train)
         out["subjects"] = {"from": data.subjects_from, "note": data.subjects_note}
         out["scaling"] = data.scaling
+        if data.feature_names:
+            out["feature_columns"] = list(data.feature_names)
         split = data.split
         out["split"] = {
             "kind": None if split is None else split.kind,
@@ -147,6 +149,11 @@ def format_description(d: dict[str, Any]) -> str:
         _row("classes", d["num_classes"]),
         _row("feature shape", "x".join(map(str, d["feature_shape"])) or "scalar"),
         _row("dropped records (data caps)", d["dropped_records"]),
+        *(
+            [_row("feature columns", ", ".join(d["feature_columns"]))]
+            if d.get("feature_columns")
+            else []
+        ),
         *([_row("feature scaling", d["scaling"])] if "scaling" in d else []),
         _row("records per silo", _short_list(d["records_per_silo"])),
         _row("subjects per silo", _short_list(d["subjects_per_silo"])),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -296,13 +296,10 @@ class FeatureStats:
                 f"Expected unscaled data, got data already scaled by {data.scaling!r}."
             )
         test = data.test
-        return FederatedData(
+        return replace(
+            data,
             train=data.train.with_features(self.transform(data.train.x)),
             test=TestSplit(x=self.transform(test.x), y=test.y, silo=test.silo),
-            name=data.name,
-            split=data.split,
-            subjects_from=data.subjects_from,
-            subjects_note=data.subjects_note,
             scaling=self.kind,
         )
 
