@@ -9,8 +9,8 @@ import math
 import os
 import time
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -386,119 +386,107 @@ def run_experiment(
     """
     tracking.check_installed(config.tracking)
     out = check_writable_dir(out_dir, name="out_dir")
-    created = not out.exists()
-    lock = _lock_results(out)
-    try:
-        return _run_experiment(
-            config,
-            out,
-            overwrite=overwrite,
-            progress=progress,
-            log=log,
-            resume=resume,
-            engine_factory=engine_factory,
-        )
-    finally:
-        locking.release(lock)
-        if created:
-            with suppress(OSError):
-                out.rmdir()  # a refused run leaves no directory it made (only if empty)
+    with _results_held(out):
+        from silodp.experiment.sweep import run_sweep
+
+        tracking.check_writable(config.tracking)
+        check_shared_ledger(config.privacy.ledger)
+        if resume and config.data.scaling == "dp":
+            raise InvalidValueError(
+                "Expected [data] scaling other than 'dp' to resume: the DP feature statistics are "
+                "drawn again on every start and are not kept; start the run afresh."
+            )
+        if config.sweep is None and not resume:
+            check_output(out, config.algorithms, overwrite)
+        data, releases, scaling = _prepare_data(config, out, log)
+        if config.sweep is not None:
+            return run_sweep(
+                config,
+                data,
+                out,
+                overwrite=overwrite,
+                progress=progress,
+                log=log,
+                resume=resume,
+                engine_factory=engine_factory,
+            )
+        runs = []
+        for name in config.algorithms:
+            run = prepare_run(name, config, data, releases=releases)
+            if run.noise_multiplier is not None and run.plan is not None:
+                log(
+                    f"{name}: noise multiplier "
+                    f"{_shown_sigma(run.noise_multiplier, run.calibration)} "
+                    f"({run.calibration['method']}), "
+                    + (f"group size k={run.group_size}, " if run.group_size else "")
+                    + f"span={run.span}, "
+                    f"{run.train.dropped_records} record(s) dropped by these bounds"
+                )
+            _log_protocol_estimate(run, config, data, log)
+            runs.append(run)
+        if not resume:
+            check_plans_fit(runs)  # a refusal by a budget comes before anything is written
+            if overwrite:
+                replace_previous(out, config, log)
+        write_json(out / PRIVATE_DIR / "data.json", describe(data))
+        if not resume:  # what --resume continues, written once everything is prepared
+            write_text(out / EXPERIMENT_FILE, tomli_w.dumps(to_toml_dict(config)))
+        all_rows: dict[str, list[dict[str, Any]]] = {}
+        summaries = []
+        for run in runs:
+            done = finished(out / run.name) if resume else None
+            if done is not None:
+                log(f"{run.name}: already {done['status']}; kept as it is")
+                rows, run_summary = read_rows(out / run.name, run.training.rounds)[0], done
+            else:
+                rows, run_summary = train_run(
+                    run,
+                    data,
+                    out / run.name,
+                    progress,
+                    resume=resume,
+                    engine_factory=engine_factory,
+                )
+            all_rows[run.name] = rows
+            summaries.append(run_summary)
+        if scaling is not None:  # released once every run's ledger recorded its events
+            write_json(out / "feature_scaling.json", scaling)
+        plotting.plot_comparison(all_rows, out / "comparison.png", delta=config.privacy.delta)
+        experiment = {"name": config.name, "runs": summaries}
+        write_json(out / "summary.json", experiment)
+        return experiment
 
 
 #: the lock a run holds on its results directory (see :mod:`silodp.locking`)
 RESULTS_LOCK = ".silodp-run.lock"
 
 
-def _lock_results(out: Path) -> str:
-    """Takes ``out``'s lock: one experiment (or sweep, or resume) at a time writes there, so
-    that an ``--overwrite`` cannot remove the files of a run still writing them.
+@contextmanager
+def _results_held(out: Path) -> Iterator[None]:
+    """Holds ``out``'s lock while the body runs: one experiment (or sweep, or resume) at a
+    time writes there, so that an ``--overwrite`` cannot remove the files of a run still
+    writing them. A directory made here and left empty (a refused run) is removed.
 
     Raises:
       InvalidValueError: another process holds it.
     """
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        return locking.acquire(str(out.resolve() / RESULTS_LOCK))
+        lock = locking.acquire(str(out.resolve() / RESULTS_LOCK))
     except locking.Held as held:
         raise InvalidValueError(
             f"Expected --out {str(out)!r} to be free; another silodp run (process "
             f"{held.holder}) is writing there. Wait for it to end, or choose another --out "
             "(nothing was written)."
         ) from None
-
-
-def _run_experiment(
-    config: ExperimentConfig,
-    out: Path,
-    *,
-    overwrite: bool,
-    progress: ProgressFactory | None,
-    log: Callable[[str], None],
-    resume: bool,
-    engine_factory: EngineFactory | None,
-) -> dict[str, Any]:
-    from silodp.experiment.sweep import run_sweep
-
-    tracking.check_writable(config.tracking)
-    check_shared_ledger(config.privacy.ledger)
-    if resume and config.data.scaling == "dp":
-        raise InvalidValueError(
-            "Expected [data] scaling other than 'dp' to resume: the DP feature statistics are "
-            "drawn again on every start and are not kept; start the run afresh."
-        )
-    if config.sweep is None and not resume:
-        check_output(out, config.algorithms, overwrite)
-    data, releases, scaling = _prepare_data(config, out, log)
-    if config.sweep is not None:
-        return run_sweep(
-            config,
-            data,
-            out,
-            overwrite=overwrite,
-            progress=progress,
-            log=log,
-            resume=resume,
-            engine_factory=engine_factory,
-        )
-    runs = []
-    for name in config.algorithms:
-        run = prepare_run(name, config, data, releases=releases)
-        if run.noise_multiplier is not None and run.plan is not None:
-            log(
-                f"{name}: noise multiplier {_shown_sigma(run.noise_multiplier, run.calibration)} "
-                f"({run.calibration['method']}), "
-                + (f"group size k={run.group_size}, " if run.group_size else "")
-                + f"span={run.span}, "
-                f"{run.train.dropped_records} record(s) dropped by these bounds"
-            )
-        _log_protocol_estimate(run, config, data, log)
-        runs.append(run)
-    if not resume:
-        check_plans_fit(runs)  # a refusal by a budget comes before anything is written
-        if overwrite:
-            replace_previous(out, config, log)
-    write_json(out / PRIVATE_DIR / "data.json", describe(data))
-    if not resume:  # what --resume continues, written once everything is prepared
-        write_text(out / EXPERIMENT_FILE, tomli_w.dumps(to_toml_dict(config)))
-    all_rows: dict[str, list[dict[str, Any]]] = {}
-    summaries = []
-    for run in runs:
-        done = finished(out / run.name) if resume else None
-        if done is not None:
-            log(f"{run.name}: already {done['status']}; kept as it is")
-            rows, run_summary = read_rows(out / run.name, run.training.rounds)[0], done
-        else:
-            rows, run_summary = train_run(
-                run, data, out / run.name, progress, resume=resume, engine_factory=engine_factory
-            )
-        all_rows[run.name] = rows
-        summaries.append(run_summary)
-    if scaling is not None:  # released once every run's ledger recorded its events
-        write_json(out / "feature_scaling.json", scaling)
-    plotting.plot_comparison(all_rows, out / "comparison.png", delta=config.privacy.delta)
-    experiment = {"name": config.name, "runs": summaries}
-    write_json(out / "summary.json", experiment)
-    return experiment
+    try:
+        yield
+    finally:
+        locking.release(lock)
+        if created:
+            with suppress(OSError):
+                out.rmdir()  # only if empty
 
 
 #: the experiment's config as it started, which ``--resume`` continues
