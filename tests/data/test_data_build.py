@@ -407,6 +407,12 @@ def test_a_silo_emptied_by_the_test_split_is_named_by_its_id(tmp_path: Path) -> 
         except InvalidValueError as err:
             assert "Silo(s) ['10'] of column 'site'" in str(err)
             assert "hold no training records" in str(err)
+            # a subject split already: the advice does not suggest it
+            assert "Lower test_fraction; give those silos more records." in str(err)
+            with pytest.raises(InvalidValueError, match="max_records=30\\); .*raise max_records"):
+                build_federated_data(
+                    _table_config(path, test_fraction=0.5, seed=seed, max_records=30)
+                )
             return
     pytest.fail("no seed held out site 10's only record")
 

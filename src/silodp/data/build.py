@@ -199,16 +199,25 @@ def _check_table_silos(cfg: DataConfig, silo: np.ndarray, names: list[str]) -> N
     empty = np.flatnonzero(np.bincount(silo, minlength=len(names)) == 0)
     if len(empty) == 0:
         return
-    how = (
+    steps = [
         f"test_path={cfg.test_path!r}"
         if cfg.test_path
         else f"test_split={cfg.test_split!r}, test_fraction={cfg.test_fraction}"
-    )
+    ]
+    advice = [] if cfg.test_path else ["lower test_fraction"]
+    if cfg.test_split == "record":
+        advice.append("use test_split='subject'")
+    for key in ("max_records", "first_subjects"):
+        if getattr(cfg, key) is not None:
+            steps.append(f"{key}={getattr(cfg, key)}")
+            advice.append(f"raise {key}")
+    advice.append("give those silos more records")
     raise InvalidValueError(
         f"Silo(s) {[names[s] for s in empty[:10]]} of column {cfg.silo_column!r} in "
-        f"{cfg.path!r} hold no training records once the test records are held out ({how}); "
-        "every silo needs one. Lower test_fraction, use test_split='subject', or give those "
-        "silos more records."
+        f"{cfg.path!r} hold no training records once the data is subsampled and the test "
+        f"records are held out ({', '.join(steps)}); every silo needs one. "
+        + "; ".join(advice).capitalize()
+        + "."
     )
 
 
