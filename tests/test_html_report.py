@@ -467,3 +467,23 @@ def test_report_out_over_a_file_that_is_not_a_report_is_refused(
         result = CliRunner().invoke(app, ["report", str(experiment), "--out", str(out)])
         assert result.exit_code == 0, result.output
     _read(out)
+
+
+def test_a_public_report_over_a_full_one_leaves_no_silo_private_file(
+    experiment: Path, tmp_path: Path
+) -> None:
+    """A --public report written where a full one was kept the full one's silo-private
+    figures in OUT_files/, beside a report said to leave them out."""
+    out = tmp_path / "r.html"
+    assert CliRunner().invoke(app, ["report", str(experiment), "--out", str(out)]).exit_code == 0
+    assert (tmp_path / "r_files" / "data_distribution.png").is_file()
+    public = CliRunner().invoke(app, ["report", str(experiment), "--out", str(out), "--public"])
+    assert public.exit_code == 0, public.output
+    assert not (tmp_path / "r_files" / "data_distribution.png").exists()
+    assert (tmp_path / "r_files" / "final.csv").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "r_files"]  # no staging
+    # a file of the user's in OUT_files/ is never removed: refused
+    (tmp_path / "r_files" / "notes.txt").write_text("mine")
+    again = CliRunner().invoke(app, ["report", str(experiment), "--out", str(out)])
+    assert again.exit_code == 2 and "also holds ['notes.txt']" in again.output
+    assert (tmp_path / "r_files" / "notes.txt").read_text() == "mine"

@@ -20,10 +20,13 @@ over seeds).
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import json
 import math
 import os
+import shutil
+import tempfile
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,6 +42,8 @@ __all__ = ["write_report"]
 #: the runs' silo-private directory (``silodp.experiment.record.PRIVATE_DIR``, named here so
 #: that a report needs no torch)
 PRIVATE_DIR = "silo_private"
+#: what an experiment writes once prepared (``silodp.experiment.run.EXPERIMENT_FILE``)
+EXPERIMENT_FILE = "experiment.toml"
 
 #: the mark in every report's head by which a later report knows it may replace the file
 GENERATOR = "<meta name='generator' content='silodp report'>"
@@ -75,21 +80,41 @@ def write_report(results_dir: str | Path, out: str | Path, *, public: bool = Fal
         )
     _check_replaceable(out, files, own=out.resolve() == (src / "report.html").resolve())
     if (src / "grid.json").is_file():
-        body = _sweep(src, files)
+        build = _sweep
     elif (src / "summary.json").is_file() and "runs" in _json(src / "summary.json"):
-        body = _experiment(src, files, public=public)
+        build = functools.partial(_experiment, public=public)
     else:
+        stopped = (src / EXPERIMENT_FILE).is_file()
         raise InvalidValueError(
             f"Expected {str(src)!r} to hold the results of silodp run (summary.json with its "
             "runs) or silodp sweep (grid.json)."
+            + (
+                f" It holds an experiment that has not finished: continue it with "
+                f"`silodp run --resume {src}`, then write its report."
+                if stopped
+                else ""
+            )
         )
-    title = html.escape(body[0])
-    page = (
-        f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>{GENERATOR}"
-        f"<title>{title}</title>"
-        f"<style>{STYLE}</style></head><body><h1>{title}</h1>\n{body[1]}\n</body></html>\n"
-    )
-    return write_text(out, page)
+    # the figures and tables go to a fresh directory that replaces the old one whole: files
+    # of an earlier report (e.g. the silo-private ones a --public report leaves out) go too
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{files.name}.", dir=out.parent))
+    try:
+        title, content = build(src, staging)
+        title = html.escape(title)
+        page = (
+            f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>{GENERATOR}"
+            f"<title>{title}</title>"
+            f"<style>{STYLE}</style></head><body><h1>{title}</h1>\n{content}\n</body></html>\n"
+        )
+        written = write_text(out, page)
+        if files.is_dir():
+            shutil.rmtree(files)
+        os.replace(staging, files)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return written
 
 
 def _is_report(path: Path) -> bool:
@@ -106,19 +131,29 @@ def _check_replaceable(out: Path, files: Path, *, own: bool) -> None:
     """Refuses to write over a file that is not a report (e.g. ``--out DIR/summary.json``)
     or into a ``_files`` directory beside no report; ``own``: ``out`` is the results' own
     ``report.html``, which ``silodp run`` rewrites (older runs wrote it without the mark)."""
-    if own and not out.is_symlink():
-        return
-    if os.path.lexists(out) and not _is_report(out):
+    if os.path.lexists(out) and not (own and not out.is_symlink()) and not _is_report(out):
         raise InvalidValueError(
             f"Expected --out {str(out)!r} to be a new file or a report silodp wrote; it exists "
             "and is not one. Give another path (nothing was written)."
         )
-    if files.is_dir() and any(files.iterdir()) and not _is_report(out):
+    if files.is_dir() and any(files.iterdir()) and not (own or _is_report(out)):
         raise InvalidValueError(
             f"Expected {str(files)!r} (where the report's figures and tables go) to be new or "
             f"to belong to the report {str(out)!r}; it holds files and that report does not "
             "exist. Remove it or give another --out (nothing was written)."
         )
+    foreign = [p.name for p in files.iterdir() if not _is_output(p)] if files.is_dir() else []
+    if foreign:
+        raise InvalidValueError(
+            f"Expected {str(files)!r} to hold only a report's figures and tables, which a new "
+            f"report replaces; it also holds {sorted(foreign)[:5]}. Move them or give another "
+            "--out (nothing was written)."
+        )
+
+
+def _is_output(path: Path) -> bool:
+    """Whether ``path`` is a file a report writes into its ``_files`` directory."""
+    return path.is_file() and not path.is_symlink() and path.suffix in (".png", ".csv", ".md")
 
 
 def _json(path: Path) -> Any:
