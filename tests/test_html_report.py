@@ -487,3 +487,23 @@ def test_a_public_report_over_a_full_one_leaves_no_silo_private_file(
     again = CliRunner().invoke(app, ["report", str(experiment), "--out", str(out)])
     assert again.exit_code == 2 and "also holds ['notes.txt']" in again.output
     assert (tmp_path / "r_files" / "notes.txt").read_text() == "mine"
+
+
+def test_a_run_on_a_shared_ledger_shows_that_ledger_s_total(tmp_path: Path) -> None:
+    """The report read totals from DIR/<run>/ledger.sqlite only: runs on a shared ledger
+    showed none, and the caption called the run's own ε its ledger's total."""
+    ledger = tmp_path / "shared.sqlite"
+    raw = {**TINY, "algorithms": ["local_item_dp"], "training": {**TINY["training"], "rounds": 1}}
+    raw = {**raw, "privacy": {**TINY["privacy"], "ledger": str(ledger)}}
+    run_experiment(parse_config({**raw, "name": "first"}), tmp_path / "a")
+    run_experiment(parse_config({**raw, "name": "second"}), tmp_path / "b")
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "b"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(_read(out).text)
+    assert f"Shared ledger {ledger}" in text
+    from silodp.ledger.report import ledger_report
+
+    total = ledger_report(ledger)["total"]["federated"]
+    assert len(total["runs"]) == 2
+    assert upper(total["epsilon"]["record"], 4) in text

@@ -237,8 +237,9 @@ def _experiment(src: Path, files: Path, *, public: bool = False) -> tuple[str, s
     parts = [
         "<h2>Final numbers</h2>",
         _table(rows, columns),
-        "<p>ε is each run's final ε against the adversary named (its ledger's total); "
-        "test accuracy is on the held-out split, which no ε covers.</p>",
+        "<p>ε is each run's final ε against the adversary named, composed from the events its "
+        "ledger holds for it (a shared ledger's total over every run on it is listed with "
+        "each run below); test accuracy is on the held-out split, which no ε covers.</p>",
     ]
     by_unit = files / "epsilon_by_unit.png"
     if plotting.plot_units(summary["runs"], by_unit) is not None:
@@ -277,9 +278,9 @@ def _experiment(src: Path, files: Path, *, public: bool = False) -> tuple[str, s
                 f"<details><summary>resolved config</summary><pre>"
                 f"{html.escape((run_dir / 'config.toml').read_text())}</pre></details>"
             )
-        ledger = run_dir / "ledger.sqlite"
-        if ledger.is_file():
-            parts.append(_ledger_totals(ledger))
+        ledger = _run_ledger(run_dir)
+        if ledger is not None:
+            parts.append(_ledger_totals(*ledger))
     if not public:
         parts += _private(src, summary["runs"], files)
     return str(summary.get("name", src.name)), "\n".join(parts)
@@ -443,7 +444,20 @@ def _personalised(src: Path, runs: Sequence[Mapping[str, Any]], files: Path) -> 
     ]
 
 
-def _ledger_totals(path: Path) -> str:
+def _run_ledger(run_dir: Path) -> tuple[Path, bool] | None:
+    """The ledger a run wrote to and whether it is shared (``privacy.ledger``), from the
+    registration the run wrote beside its results (``ledger_run.json``)."""
+    own = run_dir / "ledger.sqlite"
+    try:
+        registered = Path(_json(run_dir / "ledger_run.json")["ledger"])
+    except (OSError, ValueError, KeyError, TypeError):
+        registered = own
+    if registered.is_file():
+        return registered, registered.resolve() != own.resolve()
+    return (own, False) if own.is_file() else None
+
+
+def _ledger_totals(path: Path, shared: bool = False) -> str:
     from silodp.ledger.report import ledger_report
 
     report = ledger_report(path)
@@ -456,7 +470,13 @@ def _ledger_totals(path: Path) -> str:
         for kind, total in report["total"].items()
     ]
     columns = sorted({c for r in rows for c in r}, key=lambda c: (c != "ledger total", c))
-    return "<p>Ledger (events read back and composed):</p>" + _table(rows, columns)
+    where = (
+        f"Shared ledger {html.escape(str(path))}: the total of every run on it, this one and "
+        "the others"
+        if shared
+        else "Ledger"
+    )
+    return f"<p>{where} (events read back and composed):</p>" + _table(rows, columns)
 
 
 # --- a sweep ------------------------------------------------------------------------------------
