@@ -324,3 +324,29 @@ def test_a_run_killed_while_writing_its_outputs_resumes(tmp_path: Path) -> None:
     (run,) = ledger_report(out / INTEGRITY / "ledger.sqlite")["runs"]
     assert run["status"] == "complete" and run["rounds"] == 3 and not run["interrupted_rounds"]
     assert run["epsilon"] == pytest.approx(done["epsilon"], rel=1e-12)
+
+
+def test_a_stop_while_writing_the_outputs_leaves_an_interrupted_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C after the last round, while the figures were written, left summary.json at
+    "running" with 0 rounds and no ε, although every round was kept and spent."""
+    from silodp.config import load_config
+    from silodp.experiment import run_experiment
+
+    config = load_config(_config(tmp_path, "local_item_dp"))
+    out = tmp_path / "out"
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr("silodp.experiment.run.plotting.plot_training", stop)
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(config, out, log=lambda m: None)
+    cut = _summary(out / "local_item_dp")
+    assert cut["status"] == "interrupted" and cut["rounds_completed"] == 3
+    assert cut["epsilon"]["record"] > 0
+    resume_experiment(out, log=lambda m: None)
+    done = _summary(out / "local_item_dp")
+    assert done["status"] == "complete" and done["epsilon"] == cut["epsilon"]

@@ -396,13 +396,14 @@ def record_rounds(
     write_json(run_dir / "summary.json", summary_of("running", results))
     status = "complete"
     try:
-        if start <= rounds:
-            engine.run(rounds, [record], stop=stop, start=start)
-    except BudgetExceededError as err:
-        status = "budget_exhausted"
-        logger.warning("%s", err)
+        try:
+            if start <= rounds:
+                engine.run(rounds, [record], stop=stop, start=start)
+        except BudgetExceededError as err:
+            status = "budget_exhausted"
+            logger.warning("%s", err)
+        atomic_write(run_dir / "model.pt", lambda tmp: torch.save(engine.params, tmp))
     except BaseException:
         write_json(run_dir / "summary.json", summary_of("interrupted", results))
         raise
-    atomic_write(run_dir / "model.pt", lambda tmp: torch.save(engine.params, tmp))
     return results, rows, private_rows, status

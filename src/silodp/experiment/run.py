@@ -271,27 +271,32 @@ def train_run(
             if held is not None:
                 held.finish(status)
                 held.close()  # frees the ledger's write lock for the next run
-        faults.reached("run_recorded", len(rows))
-        title = f"{config.name}: {run.name}"
-        plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
-        if any(r.get("epsilon") for r in rows):  # a run without noise has no ε to draw
-            plotting.plot_epsilon(rows, run_dir / "epsilon.png", title, run.privacy.delta)
-        if any(r.metrics.get("personalised_accuracy") is not None for r in results):
-            plotting.plot_personalised(
-                {run.name: rows},
-                run_dir / "personalised_vs_global.png",
-                title,
-                target=sweep.target_accuracy if sweep else None,
-            )
-        if any(
-            r.get("largest_group_per_batch") or r.get("subjects_per_batch") for r in private_rows
-        ):
-            plotting.plot_batch_histograms(
-                private_rows, run_dir / PRIVATE_DIR / "batch_histograms.png", title
-            )
-        write_private(run_dir, run, time.perf_counter() - started)
-        final = summary_of(status, results)
-        write_json(run_dir / "summary.json", final)
+        try:  # stopped while writing its outputs: its rounds are kept, and a resume writes them
+            faults.reached("run_recorded", len(rows))
+            title = f"{config.name}: {run.name}"
+            plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
+            if any(r.get("epsilon") for r in rows):  # a run without noise has no ε to draw
+                plotting.plot_epsilon(rows, run_dir / "epsilon.png", title, run.privacy.delta)
+            if any(r.metrics.get("personalised_accuracy") is not None for r in results):
+                plotting.plot_personalised(
+                    {run.name: rows},
+                    run_dir / "personalised_vs_global.png",
+                    title,
+                    target=sweep.target_accuracy if sweep else None,
+                )
+            if any(
+                r.get("largest_group_per_batch") or r.get("subjects_per_batch")
+                for r in private_rows
+            ):
+                plotting.plot_batch_histograms(
+                    private_rows, run_dir / PRIVATE_DIR / "batch_histograms.png", title
+                )
+            write_private(run_dir, run, time.perf_counter() - started)
+            final = summary_of(status, results)
+            write_json(run_dir / "summary.json", final)
+        except BaseException:
+            write_json(run_dir / "summary.json", summary_of("interrupted", results))
+            raise
         tracker.close(status, run_dir)
     return rows, final
 
