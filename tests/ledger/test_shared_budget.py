@@ -247,3 +247,21 @@ def test_a_run_without_noise_on_a_shared_ledger_is_counted_as_no_guarantee(
     assert shown.exit_code == 0, shown.output
     assert "inf" in shown.output.split("total over runs")[1].splitlines()[0]
     assert CliRunner().invoke(app, ["ledger", "verify", str(free)]).exit_code == 0
+
+
+def test_the_shared_ledger_is_named_and_a_refused_run_leaves_no_directory(
+    tmp_path: Path,
+) -> None:
+    """A relative privacy.ledger run from elsewhere silently started an empty ledger; now the
+    run names the file it writes. A run refused by its budget left the parents of --out."""
+    ledger = tmp_path / "shared.sqlite"
+    lines: list[str] = []
+    config = load_config(_shared(tmp_path, "a", ledger, budget={"record": 50.0}))
+    run_experiment(config, tmp_path / "a", log=lines.append)
+    assert f"shared ledger: {ledger} (new: nothing spent on it yet)" in lines
+    lines.clear()
+    tight = load_config(_shared(tmp_path, "b", ledger, budget={"record": 0.1}))
+    with pytest.raises(BudgetExceededError):
+        run_experiment(tight, tmp_path / "new" / "deep" / "out", log=lines.append)
+    assert not (tmp_path / "new").exists()
+    assert f"shared ledger: {ledger} (1 earlier run(s); declared budget record ε ≤ 50)" in lines

@@ -346,6 +346,16 @@ def _shown(settings: dict[str, Any]) -> str:
     return ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in given.items()) or "no other options"
 
 
+def _option_help(name: str, doc: str, default: Any) -> str:
+    """An option's help; ``--group-size`` has no default where the ε depends on it."""
+    if name == "group_size":
+        return (
+            "Bound k on one subject's records (in one silo; in the whole federation for "
+            "uldp_group). Required where the ε depends on it: no default."
+        )
+    return f"{doc} (default: {default})"
+
+
 def _check_options(
     *,
     delta: float,
@@ -403,7 +413,9 @@ def _with_generated_options(command: Any) -> Any:
                 name,
                 inspect.Parameter.KEYWORD_ONLY,
                 default=None,
-                annotation=Annotated[kind | None, typer.Option(help=f"{doc} (default: {default})")],
+                annotation=Annotated[
+                    kind | None, typer.Option(help=_option_help(name, doc, default))
+                ],
             )
         )
     command.__signature__ = signature.replace(parameters=params)

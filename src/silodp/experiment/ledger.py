@@ -29,6 +29,7 @@ __all__ = [
     "budget_of",
     "check_plans_fit",
     "check_shared_ledger",
+    "describe_shared_ledger",
     "open_no_noise_ledger",
     "open_run_ledger",
     "set_aside_ledger",
@@ -157,6 +158,21 @@ def check_shared_ledger(path: str | None) -> None:
         raise LedgerError(
             f"Expected the ledger {str(existing)!r} to be writable by this user; it is not."
         )
+
+
+def describe_shared_ledger(path: str) -> str:
+    """One line naming the shared ledger a run will write (absolute: a relative path is read
+    from the working directory), and what it holds: new, or its runs and declared budget."""
+    where = Path(path).resolve()
+    existing = _existing(path)
+    if existing is None:
+        return f"shared ledger: {where} (new: nothing spent on it yet)"
+    with Ledger(existing, read_only=True) as ledger:
+        runs, budget = len(ledger.runs()), ledger.budget()
+    declared = ", ".join(f"{u} ε ≤ {b['epsilon']:g}" for u, b in budget.items())
+    return f"shared ledger: {where} ({runs} earlier run(s)" + (
+        f"; declared budget {declared})" if declared else ")"
+    )
 
 
 def check_plans_fit(runs: Sequence[PreparedRun]) -> None:

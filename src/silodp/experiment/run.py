@@ -10,7 +10,7 @@ import os
 import time
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from silodp.experiment.ledger import (
     LEDGER_FILE,
     check_plans_fit,
     check_shared_ledger,
+    describe_shared_ledger,
     open_no_noise_ledger,
     open_run_ledger,
     resume_run_ledger,
@@ -396,6 +397,8 @@ def run_experiment(
 
         tracking.check_writable(config.tracking)
         check_shared_ledger(config.privacy.ledger)
+        if config.privacy.ledger is not None:
+            log(describe_shared_ledger(config.privacy.ledger))
         if resume and config.data.scaling == "dp":
             raise InvalidValueError(
                 "Expected [data] scaling other than 'dp' to resume: the DP feature statistics are "
@@ -470,12 +473,12 @@ RESULTS_LOCK = ".silodp-run.lock"
 def _results_held(out: Path) -> Iterator[None]:
     """Holds ``out``'s lock while the body runs: one experiment (or sweep, or resume) at a
     time writes there, so that an ``--overwrite`` cannot remove the files of a run still
-    writing them. A directory made here and left empty (a refused run) is removed.
+    writing them. Directories made here and left empty (a refused run) are removed.
 
     Raises:
       InvalidValueError: another process holds it.
     """
-    created = not out.exists()
+    created = [d for d in (out, *out.parents) if not d.exists()]  # deepest first
     out.mkdir(parents=True, exist_ok=True)
     try:
         lock = locking.acquire(str(out.resolve() / RESULTS_LOCK))
@@ -489,9 +492,11 @@ def _results_held(out: Path) -> Iterator[None]:
         yield
     finally:
         locking.release(lock)
-        if created:
-            with suppress(OSError):
-                out.rmdir()  # only if empty
+        for made in created:  # a refused run leaves none of the directories it made
+            try:
+                made.rmdir()  # only if empty
+            except OSError:
+                break
 
 
 #: the experiment's config as it started, which ``--resume`` continues

@@ -93,7 +93,9 @@ def held_to(
         against = limit.get("adversary", "strongest")
         if adversary not in (against, "strongest"):
             raise LedgerError(
-                f"Expected privacy.adversary={against!r} (or 'strongest'): the budget of "
+                f"Expected privacy.adversary={against!r}"
+                + ("" if against == "strongest" else " (or 'strongest')")
+                + ": the budget of "
                 f"{where} for unit {unit!r} holds against that adversary, and a total against "
                 f"{adversary!r} could read smaller."
             )
