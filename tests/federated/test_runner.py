@@ -207,11 +207,14 @@ def test_a_budget_refusal_writes_nothing_and_overwrite_loses_nothing(tmp_path: P
     # the plan alone fits; composed onto the first run's spending, it does not
     cfg = parse_config(_one_round("local_item_dp", ledger=shared, budget={"record": 1.05 * spent}))
     ledger_before = Path(shared).read_bytes()
-    with pytest.raises(BudgetExceededError, match="run's whole plan"):
+    with pytest.raises(BudgetExceededError, match="whole plan of local_item_dp .* budget .*"):
         run_experiment(cfg, tmp_path / "b")
+    with pytest.raises(BudgetExceededError) as refused:
+        run_experiment(cfg, tmp_path / "b")
+    assert str(refused.value).endswith("(privacy.budget).")  # where the budget comes from
     assert not (tmp_path / "b").exists()
     files = {p: p.read_bytes() for p in (tmp_path / "a").rglob("*") if p.is_file()}
-    with pytest.raises(BudgetExceededError, match="run's whole plan"):
+    with pytest.raises(BudgetExceededError, match="whole plan"):
         run_experiment(cfg, tmp_path / "a", overwrite=True)
     assert {p: p.read_bytes() for p in (tmp_path / "a").rglob("*") if p.is_file()} == files
     assert Path(shared).read_bytes() == ledger_before

@@ -89,7 +89,7 @@ def test_an_experiments_runs_are_checked_together_before_anything_is_written(
         tmp_path, "both", ledger, algorithms=algorithms, budget={"subject": alone * 1.05}
     )
     out = tmp_path / "both"
-    with pytest.raises(BudgetExceededError, match="run's whole plan"):
+    with pytest.raises(BudgetExceededError, match="whole plan"):
         _run(both, out)
     assert not out.exists() or not any(out.iterdir())
     assert not ledger.exists()

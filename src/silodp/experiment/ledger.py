@@ -7,9 +7,10 @@ import copy
 import hashlib
 import json
 import logging
+import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,7 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
                 total, held = total_before(ledger, accountant)
             if held:
                 spent = {unit: est.epsilon for unit, est in total.estimates().items()}
+        sources = _budget_sources(run, budget, declared.get(key, {}) if shared else {})
         if shared is not None:
             where = repr(shared)
             budget = held_to(budget, declared.get(key, {}), accountant, where=where)
@@ -234,13 +236,30 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
                     where=where,
                 )
         if budget:
-            what = "run's whole plan"
+            what = f"whole plan of {run.name}"
             if run.plan is None:
                 what = (
                     f"release of {run.name}, which trains without noise (leave it out of this "
                     "experiment; in a sweep, set baseline = false),"
                 )
-            check_budget(budget, spent, _plan_epsilon(run, total), what)
+            check_budget(budget, spent, _plan_epsilon(run, total), what, sources)
+
+
+def _budget_sources(
+    run: PreparedRun, own: Mapping[str, float], declared: Mapping[str, Mapping[str, Any]]
+) -> dict[str, str]:
+    """Where each unit's budget comes from: a budget declared on the ledger before this run
+    (where it is the smaller), the config's ``privacy.budget``, or a calibrated run's target
+    ε (``own``: the run's budget without the ledger's)."""
+    out = {}
+    for unit in {*own, *declared}:
+        if unit in declared and float(declared[unit]["epsilon"]) <= own.get(unit, math.inf):
+            out[unit] = f"declared on the ledger {run.privacy.ledger!r} by an earlier run"
+        elif unit in (run.privacy.budget or {}):
+            out[unit] = "privacy.budget"
+        else:
+            out[unit] = "the run's target ε, as privacy.budget is unset"
+    return out
 
 
 def set_aside_ledger(run_dir: Path) -> Path | None:

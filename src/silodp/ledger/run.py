@@ -34,12 +34,18 @@ class BudgetExceededError(SilodpError):
     """A round (or a plan) would take the ledger's total ε above its budget."""
 
     def __init__(
-        self, unit: str, spent: float, would_be: float, budget: float, what: str = "next round"
+        self,
+        unit: str,
+        spent: float,
+        would_be: float,
+        budget: float,
+        what: str = "next round",
+        source: str = "",
     ) -> None:
         super().__init__(
             f"Privacy budget for unit {unit!r} would be exceeded: spent ε="
             f"{display.upper(spent, 4)}, the {what} would make it {display.upper(would_be, 4)}, "
-            f"budget {budget!r}."
+            f"budget {budget!r}" + (f" ({source})" if source else "") + "."
         )
         self.unit, self.spent, self.would_be, self.budget = unit, spent, would_be, budget
 
@@ -141,13 +147,18 @@ def check_budget(
     spent: Mapping[str, float],
     would_be: Mapping[str, float],
     what: str = "next round",
+    sources: Mapping[str, str] | None = None,
 ) -> None:
-    """Raises:
-    BudgetExceededError: a unit's ``would_be`` ε exceeds its ``budget`` (float slack only)."""
+    """``sources``: where each unit's budget comes from, for the message.
+
+    Raises:
+      BudgetExceededError: a unit's ``would_be`` ε exceeds its ``budget`` (float slack only).
+    """
     for unit, limit in budget.items():
         value = would_be.get(unit, 0.0)
         if not value <= limit * (1 + 1e-9):
-            raise BudgetExceededError(unit, spent.get(unit, 0.0), value, limit, what)
+            source = (sources or {}).get(unit, "")
+            raise BudgetExceededError(unit, spent.get(unit, 0.0), value, limit, what, source)
 
 
 class RunLedger:
