@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from silodp.algorithms import ALGORITHMS
 from silodp.config import parse_config
 from silodp.experiment import OutputExistsError, run_experiment
 
@@ -122,12 +123,19 @@ def test_overwriting_a_calibrated_run_keeps_the_replaced_ledger(tmp_path: Path) 
         and verify_ledger(tmp_path / "user_ldp" / "ledger.sqlite") == []
     )
     assert len(ledger_report(tmp_path / "user_ldp" / "ledger.sqlite")["runs"]) == 1
-    # a shared ledger counts every run: the same plan twice exceeds the target-ε budget
+    # a shared ledger counts every run: the same plan twice exceeds a declared budget there
+    # (a target ε alone caps what its own run spends, not what others spent on the ledger)
+    unit = ALGORITHMS["user_ldp"].calibration_unit
+    free = {**raw["privacy"], "ledger": str(tmp_path / "d.sqlite")}
+    run_experiment(parse_config({**raw, "privacy": free}), tmp_path / "free")
+    run_experiment(parse_config({**raw, "privacy": free}), tmp_path / "free", overwrite=True)
     shared = parse_config(
-        {**raw, "privacy": {**raw["privacy"], "ledger": str(tmp_path / "d.sqlite")}}
+        {**raw, "privacy": {**free, "ledger": str(tmp_path / "e.sqlite"), "budget": {unit: 4.0}}}
     )
     run_experiment(shared, tmp_path / "s")
-    with pytest.raises(BudgetExceededError, match="budget 4"):
+    with pytest.raises(
+        BudgetExceededError, match="budget 4.0 \\(declared on the ledger .* by an earlier run\\)"
+    ):
         run_experiment(shared, tmp_path / "s", overwrite=True)
     assert not list((tmp_path / "s" / "user_ldp").glob("ledger.replaced-*"))
 

@@ -265,3 +265,19 @@ def test_the_shared_ledger_is_named_and_a_refused_run_leaves_no_directory(
         run_experiment(tight, tmp_path / "new" / "deep" / "out", log=lines.append)
     assert not (tmp_path / "new").exists()
     assert f"shared ledger: {ledger} (1 earlier run(s); declared budget record ε ≤ 50)" in lines
+
+
+def test_calibrated_runs_after_fedavg_on_a_shared_ledger_without_a_budget(tmp_path: Path) -> None:
+    """A calibrated run's target ε capped the shared ledger's total: after fedavg (ε = inf)
+    every calibrated run was refused, so a config with fedavg first, or a sweep with its
+    baseline, could not use a shared ledger. The target caps what the run itself spends."""
+    ledger = tmp_path / "shared.sqlite"
+    raw = json.loads(json.dumps(BASE))
+    raw.update(name="cal", algorithms=["fedavg", NAME])
+    raw["privacy"].pop("noise_multiplier")
+    raw["privacy"].update(epsilon=4.0, ledger=str(ledger))
+    summary = run_experiment(load_config(_write(tmp_path / "c.toml", raw)), tmp_path / "o")
+    item = next(r for r in summary["runs"] if r["algorithm"] == NAME)
+    assert item["status"] == "complete" and item["epsilon"]["record"] <= 4.0
+    with Ledger(ledger, read_only=True) as held:
+        assert [r.name for r in held.runs()] == ["fedavg", NAME]

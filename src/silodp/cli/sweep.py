@@ -41,6 +41,7 @@ def sweep(
     from silodp.errors import OutputExistsError, SilodpError
     from silodp.experiment.grid import expand, load_grid, run_grid
     from silodp.io import check_writable_dir
+    from silodp.ledger.run import BudgetExceededError
 
     try:
         check_writable_dir(out, name="--out")
@@ -73,6 +74,8 @@ def sweep(
         raise typer.Exit(TERMINATED_EXIT_CODE if terminated else INTERRUPTED_EXIT_CODE) from None
     except OutputExistsError as err:  # nothing ran: another sweep's results are in the way
         fail(str(err))
+    except BudgetExceededError as err:  # running it again would meet the same budget
+        fail(f"{err} (finished cells are kept in {out}/cells/)")
     except (SilodpError, ValueError, OSError) as err:
         fail(f"{err} (finished cells are kept in {out}/cells/; run the command again to continue)")
     typer.echo(f"\n{summary['cells']} cells; table in {out}/results.md and {out}/results.csv")

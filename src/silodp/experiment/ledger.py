@@ -44,9 +44,13 @@ LEDGER_FILE = "ledger.sqlite"
 
 
 def budget_of(run: PreparedRun) -> dict[str, float]:
-    """``privacy.budget``, else the target ε at the calibration unit of a calibrated run."""
+    """``privacy.budget``, else, on the run's own ledger, the target ε at the calibration unit
+    of a calibrated run. On a shared ledger only a declared budget binds the total: a target
+    is what the run itself spends (calibration meets it), not a cap on what others spent."""
     if run.privacy.budget:
         return dict(run.privacy.budget)
+    if run.privacy.ledger is not None:
+        return {}
     if run.calibration.get("method") == "calibrated" and run.algorithm.calibration_unit:
         return {run.algorithm.calibration_unit: float(run.calibration["target_epsilon"])}
     return {}
@@ -237,6 +241,11 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
                 )
         if budget:
             what = f"whole plan of {run.name}"
+            if any(math.isinf(v) for v in spent.values()):
+                what += (
+                    " (the ledger's total is already inf: a run without noise, such as fedavg, "
+                    "released a model of its data; in a sweep, baseline = false leaves it out)"
+                )
             if run.plan is None:
                 what = (
                     f"release of {run.name}, which trains without noise (leave it out of this "
