@@ -673,3 +673,39 @@ def test_account_refuses_a_unit_the_algorithm_does_not_protect() -> None:
     assert "Expected --unit='silo' to be one of the units 'local_item_dp' protects" in (
         result.output
     )
+
+
+def test_a_run_inside_or_around_a_live_run_s_out_is_refused(tmp_path: Path) -> None:
+    """The lock covered one directory only: --overwrite on the parent of a live run's --out
+    removed that run's files (and its lock), and a run in a live run's subdirectory replaced
+    its summary."""
+    config = _config(tmp_path / "a.toml", algorithms=("fedavg",), rounds=1, privacy=NO_NOISE)
+    inner = tmp_path / "outer" / "inner"
+    inner.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom silodp import locking\n"
+            f"locking.acquire({str(inner / '.silodp-run.lock')!r})\nprint('held', flush=True)\n"
+            "sys.stdin.readline()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        for out, where in ((tmp_path / "outer", "inside"), (inner / "fedavg", "around")):
+            result = runner.invoke(app, ["run", str(config), "--out", str(out), "--overwrite"])
+            assert result.exit_code == 2, result.output
+            assert f"another silodp run (process {holder.pid}) is writing {where} it" in (
+                result.output
+            )
+        assert sorted(p.name for p in inner.iterdir()) == [".silodp-run.lock"]
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        holder.wait(timeout=60)  # this process, by its PID
+    assert runner.invoke(app, ["run", str(config), "--out", str(tmp_path / "outer")]).exit_code == 0

@@ -273,7 +273,24 @@ def run_grid(
     Raises:
       OutputExistsError: ``out_dir`` holds another sweep's cells and ``overwrite`` is false.
     """
+    from silodp.experiment.run import holding_results
+
     out = Path(out_dir)
+    with holding_results(out):  # one sweep at a time writes its directory
+        return _run_grid(
+            spec, out, overwrite=overwrite, progress=progress, log=log, on_cell=on_cell
+        )
+
+
+def _run_grid(
+    spec: GridSpec,
+    out: Path,
+    *,
+    overwrite: bool,
+    progress: ProgressFactory | None,
+    log: Callable[[str], None],
+    on_cell: Callable[[CellProgress], None] | None,
+) -> dict[str, Any]:
     cells = expand(spec)
     manifest = {"name": spec.name, "cells": [c.to_json() for c in cells]}
     existing = out / MANIFEST

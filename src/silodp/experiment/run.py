@@ -55,6 +55,7 @@ from silodp.models import build_model
 __all__ = [
     "ProgressFactory",
     "engine_arguments",
+    "holding_results",
     "kept_runs",
     "replace_previous",
     "resume_experiment",
@@ -392,7 +393,7 @@ def run_experiment(
     """
     tracking.check_installed(config.tracking)
     out = check_writable_dir(out_dir, name="out_dir")
-    with _results_held(out):
+    with holding_results(out):
         from silodp.experiment.sweep import run_sweep
 
         tracking.check_writable(config.tracking)
@@ -470,7 +471,7 @@ RESULTS_LOCK = ".silodp-run.lock"
 
 
 @contextmanager
-def _results_held(out: Path) -> Iterator[None]:
+def holding_results(out: Path) -> Iterator[None]:
     """Holds ``out``'s lock while the body runs: one experiment (or sweep, or resume) at a
     time writes there, so that an ``--overwrite`` cannot remove the files of a run still
     writing them. Directories made here and left empty (a refused run) are removed.
@@ -480,18 +481,34 @@ def _results_held(out: Path) -> Iterator[None]:
     """
     created = [d for d in (out, *out.parents) if not d.exists()]  # deepest first
     out.mkdir(parents=True, exist_ok=True)
+    where = out.resolve()
+    lock = None
     try:
-        lock = locking.acquire(str(out.resolve() / RESULTS_LOCK))
-    except locking.Held as held:
-        raise InvalidValueError(
-            f"Expected --out {str(out)!r} to be free; another silodp run (process "
-            f"{held.holder}) is writing there. Wait for it to end, or choose another --out "
-            "(nothing was written)."
-        ) from None
-    try:
+        try:
+            lock = locking.acquire(str(where / RESULTS_LOCK))
+        except locking.Held as held:
+            raise InvalidValueError(
+                f"Expected --out {str(out)!r} to be free; another silodp run (process "
+                f"{held.holder}) is writing there. Wait for it to end, or choose another --out "
+                "(nothing was written)."
+            ) from None
+        # a run writing inside this directory, or around it, would lose files to this one
+        for other in [
+            *(d / RESULTS_LOCK for d in where.parents),
+            *where.rglob(f"*/{RESULTS_LOCK}"),
+        ]:
+            pid = locking.holder(str(other))
+            if pid is not None:
+                raise InvalidValueError(
+                    f"Expected --out {str(out)!r} to be free; another silodp run (process "
+                    f"{pid}) is writing {'inside' if where in other.parents else 'around'} it, "
+                    f"in {str(other.parent)!r}. Wait for it to end, or choose another --out "
+                    "(nothing was written)."
+                )
         yield
     finally:
-        locking.release(lock)
+        if lock is not None:
+            locking.release(lock)
         for made in created:  # a refused run leaves none of the directories it made
             try:
                 made.rmdir()  # only if empty

@@ -60,10 +60,26 @@ def simulate(
 
     Returns the experiment summary (``out_dir/summary.json``).
     """
-    from silodp.experiment.run import resume_experiment, run_experiment
+    from silodp.experiment.run import holding_results
 
     check_engine_config(config)
     out = Path(out_dir)
+    with holding_results(out):  # the silo files go into --out: no other run may write there
+        return _simulate(config, out, overwrite, resume, timeout, on_failure, num_cpus, log)
+
+
+def _simulate(
+    config: ExperimentConfig,
+    out: Path,
+    overwrite: bool,
+    resume: bool,
+    timeout: float,
+    on_failure: str,
+    num_cpus: int | None,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    from silodp.experiment.run import resume_experiment, run_experiment
+
     data = build_federated_data(config.data)
     silo_dir = out / FEDERATION_DIR / "silos"
     write_silo_files(data.train, silo_dir)
