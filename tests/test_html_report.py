@@ -507,3 +507,13 @@ def test_a_run_on_a_shared_ledger_shows_that_ledger_s_total(tmp_path: Path) -> N
     total = ledger_report(ledger)["total"]["federated"]
     assert len(total["runs"]) == 2
     assert upper(total["epsilon"]["record"], 4) in text
+
+
+def test_a_report_written_before_the_generator_mark_is_replaced(
+    experiment: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "old.html"
+    out.write_text("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>x")
+    result = CliRunner().invoke(app, ["report", str(experiment), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    _read(out)

@@ -570,8 +570,11 @@ def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
         raise ConfigError(str(err)) from err
 
 
-def load_config(path: str | Path) -> ExperimentConfig:
-    """Reads and validates a TOML experiment config."""
+def load_config(path: str | Path, *, written: bool = False) -> ExperimentConfig:
+    """Reads and validates a TOML experiment config. ``written``: one an experiment wrote
+    when it started (``--resume`` reads it), where an older silodp also wrote defaults it
+    no longer accepts (``num_features = 20``, ``num_classes = 4`` for a source that fixes
+    its own); those are left out."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"Expected a config file at {str(path)!r}; it does not exist.")
@@ -586,6 +589,11 @@ def load_config(path: str | Path) -> ExperimentConfig:
             f"Config {str(path)!r} sets nothing; expected at least `algorithms = [...]` (silodp "
             "run without a CONFIG runs the built-in demo)."
         )
+    data = raw.get("data")
+    if written and isinstance(data, dict) and data.get("source", "digits") != "synthetic":
+        for key, default in (("num_features", 20), ("num_classes", 4)):
+            if data.get(key) == default:
+                del data[key]
     config = parse_config(raw)
     _check_data_paths(config.data, path)
     return config

@@ -124,7 +124,15 @@ def _is_report(path: Path) -> bool:
             head = f.read(512)
     except OSError:
         return False
-    return path.is_file() and not path.is_symlink() and GENERATOR.encode() in head
+    return (
+        path.is_file()
+        and not path.is_symlink()
+        and (GENERATOR.encode() in head or head.startswith(_OLDER_HEAD))
+    )
+
+
+#: how reports began before they carried :data:`GENERATOR`
+_OLDER_HEAD = b"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>"
 
 
 def _check_replaceable(out: Path, files: Path, *, own: bool) -> None:

@@ -481,3 +481,22 @@ def test_describe_names_the_feature_columns_and_checks_dp_scaling_bounds(tmp_pat
     shown = CliRunner().invoke(app, ["describe", str(config), "--json"])
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.output)["scaling"].startswith("dp (estimated with DP when a run")
+
+
+def test_first_subjects_of_a_table_without_subject_column_keeps_its_first_records(
+    tmp_path: Path,
+) -> None:
+    """Each record is its own subject there; first_subjects was silently ignored."""
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"f": np.arange(40.0), "label": np.arange(40) % 2}).to_csv(path, index=False)
+    cfg = DataConfig(source="table", path=str(path), first_subjects=10)
+    data = build_federated_data(cfg)
+    assert len(data.train) + len(data.test) == 10
+    assert sorted([*data.train.x[:, 0].tolist(), *data.test.x[:, 0].tolist()]) == list(
+        map(float, range(10))
+    )
+    (tmp_path / "hard.csv").hardlink_to(path)  # a hard link is the same file too
+    with pytest.raises(InvalidValueError, match="to be separate from data.path"):
+        build_federated_data(
+            DataConfig(source="table", path=str(path), test_path=str(tmp_path / "hard.csv"))
+        )

@@ -288,10 +288,11 @@ def test_feature_columns_of_dates_or_text_numbers_are_named(tmp_path: Path) -> N
 
 
 def test_csv_ids_are_read_as_written(tmp_path: Path) -> None:
-    """Read as numbers, "007" and "7" were one customer, "1.0" joined "1", " 3" joined "3"
-    (whose spaces are refused) and the country code "NA" was a missing value."""
+    """Read as numbers, "007" and "7" (or "1.0" and "1") were silently one customer and the
+    country code "NA" a missing value; now ids are text as written, the number written two
+    ways is refused (as text two people, as numbers one), and " 3" is refused for its spaces."""
     path = tmp_path / "t.csv"
-    path.write_text("f,label,cust,bank\n1,0,007,NA\n2,1,7,NA\n3,0,1.0,10\n4,1,1,9\n5,0,7,9\n")
+    path.write_text("f,label,cust,bank\n1,0,p7,NA\n2,1,007,NA\n3,0,1.5,10\n4,1,a,9\n5,0,p7,9\n")
     table = loaders.load_table(
         path,
         feature_columns=["f"],
@@ -299,9 +300,15 @@ def test_csv_ids_are_read_as_written(tmp_path: Path) -> None:
         subject_column="cust",
         silo_column="bank",
     )
-    assert table.subject_names == ["007", "1", "1.0", "7"]  # "1.0": ordered as text
-    assert table.subject.tolist() == [0, 3, 2, 1, 3]
+    assert table.subject_names == ["007", "1.5", "a", "p7"]
+    assert table.subject.tolist() == [3, 0, 1, 2, 3]
     assert table.silo_names == ["10", "9", "NA"]  # not all integers: ordered as text
+    for one, other in (("007", "7"), ("1", "1.0")):
+        path.write_text(f"f,label,cust\n1,0,{one}\n2,1,{other}\n")
+        with pytest.raises(InvalidValueError, match="one number written differently"):
+            loaders.load_table(
+                path, feature_columns=["f"], label_column="label", subject_column="cust"
+            )
     path.write_text("f,label,cust\n1,0, 3\n2,1,3\n")
     with pytest.raises(InvalidValueError, match="an id with spaces around it, ' 3', in row 1"):
         loaders.load_table(path, feature_columns=["f"], label_column="label", subject_column="cust")

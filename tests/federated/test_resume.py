@@ -350,3 +350,18 @@ def test_a_stop_while_writing_the_outputs_leaves_an_interrupted_summary(
     resume_experiment(out, log=lambda m: None)
     done = _summary(out / "local_item_dp")
     assert done["status"] == "complete" and done["epsilon"] == cut["epsilon"]
+
+
+def test_an_experiment_written_by_an_older_version_resumes(tmp_path: Path) -> None:
+    """experiment.toml of older versions holds num_features = 20 and num_classes = 4 for every
+    source (defaults then); for digits these are now refused, and resuming said so."""
+    from silodp.config import load_config
+
+    path = tmp_path / "experiment.toml"
+    raw = json.loads(json.dumps(BASE))
+    raw.update(name="old", algorithms=["local_item_dp"])
+    raw["data"].update(num_features=20, num_classes=4)
+    path.write_text(tomli_w.dumps(raw))
+    with pytest.raises(Exception, match="Expected num_features unset"):
+        load_config(path)
+    assert load_config(path, written=True).data.num_classes is None

@@ -21,6 +21,7 @@ from silodp.config import load_config
 from silodp.errors import SilodpError
 from silodp.experiment import run_experiment
 from silodp.ledger import Ledger, LedgerError
+from silodp.ledger.report import ledger_report
 from silodp.ledger.run import BudgetExceededError
 
 NAME = "local_item_dp"
@@ -246,6 +247,9 @@ def test_a_run_without_noise_on_a_shared_ledger_is_counted_as_no_guarantee(
     shown = CliRunner().invoke(app, ["ledger", "show", str(free)])
     assert shown.exit_code == 0, shown.output
     assert "inf" in shown.output.split("total over runs")[1].splitlines()[0]
+    assert "released a model of this data without noise" in shown.output
+    report = ledger_report(free)
+    assert all(v is None for t in report["total"].values() for v in t["epsilon"].values())
     assert CliRunner().invoke(app, ["ledger", "verify", str(free)]).exit_code == 0
 
 

@@ -414,7 +414,7 @@ def _interrupted(
         try:
             from silodp.config import load_config
 
-            started = load_config(out / EXPERIMENT_FILE)
+            started = load_config(out / EXPERIMENT_FILE, written=True)
             names, dp_scaling = started.algorithms, started.data.scaling == "dp"
         except (SilodpError, OSError):
             pass
@@ -469,7 +469,7 @@ def _run_on_flower(
     path = (resume / EXPERIMENT_FILE) if resume is not None else (config or default_config_path())
     out = resume if resume is not None else out
     try:
-        cfg = load_config(path)
+        cfg = load_config(path, written=resume is not None)
     except (SilodpError, OSError) as err:
         fail(str(err))
     typer.echo(f"silodp: running {cfg.name!r} ({', '.join(cfg.algorithms)}) on {engine}")

@@ -40,6 +40,11 @@ def print_ledger(report: dict[str, Any]) -> None:
         eps = ", ".join(f"{u}={fmt(v)}" for u, v in total["epsilon"].items())
         at = f" at δ={total['delta']:g}" if total.get("delta") is not None else ""
         typer.echo(f"  total over runs {total['runs']} ({kind} accounting): ε({eps}){at}")
+        if total.get("without_noise"):
+            typer.echo(
+                f"      inf: run(s) {total['without_noise']} released a model of this data "
+                "without noise"
+            )
     for unit, limit in report.get("budget", {}).items():
         typer.echo(
             f"  budget declared on this ledger: {unit} ε ≤ {limit['epsilon']:g} at "

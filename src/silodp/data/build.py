@@ -58,6 +58,10 @@ def _check_separate_test(path: str, test_path: str) -> None:
         return {f.resolve() for f in p.glob("*.json")} if p.is_dir() else {p.resolve()}
 
     both = sorted(files(path) & files(test_path))
+    train_file, test_file = Path(path), Path(test_path)
+    if not both and train_file.is_file() and test_file.is_file():
+        if os.path.samefile(train_file, test_file):  # a hard link
+            both = [test_file.resolve()]
     if both:
         raise InvalidValueError(
             f"Expected data.test_path={test_path!r} to be separate from data.path={path!r}; "
@@ -155,7 +159,7 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
             silo_names=table.silo_names,
             feature_names=table.feature_columns,
         )
-        if cfg.subjects_from == "column":
+        if cfg.subjects_from in ("column", "records"):  # records: each its own subject
             raw = _first_subjects(cfg, raw)
         if cfg.test_path is not None:
             test_table = loaders.load_table(

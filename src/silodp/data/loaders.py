@@ -737,6 +737,27 @@ def _id_name(value: Any) -> str:
     return str(value)
 
 
+def _check_one_spelling(names: list[str], column: str, path: Path) -> None:
+    """Refuses ids written as different text for one number ("7", "07", "7.0"): as text they
+    are different people, as numbers one, and splitting one person in two would understate
+    what a subject-level ε must cover."""
+    by_number: dict[float, list[str]] = {}
+    for name in names:
+        try:
+            value = float(name)
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            by_number.setdefault(value, []).append(name)
+    clash = next((ids for ids in by_number.values() if len(ids) > 1), None)
+    if clash is not None:
+        raise InvalidValueError(
+            f"Expected each id in column {column!r} of {str(path)!r} written one way; "
+            f"{clash[:5]} are one number written differently (as text, different people; as "
+            "numbers, one). Write each id one way."
+        )
+
+
 def _id_column(
     frame: Any, path: Path, column: str | None
 ) -> tuple[np.ndarray | None, list[str] | None]:
@@ -772,6 +793,7 @@ def _id_column(
                     f"Expected non-blank ids without surrounding spaces in column {column!r} "
                     f"of {str(path)!r}; got {what}, {name!r}, in {_row(first)}."
                 )
+        _check_one_spelling(names, column, path)
         numeric = all(_INTEGER.fullmatch(n) for n in names)
         keys: list[Any] = [(int(n), n) for n in names] if numeric else names
         order = sorted(range(len(names)), key=keys.__getitem__)

@@ -674,7 +674,7 @@ def resume_experiment(
             f"silodp run CONFIG --out {out}."
         )
     return run_experiment(
-        load_config(path),
+        load_config(path, written=True),
         out,
         progress=progress,
         log=log,

@@ -77,13 +77,19 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
         for record in ledger.runs():
             if ledger.rounds(record.id) or ledger.count_events(record.id):
                 kinds.setdefault(record.accountant.get("kind", "?"), []).append(record.id)
+        # a model released without noise leaves no guarantee on the data, whatever the kind
+        no_noise = [r.id for r in ledger.runs() if r.noise.get("mode") == "none"]
         total = {}
         for kind, ids in kinds.items():
             replayed = ledger.replay(ids)  # at the δ of the first run of the kind
             total[kind] = {
                 "runs": ids,
                 "delta": replayed.spec().get("delta"),
-                "epsilon": {u: _finite(e.epsilon) for u, e in replayed.estimates().items()},
+                "epsilon": {
+                    u: None if no_noise else _finite(e.epsilon)
+                    for u, e in replayed.estimates().items()
+                },
+                **({"without_noise": no_noise} if no_noise else {}),
             }
         return {
             "path": str(path),
