@@ -182,3 +182,39 @@ def test_data_caps_are_refused_for_its_replace_one_record_unit(tmp_path: Path) -
     raw.pop("sweep")
     with pytest.raises(InvalidValueError, match="caps with prifedsync"):
         run_experiment(parse_config(raw), tmp_path / "out")
+
+
+def test_cells_of_another_sigma_on_one_shared_ledger_are_refused_up_front(tmp_path: Path) -> None:
+    """PriFedSync's accountant composes one mechanism: the second σ's cell failed after it had
+    registered and recorded a round (and `ledger show` then crashed on the ledger)."""
+    from silodp.errors import SilodpError
+
+    raw = _raw(training__rounds=1)
+    raw["privacy"]["ledger"] = str(tmp_path / "l.sqlite")
+    raw["sweep"].update(noise_multiplier=[1.0, 2.0], client_rate=[1.0], batch_size=[8])
+    raw["sweep"]["local_steps"] = [3]
+    with pytest.raises(SilodpError, match="to compose with the runs before it"):
+        run_experiment(parse_config(raw), tmp_path / "out")
+    assert not (tmp_path / "l.sqlite").exists() and not (tmp_path / "out").exists()
+
+
+def test_ledger_show_reports_a_total_it_cannot_compose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger whose runs one accountant cannot compose (PriFedSync runs of two σ, as the
+    code before the up-front check wrote them) made `ledger show` end in a traceback."""
+    from typer.testing import CliRunner
+
+    from silodp.cli import app
+
+    raw = _raw(training__rounds=1)
+    raw.pop("sweep")
+    raw["privacy"]["ledger"] = str(tmp_path / "l.sqlite")
+    run_experiment(parse_config(raw), tmp_path / "a")
+    raw["privacy"]["noise_multiplier"] = 2.0
+    monkeypatch.setattr("silodp.experiment.run.check_plans_fit", lambda runs: None)
+    with pytest.raises(ValueError, match="same clients' mechanism"):
+        run_experiment(parse_config(raw), tmp_path / "b")  # fails once it composes
+    shown = CliRunner().invoke(app, ["ledger", "show", str(tmp_path / "l.sqlite")])
+    assert shown.exit_code == 0, shown.output
+    assert "(fdp accounting): not composed, no bound (Expected the same" in shown.output

@@ -37,6 +37,12 @@ def print_ledger(report: dict[str, Any]) -> None:
         if run["interrupted_rounds"]:
             typer.echo(f"      interrupted rounds (counted in full): {run['interrupted_rounds']}")
     for kind, total in report["total"].items():
+        if total.get("error"):
+            typer.echo(
+                f"  total over runs {total['runs']} ({kind} accounting): not composed, no bound "
+                f"({total['error']})"
+            )
+            continue
         eps = ", ".join(f"{u}={fmt(v)}" for u, v in total["epsilon"].items())
         at = f" at δ={total['delta']:g}" if total.get("delta") is not None else ""
         typer.echo(f"  total over runs {total['runs']} ({kind} accounting): ε({eps}){at}")

@@ -239,7 +239,17 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
                     str(spec.get("target", "strongest")),
                     where=where,
                 )
-        if budget:
+        would_be: dict[str, float] | None = None
+        if shared is not None or budget:
+            try:  # on a shared ledger, the plans must compose even without a budget
+                would_be = _plan_epsilon(run, total)
+            except ValueError as err:
+                raise LedgerError(
+                    f"Expected the plan of {run.name} to compose with the runs before it on the "
+                    f"shared ledger {shared!r}: {err} (PriFedSync's accountant composes one "
+                    "mechanism; give runs of another σ, rate or steps their own ledger)."
+                ) from None
+        if budget and would_be is not None:
             what = f"whole plan of {run.name}"
             if any(math.isinf(v) for v in spent.values()):
                 what += (
@@ -251,7 +261,7 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
                     f"release of {run.name}, which trains without noise (leave it out of this "
                     "experiment; in a sweep, set baseline = false),"
                 )
-            check_budget(budget, spent, _plan_epsilon(run, total), what, sources)
+            check_budget(budget, spent, would_be, what, sources)
 
 
 def _budget_sources(

@@ -79,9 +79,13 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
                 kinds.setdefault(record.accountant.get("kind", "?"), []).append(record.id)
         # a model released without noise leaves no guarantee on the data, whatever the kind
         no_noise = [r.id for r in ledger.runs() if r.noise.get("mode") == "none"]
-        total = {}
+        total: dict[str, dict[str, Any]] = {}
         for kind, ids in kinds.items():
-            replayed = ledger.replay(ids)  # at the δ of the first run of the kind
+            try:
+                replayed = ledger.replay(ids)  # at the δ of the first run of the kind
+            except ValueError as err:  # e.g. PriFedSync runs of different σ: one accountant
+                total[kind] = {"runs": ids, "delta": None, "epsilon": {}, "error": str(err)}
+                continue
             total[kind] = {
                 "runs": ids,
                 "delta": replayed.spec().get("delta"),
