@@ -57,7 +57,10 @@ def budget_of(run: PreparedRun) -> dict[str, float]:
 
 
 def _noise_id(run: PreparedRun) -> dict[str, Any]:
-    """Where the coins came from, with an id of the seed material (never the seed itself)."""
+    """Where the coins came from, with an id of the seed material (never the seed itself);
+    ``none`` for a run without noise."""
+    if run.plan is None:
+        return {"mode": "none"}
     if run.privacy.noise == "seeded":
         digest = hashlib.sha256(f"silodp-seed:{run.training.seed}".encode()).hexdigest()
         return {"mode": "seeded", "seed_id": digest[:16]}
@@ -380,26 +383,12 @@ def open_no_noise_ledger(
       LedgerError: the ledger cannot be used.
     """
     assert run.plan is None and run.privacy.ledger is not None
-    path = Path(run.privacy.ledger)
     accountant = accountant_of(run)
     if resume:
         reopened = resume_run_ledger(run, run_dir, accountant, config_hash)
         if reopened is not None:
             return reopened
-    ledger = RunLedger(
-        Ledger(path),
-        name=run.name,
-        algorithm=run.algorithm.name,
-        accountant=accountant,
-        noise={"mode": "none"},
-        budget=budget_of(run),
-        declared=run.privacy.budget,
-        config_hash=config_hash,
-        plan_check=lambda total: _plan_epsilon(run, total),
-    )
-    write_json(
-        run_dir / REGISTRATION_FILE, {"ledger": str(path.resolve()), "run_id": ledger.run_id}
-    )
+    ledger = open_run_ledger(run, run_dir, accountant, config_hash)
     ledger.record_release(no_noise_release())
     return ledger
 

@@ -27,6 +27,7 @@ from silodp.errors import InvalidValueError
 from silodp.experiment.checkpoint import load_checkpoint, save_checkpoint
 from silodp.experiment.ledger import (
     LEDGER_FILE,
+    accountant_of,
     check_plans_fit,
     check_shared_ledger,
     describe_shared_ledger,
@@ -185,9 +186,7 @@ def train_run(
     if run.plan is None and run.privacy.ledger is not None:
         no_noise = open_no_noise_ledger(run, run_dir, config_hash, resume=resume)
     if run.plan is not None:
-        accountant = run.algorithm.make_accountant(
-            span=run.span, delta=run.privacy.delta, target=run.privacy.adversary
-        )
+        accountant = accountant_of(run)
         completed = int(checkpoint["round"]) if checkpoint is not None else 0
         ledger = (
             resume_run_ledger(run, run_dir, accountant, config_hash, completed) if resume else None
