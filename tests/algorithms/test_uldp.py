@@ -44,7 +44,7 @@ from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
 from silodp.errors import InvalidValueError
 from silodp.models import MLP
-from silodp.privacy.gradients import batch_gradient, tree_norm
+from silodp.privacy.gradients import CLIP_MARGIN, batch_gradient, tree_norm
 from silodp.privacy.per_subject import per_subject_deltas_loop, subject_batches
 from silodp.privacy.randomness import Coins
 
@@ -436,7 +436,7 @@ def test_message_is_weighted_sum_of_clipped_per_subject_deltas(name) -> None:
     got = algo.local_update(_MODEL, params, silo, Coins.seeded(9), instr)
     expected = {k: torch.zeros_like(v) for k, v in params.items()}
     for a, d, norm in zip(order.tolist(), deltas, norms, strict=True):
-        factor = min(1.0, clip / norm)
+        factor = min(1.0, clip * (1 - CLIP_MARGIN) / norm)
         for k in expected:
             expected[k] += weights[0, a] * factor * d[k]
     assert _distance(got.params, expected) < 1e-9
@@ -481,7 +481,7 @@ def test_uldp_sgd_on_a_cnn_takes_the_cheaper_path_with_the_same_message(
     expected = {k: torch.zeros_like(v) for k, v in params.items()}
     for d, norm in zip(deltas, norms, strict=True):
         for k in expected:
-            expected[k] += weight * min(1.0, clip / norm) * d[k]
+            expected[k] += weight * min(1.0, clip * (1 - CLIP_MARGIN) / norm) * d[k]
     assert _distance(got.params, expected) < 1e-9
     assert _distance(expected, {k: torch.zeros_like(v) for k, v in expected.items()}) > 1e-3
 

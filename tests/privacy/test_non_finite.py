@@ -16,7 +16,7 @@ from silodp.algorithms.dp_sgd import clipped_sum
 from silodp.data import FederatedDataset
 from silodp.models import MLP, MnistCNN
 from silodp.privacy import ghost
-from silodp.privacy.gradients import clip_factors, drop_non_finite
+from silodp.privacy.gradients import CLIP_MARGIN, clip_factors, drop_non_finite
 from silodp.privacy.randomness import Coins
 
 BAD = (math.inf, -math.inf, math.nan)
@@ -31,7 +31,7 @@ def _finite_close(a: dict, b: dict, tol: float = 1e-9) -> None:
 def test_clip_factors_are_zero_for_non_finite_norms_and_those_rows_are_dropped() -> None:
     norms = torch.tensor([0.5, 4.0, math.inf, math.nan], dtype=torch.float64)
     factors = clip_factors(norms, 1.0)
-    assert factors[0] == 1.0 and abs(float(factors[1]) - 0.25) < 1e-12
+    assert factors[0] == 1.0 and abs(float(factors[1]) - 0.25 * (1 - CLIP_MARGIN)) < 1e-12
     assert factors[2:].tolist() == [0.0, 0.0]
     rows = torch.tensor([[1.0, 2.0], [3.0, 4.0], [math.inf, 0.0], [math.nan, 1.0]])
     assert drop_non_finite(rows, norms).tolist() == [[1.0, 2.0], [3.0, 4.0], [0.0, 0.0], [0.0, 0.0]]

@@ -271,13 +271,18 @@ class UldpAvg(Algorithm):
             for rows, deltas in per_subject_deltas(
                 model, params, silo.x, silo.y, batches, lr=cfg.lr, method=deltas_method(cfg)
             ):
-                # per-subject norms parameter by parameter (no concatenated copy of the chunk)
-                norms = [torch.linalg.vector_norm(d.flatten(1), dim=1) for d in deltas.values()]
+                # per-subject norms parameter by parameter (no concatenated copy of the
+                # chunk), in float64 as clip_factors' margin needs
+                norms = [
+                    torch.linalg.vector_norm(d.flatten(1), dim=1, dtype=torch.float64)
+                    for d in deltas.values()
+                ]
                 total_norms = torch.linalg.vector_norm(torch.stack(norms), dim=0)
                 factors = clip_factors(total_norms, cfg.clip)
                 coeff = factors * row[order[rows]].to(factors.dtype)
                 for k, d in deltas.items():
-                    total[k] += torch.tensordot(coeff, drop_non_finite(d, total_norms), dims=1)
+                    kept = drop_non_finite(d, total_norms)
+                    total[k] += torch.tensordot(coeff.to(d.dtype), kept, dims=1)
         message = gaussian_share(
             total,
             noise_multiplier=cfg.noise_multiplier,

@@ -375,7 +375,7 @@ class UldpAvgW(UldpAvg):
                 model, params, silo.x, silo.y, batches, lr=cfg.lr, method=deltas_method(cfg)
             ):
                 flat = torch.cat([deltas[k].reshape(deltas[k].shape[0], -1) for k in names], dim=1)
-                norms = flat.norm(dim=1)
+                norms = torch.linalg.vector_norm(flat, dim=1, dtype=torch.float64)
                 factors = clip_factors(norms, clip)
                 kept = drop_non_finite(flat * factors[:, None], norms)
                 clipped = kept.detach().cpu().numpy().astype(np.float64)

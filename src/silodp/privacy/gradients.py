@@ -34,6 +34,12 @@ __all__ = [
 
 Params = dict[str, torch.Tensor]
 
+#: the margin :func:`clip_factors` and :func:`clip_tree` clip below ``clip``: a clipped
+#: vector released in float32 rounds by at most 2^-24 relative per element (the factor and
+#: the product), and its float64 norm errs by under 2^-53 per element, so C·(1 - 2^-20)
+#: keeps the released norm at most C for any vector of fewer than 2^30 elements
+CLIP_MARGIN = 2.0**-20
+
 
 def _loss(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(functional_call(model, params, (x,)), y)
@@ -59,9 +65,14 @@ def per_example_gradients(
 
 
 def per_example_norms(grads: Params) -> torch.Tensor:
-    """L2 norm of each example's full gradient (over all parameters)."""
-    squares = [g.reshape(g.shape[0], -1).pow(2).sum(dim=1) for g in grads.values()]
-    return torch.stack(squares).sum(dim=0).sqrt()
+    """L2 norm of each example's full gradient (over all parameters), in float64: every
+    float32 element squares exactly there, so the norm errs by far less than
+    :data:`CLIP_MARGIN` (a float32 norm can err by more, over long sums)."""
+    norms = [
+        torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=torch.float64)
+        for g in grads.values()
+    ]
+    return torch.linalg.vector_norm(torch.stack(norms), dim=0)
 
 
 def tree_norm(tensors: Params) -> torch.Tensor:
@@ -70,15 +81,20 @@ def tree_norm(tensors: Params) -> torch.Tensor:
 
 
 def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """``min(1, C / ||g||)``: scaling that brings each norm to at most ``clip``; 0 where the
-    norm is not finite (callers also drop that gradient, see :func:`drop_non_finite`)."""
+    """``min(1, C' / ||g||)`` with ``C' = clip·(1 - CLIP_MARGIN)``: the scaling that keeps
+    each clipped vector, as rounded to float32 or float64, at norm at most ``clip`` when
+    ``norms`` are exact to within :data:`CLIP_MARGIN` (float64 norms of the vectors,
+    :func:`per_example_norms`; the ghost clipper's rounding bounds). 0 where the norm is not
+    finite (callers also drop that vector, see :func:`drop_non_finite`). Computed in float64
+    and returned in the dtype of ``norms`` (floating, else torch's default)."""
     if not norms.is_floating_point():
         norms = norms.to(torch.get_default_dtype())
-    # numpy (a few µs less per call than torch's kernels), computed as torch computes
-    # ``clip / t``: the reciprocal, then the product
     values = norms.detach().numpy()
-    factors = np.minimum(np.reciprocal(values + 1e-12) * clip, 1.0)
-    return torch.from_numpy(np.asarray(np.where(np.isfinite(values), factors, 0.0), values.dtype))
+    wide = values.astype(np.float64, copy=False)
+    limit = clip * (1.0 - CLIP_MARGIN)
+    factors = np.minimum(limit / (wide + 1e-12), 1.0)
+    factors = np.where(np.isfinite(wide), factors, 0.0)
+    return torch.from_numpy(np.asarray(factors, values.dtype))
 
 
 def drop_non_finite(values: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
@@ -109,15 +125,8 @@ def subject_average_weights(factors: torch.Tensor, subjects: torch.Tensor) -> to
 
 
 def weighted_sum(grads: Params, weights: torch.Tensor) -> Params:
-    """``sum_i w_i g_i`` for each parameter tensor."""
-    return {name: torch.tensordot(weights, g, dims=1) for name, g in grads.items()}
-
-
-#: the margin :func:`clip_tree` clips below ``clip``: the released float32 vector's elements
-#: round by at most 2^-24 relative each (the factor and the product), and its float64 norm
-#: errs by under 2^-53 per element, so C·(1 - 2^-20) keeps the released norm at most C for
-#: any vector of fewer than 2^30 elements
-CLIP_MARGIN = 2.0**-20
+    """``sum_i w_i g_i`` for each parameter tensor (in the dtype of ``g``)."""
+    return {name: torch.tensordot(weights.to(g.dtype), g, dims=1) for name, g in grads.items()}
 
 
 def clip_tree(tensors: Params, clip: float) -> Params:
@@ -139,6 +148,6 @@ def clip_tree(tensors: Params, clip: float) -> Params:
 def clipped_weighted_sum(grads: Params, norms: torch.Tensor, weights: torch.Tensor) -> Params:
     """``sum_i w_i g_i`` over the rows whose norm is finite (:func:`drop_non_finite`)."""
     return {
-        name: torch.tensordot(weights, drop_non_finite(g, norms), dims=1)
+        name: torch.tensordot(weights.to(g.dtype), drop_non_finite(g, norms), dims=1)
         for name, g in grads.items()
     }
