@@ -16,11 +16,14 @@ from silodp.algorithms import make_algorithm
 from silodp.data import FederatedDataset, TestSplit
 from silodp.federated.simulator import (
     SAMPLING_STREAM,
+    SCALING_STREAM,
     SERVER_STREAM,
+    SETUP_STREAM,
     SILO_STREAM,
     RoundResult,
     Simulator,
     round_coins,
+    run_coins,
 )
 from silodp.models import build_model
 
@@ -43,6 +46,22 @@ def test_seeded_round_streams_are_reproducible_and_independent() -> None:
     ]
     for key in others:
         assert _draw("seeded", *key) != a
+
+
+def test_run_wide_streams_repeat_no_round_stream() -> None:
+    """The set-up and feature-statistics streams are none of the rounds' streams (a key
+    ``(seed, 3)`` was numpy's zero-padded ``(seed, 3, 0, 0)``: round 3's silo 0 stream)."""
+    run = {stream: run_coins("seeded", 7, stream).uint64(4).tolist() for stream in (3, 4)}
+    assert run[SETUP_STREAM] != run[SCALING_STREAM]
+    assert run[SETUP_STREAM] == run_coins("seeded", 7, SETUP_STREAM).uint64(4).tolist()
+    rounds = {
+        tuple(_draw("seeded", 7, r, stream, silo))
+        for r in range(1, 9)
+        for stream in (SILO_STREAM, SAMPLING_STREAM, SERVER_STREAM)
+        for silo in range(4)
+    }
+    assert not {tuple(v) for v in run.values()} & rounds
+    assert run_coins("secure", 7, SETUP_STREAM).is_secure
 
 
 def test_secure_round_streams_ignore_the_seed() -> None:

@@ -32,11 +32,9 @@ from silodp.data import FederatedDataset
 from silodp.engines import messages as msg
 from silodp.engines import weighting
 from silodp.errors import InvalidValueError
-from silodp.experiment.prepare import SETUP_STREAM
-from silodp.federated.simulator import SILO_STREAM, round_coins
+from silodp.federated.simulator import SETUP_STREAM, SILO_STREAM, round_coins, run_coins
 from silodp.io import atomic_write
 from silodp.models import build_model
-from silodp.privacy.randomness import Coins
 
 __all__ = [
     "SiloFile",
@@ -268,9 +266,7 @@ class SiloRuntime:
             key = None
             if setup["silos_sample"] and setup["noise"] == "seeded":
                 # as the run's set-up drew it: reproducible by whoever knows the seed
-                key = SharedSampleKey.generate(
-                    Coins.for_mode("seeded", setup["seed"], SETUP_STREAM)
-                )
+                key = SharedSampleKey.generate(run_coins("seeded", setup["seed"], SETUP_STREAM))
             elif setup["silos_sample"] and run["party"] is not None:
                 key = run["party"].sample_key
             public = setup["public"]

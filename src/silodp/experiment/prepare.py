@@ -27,7 +27,7 @@ from silodp.config import ExperimentConfig, PrivacyConfig, SweepCell, TrainingCo
 from silodp.data import FederatedData, FederatedDataset
 from silodp.data.partition import cap_records, cap_span
 from silodp.errors import InvalidValueError
-from silodp.privacy.randomness import Coins
+from silodp.federated.simulator import SCALING_STREAM, SETUP_STREAM, run_coins
 
 __all__ = ["PreparedRun", "dp_scaling", "prepare_run", "privacy_caps"]
 
@@ -37,11 +37,6 @@ NOT_PRIVATE_NOTE = (
     "noise_multiplier = 0: not private - the algorithm ran without noise and no ε holds; "
     "a non-private baseline"
 )
-
-#: the stream of the run's set-up randomness (e.g. the secret the silos share)
-SETUP_STREAM = 3
-#: the stream of the DP feature statistics' randomness
-SCALING_STREAM = 4
 
 
 @dataclass
@@ -364,7 +359,7 @@ def prepare_run(
             }
     if sigma is not None:
         algo_config = dataclasses.replace(algo_config, noise_multiplier=sigma)
-    setup_coins = Coins.for_mode(privacy.noise, training.seed, SETUP_STREAM)
+    setup_coins = run_coins(privacy.noise, training.seed, SETUP_STREAM)
     label = (
         name if cell is None else f"{name}/{cell.label(config.algorithm_settings(name), privacy)}"
     )
@@ -434,7 +429,7 @@ def dp_scaling(
     span = min(privacy.span or data.train.num_silos, data.train.num_silos)
     share = config.data.scaling_budget * privacy.epsilon
     sigma = find_sigma(lambda s: conversions.gdp_epsilon(math.sqrt(span) / s, privacy.delta), share)
-    coins = Coins.for_mode(privacy.noise, config.training.seed, SCALING_STREAM)
+    coins = run_coins(privacy.noise, config.training.seed, SCALING_STREAM)
     # on the records training will use: a subject then sits in at most ``span`` silos
     capped = cap_span(data.train, span=span, seed=config.data.seed)
     stats = dp_feature_stats(

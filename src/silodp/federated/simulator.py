@@ -39,6 +39,7 @@ __all__ = [
     "Simulator",
     "evaluate",
     "round_coins",
+    "run_coins",
     "silo_tensors",
 ]
 
@@ -66,6 +67,9 @@ def silo_tensors(train: FederatedDataset) -> list[SiloData]:
 
 #: Independent random streams of one round.
 SILO_STREAM, SAMPLING_STREAM, SERVER_STREAM = 0, 1, 2
+#: Run-wide streams: the set-up's randomness (e.g. the secret the silos share) and the DP
+#: feature statistics'; keyed as "round 0" (rounds count from 1) with streams no round uses
+SETUP_STREAM, SCALING_STREAM = 3, 4
 
 
 def round_coins(noise: str, seed: int, round_index: int, stream: int, silo: int = 0) -> Coins:
@@ -73,6 +77,14 @@ def round_coins(noise: str, seed: int, round_index: int, stream: int, silo: int 
     one round: fresh CSPRNG coins (``noise="secure"``, which ignores the rest) or a stream
     keyed by (seed, round, stream, silo) (``"seeded"``)."""
     return Coins.for_mode(noise, seed, round_index, stream, silo)
+
+
+def run_coins(noise: str, seed: int, stream: int) -> Coins:
+    """The coins of a run-wide stream (:data:`SETUP_STREAM`, :data:`SCALING_STREAM`): fresh
+    CSPRNG coins, or the seeded stream keyed (seed, 0, stream, 0). Every key has the same
+    length (numpy pads a short key with zeros, so ``(seed, 3)`` would be round 3's silo 0
+    stream) and no round is numbered 0, so no round's stream repeats these."""
+    return Coins.for_mode(noise, seed, 0, stream, 0)
 
 
 class Simulator:
