@@ -201,6 +201,12 @@ def test_a_checkpoint_of_other_code_is_refused(tmp_path: Path) -> None:
         "config_hash": "abc",
         "version": "0.0.1+000000000000",
     }
+    # where earlier versions wrote it: read, and refused (not silently restarted)
+    torch.save(state, tmp_path / "checkpoint.pt")
+    with pytest.raises(InvalidValueError, match="written by silodp"):
+        load_checkpoint(tmp_path, "abc")
+    (tmp_path / "checkpoint.pt").unlink()
+    (tmp_path / CHECKPOINT).parent.mkdir()
     torch.save(state, tmp_path / CHECKPOINT)
     with pytest.raises(InvalidValueError, match="written by silodp"):
         load_checkpoint(tmp_path, "abc")

@@ -55,6 +55,12 @@ def test_run_writes_every_output(tmp_path: Path) -> None:
         private = _metrics(run_dir / "silo_private" / "diagnostics.jsonl")
         assert (run_dir / "silo_private" / "batch_histograms.png").is_file()
         assert not (run_dir / "batch_histograms.png").exists()
+        # the checkpoint holds the silos' states and the private rows: under silo_private/
+        assert (run_dir / "silo_private" / "checkpoint.pt").is_file()
+        beside = {p.name for p in run_dir.iterdir() if p.is_file()}
+        public = {"config.toml", "metrics.jsonl", "summary.json", "model.pt", "accuracy_loss.png"}
+        ledger = {"epsilon.png", "ledger.sqlite", "ledger_run.json"}  # a run with an ε
+        assert beside == (public if name == "fedavg" else public | ledger)
         assert [r["round"] for r in rows] == [1, 2, 3] == [r["round"] for r in private]
         for row, diag in zip(rows, private, strict=True):
             assert {"round", "test_accuracy", "test_loss", "epsilon"} <= set(row)

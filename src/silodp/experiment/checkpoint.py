@@ -6,7 +6,9 @@ e.g. PriFedSync's helper models and optimiser moments) and what it must match to
 run's resolved config and silodp's version. Each round's coins are a function of the seed and
 the round (secure ones are fresh anyway), so no generator state needs keeping. It is written
 whole (temporary file, fsync, rename) as soon as a round ends, before the round's metrics, so
-a crash leaves the last complete one and a round is either in it or run again.
+a crash leaves the last complete one and a round is either in it or run again. It lives in
+the run's ``silo_private/``: the silos' states and their un-noised diagnostics are in it, so it
+must not leave the consortium with the released files.
 """
 
 from __future__ import annotations
@@ -20,12 +22,24 @@ from typing import Any
 import torch
 
 from silodp.errors import InvalidValueError
+from silodp.experiment.record import PRIVATE_DIR
 from silodp.federated import Engine
 from silodp.io import atomic_write
 
-__all__ = ["CHECKPOINT", "code_version", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CHECKPOINT", "checkpoint_path", "code_version", "load_checkpoint", "save_checkpoint"]
 
-CHECKPOINT = "checkpoint.pt"
+#: the checkpoint, relative to the run's directory
+CHECKPOINT = f"{PRIVATE_DIR}/checkpoint.pt"
+#: where versions before it wrote it (read, so that such a run is refused, not restarted)
+_OLD_CHECKPOINT = "checkpoint.pt"
+
+
+def checkpoint_path(run_dir: Path) -> Path | None:
+    """The run's checkpoint file, where it is (``None``: there is none)."""
+    for name in (CHECKPOINT, _OLD_CHECKPOINT):
+        if (run_dir / name).is_file():
+            return run_dir / name
+    return None
 
 
 @functools.cache
@@ -69,8 +83,8 @@ def load_checkpoint(run_dir: Path, config_hash: str) -> dict[str, Any] | None:
     Raises:
       InvalidValueError: the checkpoint is of another config or another silodp version.
     """
-    path = run_dir / CHECKPOINT
-    if not path.is_file():
+    path = checkpoint_path(run_dir)
+    if path is None:
         return None
     state: dict[str, Any] = torch.load(path, weights_only=False)
     if state["config_hash"] != config_hash:

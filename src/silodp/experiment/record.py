@@ -70,7 +70,8 @@ OUTPUTS: dict[str, Any] = {
     "silo_private": [
         f"{PRIVATE_DIR}/: un-noised, data-dependent diagnostics (records dropped by the "
         "bounds, subjects and largest group per batch, wall times, the data description, "
-        "the subject weights w_{s,a} of the weighted ULDP methods); "
+        "the subject weights w_{s,a} of the weighted ULDP methods; checkpoint.pt, the "
+        "last round's model, silo states and these diagnostics, kept for --resume); "
         "no ε covers them and they must not leave the silos",
         "ledger.sqlite: the DP events of every round (functions of the plan) with the time each "
         "was recorded; those times follow how long each silo's round took, which is "

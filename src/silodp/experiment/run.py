@@ -684,10 +684,10 @@ def resume_experiment(
 
 def _checkpointed_round(run_dir: Path) -> int:
     """The last round in the run's checkpoint (0: none)."""
-    from silodp.experiment.checkpoint import CHECKPOINT
+    from silodp.experiment.checkpoint import checkpoint_path
 
-    path = run_dir / CHECKPOINT
-    if not path.is_file():
+    path = checkpoint_path(run_dir)
+    if path is None:
         return 0
     import torch
 
