@@ -283,6 +283,59 @@ def test_metrics_epsilon_matches_account_command(tmp_path: Path) -> None:
                 assert row["epsilon"][unit] == pytest.approx(value, rel=1e-9)
 
 
+#: (algorithm, [privacy] and [training] settings): every accounting option a command carries
+ACCOUNTED = [
+    *[(name, {}) for name in ALGORITHMS if name not in ("fedavg", "prifedsync")],
+    ("uldp_avg_w", {"weighting": "clear"}),
+    ("uldp_avg_w", {"weighting": "clear", "subject_rate": 0.5}),
+    ("uldp_avg_w", {"scheme": "bfv"}),
+    ("uldp_avg_w", {"scheme": "bfv", "weight_encoding": "fixed_point"}),
+    ("uldp_avg", {"subject_rate": 0.5, "subject_sampler": "server"}),
+    ("higradavg_dp", {"sampling": "subject"}),
+    ("local_item_dp", {"span": 2}),
+    ("local_item_dp", {"silos_per_round": 2}),
+    ("prifedsync", {"client_rate": 0.5}),
+]
+
+
+@pytest.mark.parametrize(("name", "settings"), ACCOUNTED, ids=lambda v: str(v))
+def test_account_command_reproduces_the_plans_epsilon_against_every_adversary(
+    name: str, settings: dict
+) -> None:
+    """The ``account_command`` a run writes, run as it is, gives the ε of the run's own plan
+    against each adversary (clear weights used to be accounted as the protocol's, a finite
+    ε against the silos where none holds; PriFedSync's command did not run)."""
+    import math
+
+    from typer.testing import CliRunner
+
+    from silodp.algorithms.planning import account_plan_by_adversary
+    from silodp.cli import app
+    from silodp.data.build import build_federated_data
+    from silodp.experiment import prepare_run
+
+    raw = _tiny()
+    raw["algorithms"] = [name]
+    if name == "prifedsync":
+        raw["data"] |= {"allocation": "shards", "shards_per_client": 2, "test_per_client": 10}
+        del raw["data"]["num_subjects"]
+    for key, value in settings.items():
+        raw["training" if key in ("silos_per_round", "client_rate") else "privacy"][key] = value
+    config = parse_config(raw)
+    run = prepare_run(name, config, build_federated_data(config.data))
+    expected = account_plan_by_adversary(run.algorithm, run.plan)
+    command = run.account_command()
+    assert command is not None
+    result = CliRunner().invoke(app, [*shlex.split(command)[1:], "--json"])
+    assert result.exit_code == 0, (command, result.output)
+    got = json.loads(result.output)["epsilon_by_adversary"]
+    for adversary, units in expected.items():
+        for unit, estimate in units.items():
+            value = got[adversary][unit]
+            shown = math.inf if value is None else value
+            assert shown == pytest.approx(estimate.epsilon, rel=1e-9), (adversary, unit, command)
+
+
 def test_silo_sampling_runs_a_subset_each_round_and_accounts_it(tmp_path: Path) -> None:
     raw = _tiny()
     raw["algorithms"] = ["local_item_dp"]

@@ -104,9 +104,11 @@ class UldpAvgW(UldpAvg):
     config: UldpAvgWConfig
 
     def account_options(self) -> dict[str, Any]:
-        options = super().account_options()
-        if options and self.config.weighting == "protocol":
-            options["weighting"] = "protocol"
+        cfg = self.config
+        # the weighting decides what the server and the silos see (clear weights: inf)
+        options = {**super().account_options(), "weighting": cfg.weighting}
+        if cfg.weighting == "protocol" and cfg.scheme != "paillier":
+            options |= {"scheme": cfg.scheme, "weight_encoding": cfg.weight_encoding}
         return options
 
     def __init__(

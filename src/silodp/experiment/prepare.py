@@ -82,11 +82,13 @@ class PreparedRun:
             str(rounds if rounds is not None else self.training.rounds),
             "--silos",
             str(self.train.num_silos),
-            "--silos-per-round",
-            str(self.silos_per_round),
-            "--span",
-            str(self.span),
         ]
+        # both default to S (and PriFedSync, whose clients are Poisson-sampled, takes no
+        # --silos-per-round)
+        if self.silos_per_round != self.train.num_silos:
+            args += ["--silos-per-round", str(self.silos_per_round)]
+        if self.span != self.train.num_silos:
+            args += ["--span", str(self.span)]
         for option, value in self.algorithm.account_options().items():
             flag = option.replace("_", "-")
             if isinstance(value, bool):  # a switch: --name or --no-name
