@@ -124,6 +124,37 @@ def test_sweep_writes_tables_and_plots_with_the_accountants_numbers(tmp_path: Pa
         assert float(b["mu_max"]) < float(a["mu_max"])
 
 
+def test_a_cell_stopped_at_its_accuracy_target_is_charged_its_whole_plan(tmp_path: Path) -> None:
+    """A cell stops at the first round whose accuracy reaches the target, a round read from
+    the data: its summary's ε (the headline of `silodp run`) and its ledger are those of every
+    planned round; ε after the rounds run is kept as ``epsilon_at_stop``."""
+    from silodp.ledger.report import ledger_report, verify_ledger
+
+    raw = _raw(training__rounds=3)
+    raw["sweep"] = {"client_rate": [0.5], "noise_multiplier": [1.0], "target_accuracy": 0.01}
+    summary = run_experiment(parse_config(raw), tmp_path)
+    (item,) = summary["runs"]
+    run_dir = tmp_path / item["algorithm"]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert item["status"] == "complete" and item["stopped_at_round"] == len(metrics) == 1
+    _, at_one = _account(item["account_command"].replace("--rounds 3 ", "--rounds 1 "))
+    _, planned = _account(item["account_command"])
+    assert "--rounds 3 " in item["account_command"] and planned > at_one * 1.2
+    assert item["epsilon_at_stop"]["record"] == metrics[0]["epsilon"]["record"]
+    assert item["epsilon_at_stop"]["record"] == pytest.approx(at_one, rel=1e-6)
+    assert item["epsilon"]["record"] == pytest.approx(planned, rel=1e-6)
+    assert item["rounds_charged"] == 3
+    for adversary, units in item["epsilon_by_adversary"].items():
+        assert units["record"] == pytest.approx(planned, rel=1e-6), adversary
+    assert any("stopped at round 1" in note for note in item["notes"])
+    assert json.loads((run_dir / "summary.json").read_text())["epsilon"] == item["epsilon"]
+    # the ledger holds the plan: its total is the planned ε, and it verifies
+    ledger = ledger_report(run_dir / "ledger.sqlite")
+    assert ledger["runs"][0]["rounds"] == 3
+    assert ledger["runs"][0]["epsilon"]["record"] == pytest.approx(planned, rel=1e-6)
+    assert verify_ledger(run_dir / "ledger.sqlite") == []
+
+
 def test_plain_prifedsync_run_reports_accountant_privacy(tmp_path: Path) -> None:
     raw = _raw(training__rounds=2)
     raw.pop("sweep")

@@ -71,6 +71,28 @@ logger = logging.getLogger(__name__)
 ProgressFactory = Callable[[str, int], Callable[[dict[str, Any]], None]]
 
 
+def _charged_epsilon(accountant: Any, rounds: int) -> dict[str, Any]:
+    """The summary's ε fields once every planned round is charged."""
+    return {
+        "epsilon": {u: _finite(e.epsilon) for u, e in accountant.estimates().items()},
+        "epsilon_by_adversary": {
+            adversary: {u: _finite(e.epsilon) for u, e in estimates.items()}
+            for adversary, estimates in accountant.estimates_by_adversary().items()
+        },
+        "rounds_charged": rounds,
+    }
+
+
+def _charged_note(out: dict[str, Any], rounds: int) -> str:
+    at_stop = ", ".join(f"{u} {display.upper(v, 4)}" for u, v in out["epsilon_at_stop"].items())
+    return (
+        f"stopped at round {out['stopped_at_round']} when the accuracy target was reached; "
+        f"that round depends on the data, so ε is that of all {rounds} planned rounds, which "
+        f"the ledger is charged (ε after the rounds run: {at_stop}, epsilon_at_stop, not a "
+        "guarantee)"
+    )
+
+
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
@@ -234,7 +256,16 @@ def train_run(
             }
         fields = getattr(engine, "summary_fields", None)
         extra = {**(extra or {}), **(fields() if fields is not None else {})}
-        return summary(run, results, status, by_adversary, extra)
+        out = summary(run, results, status, by_adversary, extra)
+        if charged:  # stopped at the accuracy target: the plan is the guarantee
+            out["epsilon_at_stop"] = out["epsilon"]
+            out["epsilon_by_adversary_at_stop"] = out["epsilon_by_adversary"]
+            out.update(charged)
+            out["notes"] = [*out["notes"], _charged_note(out, run.training.rounds)]
+        return out
+
+    #: ε of every planned round, once a run stopped at its accuracy target is charged them
+    charged: dict[str, Any] = {}
 
     def reached(result: RoundResult) -> bool:
         return (
@@ -262,6 +293,13 @@ def train_run(
                 start=start,
                 previous=previous,
             )
+            stopped = int(rows[-1]["round"]) if rows else 0
+            if status == "complete" and accountant is not None and stopped < run.training.rounds:
+                # the stop was read from the models' accuracy, so where it fell depends on the
+                # data: only the whole plan is a guarantee, and the ledger is charged it
+                engine.charge_rounds(stopped + 1, run.training.rounds)
+                charged.update(_charged_epsilon(accountant, run.training.rounds))
+                charged["stopped_at_round"] = stopped
         except BaseException:
             for held in (ledger, no_noise):
                 if held is not None:

@@ -117,6 +117,11 @@ class Engine(Protocol):
         """Runs rounds ``start..rounds``, calling every callback after each."""
         ...
 
+    def charge_rounds(self, first: int, last: int) -> None:
+        """Accounts (and records in the ledger) rounds ``first..last`` of the plan without
+        running them: a run stopped at a round chosen from its own results pays its plan."""
+        ...
+
     def state(self) -> dict[str, Any]:
         """What a checkpoint must keep to continue after the rounds run so far."""
         ...

@@ -266,6 +266,24 @@ class Simulator:
                 break
         return results
 
+    def charge_rounds(self, first: int, last: int) -> None:
+        """Composes rounds ``first..last`` of the plan, every silo taking part, into the
+        accountant and records them in the ledger, without running them: a run that stopped
+        at a round read from its own results (an accuracy target) is charged its whole plan,
+        since where it stopped depends on the data."""
+        if self.accountant is None or not self.planned:
+            return
+        events = list(self.planned)
+        participants = self.silos_per_round
+        for r in range(check_int("first", first, 1), last + 1):
+            if self.ledger is not None:
+                self.ledger.check_round(events, participants=participants)
+                self.ledger.record_planned(r, events)
+            self.accountant.compose_round(events, participants=participants)
+            if self.ledger is not None:
+                epsilon = {u: e.epsilon for u, e in self.accountant.estimates().items()}
+                self.ledger.complete_round(r, events, epsilon, participants=participants)
+
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: the global model and every silo's state (the coins of a
         round are a function of the seed and the round, so nothing else is needed)."""
