@@ -58,3 +58,6 @@ def test_ten_silo_simulation_matches_in_process(tmp_path):
     sa, sb = (json.loads((runs[e] / "uldp_avg" / "summary.json").read_text()) for e in runs)
     assert sa["epsilon"] == sb["epsilon"]
     assert sb["aggregation"].startswith("masked sum")
+    # the silos' raw records and secrets stay out of --out (they sat in --out/.federation/)
+    files = {e: {p.relative_to(runs[e]) for p in runs[e].rglob("*") if p.is_file()} for e in runs}
+    assert files["flower-sim"] == files["inprocess"]

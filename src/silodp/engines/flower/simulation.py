@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,12 +26,13 @@ from silodp.engines.flower.apps import SILO_DIR_ENV, client_app
 from silodp.engines.flower.transport import GridTransport
 from silodp.errors import InvalidValueError, SilodpError
 
-__all__ = ["FEDERATION_DIR", "simulate"]
+__all__ = ["simulate"]
 
 logger = logging.getLogger(__name__)
 
-#: where a simulation keeps its virtual silos' data files, inside the output directory
-FEDERATION_DIR = ".federation"
+#: the prefix of the private temporary directory (mode 0700) that holds the virtual silos'
+#: data files and secrets while a simulation runs; removed when it ends
+SILO_DIR_PREFIX = "silodp-silos-"
 
 
 def check_engine_config(config: ExperimentConfig) -> None:
@@ -64,7 +67,7 @@ def simulate(
 
     check_engine_config(config)
     out = Path(out_dir)
-    with holding_results(out):  # the silo files go into --out: no other run may write there
+    with holding_results(out):  # no other run may write into --out meanwhile
         return _simulate(config, out, overwrite, resume, timeout, on_failure, num_cpus, log)
 
 
@@ -78,10 +81,33 @@ def _simulate(
     num_cpus: int | None,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
+    data = build_federated_data(config.data)
+    # each silo's raw records and its secret: outside --out (whose files may be released),
+    # readable by this user only, and gone when the simulation ends
+    silo_dir = Path(tempfile.mkdtemp(prefix=SILO_DIR_PREFIX))
+    try:
+        return _run_simulation(
+            config, out, data, silo_dir, overwrite, resume, timeout, on_failure, num_cpus, log
+        )
+    finally:
+        os.environ.pop(SILO_DIR_ENV, None)
+        shutil.rmtree(silo_dir, ignore_errors=True)
+
+
+def _run_simulation(
+    config: ExperimentConfig,
+    out: Path,
+    data: Any,
+    silo_dir: Path,
+    overwrite: bool,
+    resume: bool,
+    timeout: float,
+    on_failure: str,
+    num_cpus: int | None,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     from silodp.experiment.run import resume_experiment, run_experiment
 
-    data = build_federated_data(config.data)
-    silo_dir = out / FEDERATION_DIR / "silos"
     write_silo_files(data.train, silo_dir)
     os.environ[SILO_DIR_ENV] = str(silo_dir.resolve())
     failures: list[BaseException] = []
