@@ -7,7 +7,8 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,37 +69,32 @@ def simulate(
     check_engine_config(config)
     out = Path(out_dir)
     with holding_results(out):  # no other run may write into --out meanwhile
-        return _simulate(config, out, overwrite, resume, timeout, on_failure, num_cpus, log)
+        data = build_federated_data(config.data)
+        with _private_silo_files(data.train):
+            return _simulate(
+                config, data, out, overwrite, resume, timeout, on_failure, num_cpus, log
+            )
 
 
-def _simulate(
-    config: ExperimentConfig,
-    out: Path,
-    overwrite: bool,
-    resume: bool,
-    timeout: float,
-    on_failure: str,
-    num_cpus: int | None,
-    log: Callable[[str], None],
-) -> dict[str, Any]:
-    data = build_federated_data(config.data)
-    # each silo's raw records and its secret: outside --out (whose files may be released),
-    # readable by this user only, and gone when the simulation ends
+@contextmanager
+def _private_silo_files(train: Any) -> Iterator[Path]:
+    """Each silo's raw records (and, once its runtime starts, its secret) in a temporary
+    directory readable by this user only, outside ``--out`` (whose files may be released),
+    removed when the simulation ends."""
     silo_dir = Path(tempfile.mkdtemp(prefix=SILO_DIR_PREFIX))
     try:
-        return _run_simulation(
-            config, out, data, silo_dir, overwrite, resume, timeout, on_failure, num_cpus, log
-        )
+        write_silo_files(train, silo_dir)
+        os.environ[SILO_DIR_ENV] = str(silo_dir.resolve())
+        yield silo_dir
     finally:
         os.environ.pop(SILO_DIR_ENV, None)
         shutil.rmtree(silo_dir, ignore_errors=True)
 
 
-def _run_simulation(
+def _simulate(
     config: ExperimentConfig,
-    out: Path,
     data: Any,
-    silo_dir: Path,
+    out: Path,
     overwrite: bool,
     resume: bool,
     timeout: float,
@@ -108,8 +104,6 @@ def _run_simulation(
 ) -> dict[str, Any]:
     from silodp.experiment.run import resume_experiment, run_experiment
 
-    write_silo_files(data.train, silo_dir)
-    os.environ[SILO_DIR_ENV] = str(silo_dir.resolve())
     failures: list[BaseException] = []
     app = ServerApp()
 
