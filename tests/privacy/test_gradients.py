@@ -13,10 +13,12 @@ from torch.nn import functional as F
 from silodp.models import MODELS, build_model
 from silodp.privacy.gradients import (
     CLIP_MARGIN,
+    WIDE_COLUMNS,
     batch_gradient,
     clip_factors,
     per_example_gradients,
     per_example_norms,
+    row_norms,
     subject_average_weights,
     tree_norm,
     weighted_sum,
@@ -158,6 +160,14 @@ def test_clip_factors_equal_the_formula(dtype) -> None:
     assert got.dtype == expected.dtype
     assert torch.equal(got, expected)
     assert torch.equal(clip_factors(norms[4], 0.3), expected[4])
+
+
+@pytest.mark.parametrize("columns", [5, WIDE_COLUMNS, 3 * WIDE_COLUMNS + 5])
+def test_row_norms_are_float64_norms_taken_by_blocks_of_columns(columns) -> None:
+    rows = torch.randn(4, columns, generator=torch.Generator().manual_seed(columns)) * 1e3
+    got = row_norms(rows)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, rows.double().norm(dim=1), rtol=1e-14, atol=0)
 
 
 @pytest.mark.parametrize("elements", [7, 1_000, 100_000])

@@ -45,7 +45,7 @@ from silodp.algorithms.uldp_common import (
 from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
 from silodp.privacy.ghost import clipper_for
-from silodp.privacy.gradients import Params, clip_factors, drop_non_finite
+from silodp.privacy.gradients import Params, clip_factors, drop_non_finite, row_norms
 from silodp.privacy.per_subject import per_subject_deltas, subject_batches
 from silodp.privacy.randomness import Coins
 from silodp.privacy.stacked import StackedModel
@@ -273,10 +273,7 @@ class UldpAvg(Algorithm):
             ):
                 # per-subject norms parameter by parameter (no concatenated copy of the
                 # chunk), in float64 as clip_factors' margin needs
-                norms = [
-                    torch.linalg.vector_norm(d.flatten(1), dim=1, dtype=torch.float64)
-                    for d in deltas.values()
-                ]
+                norms = [row_norms(d.flatten(1)) for d in deltas.values()]
                 total_norms = torch.linalg.vector_norm(torch.stack(norms), dim=0)
                 factors = clip_factors(total_norms, cfg.clip)
                 coeff = factors * row[order[rows]].to(factors.dtype)

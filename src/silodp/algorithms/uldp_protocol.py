@@ -43,7 +43,7 @@ from silodp.crypto.sampling import SharedSampleKey
 from silodp.data import FederatedDataset
 from silodp.data.bounds import check_records_per_subject
 from silodp.errors import InvalidValueError
-from silodp.privacy.gradients import Params, clip_factors, drop_non_finite
+from silodp.privacy.gradients import Params, clip_factors, drop_non_finite, row_norms
 from silodp.privacy.per_subject import per_subject_deltas, subject_batches
 from silodp.privacy.randomness import Coins
 
@@ -377,7 +377,7 @@ class UldpAvgW(UldpAvg):
                 model, params, silo.x, silo.y, batches, lr=cfg.lr, method=deltas_method(cfg)
             ):
                 flat = torch.cat([deltas[k].reshape(deltas[k].shape[0], -1) for k in names], dim=1)
-                norms = torch.linalg.vector_norm(flat, dim=1, dtype=torch.float64)
+                norms = row_norms(flat)
                 factors = clip_factors(norms, clip)
                 kept = drop_non_finite(flat * factors[:, None], norms)
                 clipped = kept.detach().cpu().numpy().astype(np.float64)
