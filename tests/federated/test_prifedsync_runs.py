@@ -155,6 +155,70 @@ def test_a_cell_stopped_at_its_accuracy_target_is_charged_its_whole_plan(tmp_pat
     assert verify_ledger(run_dir / "ledger.sqlite") == []
 
 
+def _stopping_cell() -> dict:
+    raw = _raw(training__rounds=3)
+    raw["sweep"] = {"client_rate": [0.5], "noise_multiplier": [1.0], "target_accuracy": 0.01}
+    raw["privacy"]["noise"] = "seeded"
+    return raw
+
+
+def test_a_charged_cell_reports_the_plans_mu_and_routes(tmp_path: Path) -> None:
+    summary = run_experiment(parse_config(_stopping_cell()), tmp_path)
+    (item,) = summary["runs"]
+    mu, eps = _account(item["account_command"])
+    assert item["mu_estimates"]["client_max"] == pytest.approx(mu, rel=1e-9)
+    assert item["epsilon"]["record"] == pytest.approx(eps, rel=1e-6)
+    assert set(item["epsilon_route"]) == set(item["epsilon"])
+
+
+@pytest.mark.parametrize("cut", ["while_writing_outputs", "while_charging"])
+def test_a_charged_cell_cut_short_resumes_without_training_or_charging_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cut: str
+) -> None:
+    """Stopped while writing its figures (after the charge) or between two charged rounds,
+    a resumed cell trains no further (it had reached its target), charges only what is left,
+    and ends as the uninterrupted cell: same model, same ε, a ledger of 3 rounds."""
+    from silodp.experiment import resume_experiment
+    from silodp.federated import Simulator
+    from silodp.ledger.report import ledger_report, verify_ledger
+
+    config = parse_config(_stopping_cell())
+    whole = run_experiment(config, tmp_path / "whole")["runs"][0]
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    charge = Simulator.charge_rounds
+
+    def charge_one_then_stop(self: Simulator, first: int, last: int) -> None:
+        charge(self, first, first)
+        raise KeyboardInterrupt
+
+    out = tmp_path / "cut"
+    with monkeypatch.context() as patch:
+        if cut == "while_charging":
+            patch.setattr(Simulator, "charge_rounds", charge_one_then_stop)
+        else:
+            patch.setattr("silodp.experiment.run.plotting.plot_training", stop)
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(config, out, log=lambda m: None)
+    run_dir = out / whole["algorithm"]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+    resumed = resume_experiment(out, log=lambda m: None)["runs"][0]
+    assert resumed["status"] == "complete" and resumed["stopped_at_round"] == 1
+    assert resumed["epsilon"] == whole["epsilon"]
+    assert resumed["epsilon_at_stop"] == whole["epsilon_at_stop"]
+    import torch
+
+    a = torch.load(tmp_path / "whole" / whole["algorithm"] / "model.pt")
+    b = torch.load(run_dir / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    (run,) = ledger_report(run_dir / "ledger.sqlite")["runs"]
+    assert run["status"] == "complete" and run["rounds"] == 3 and not run["interrupted_rounds"]
+    assert run["epsilon"]["record"] == pytest.approx(whole["epsilon"]["record"], rel=1e-9)
+    assert verify_ledger(run_dir / "ledger.sqlite") == []
+
+
 def test_plain_prifedsync_run_reports_accountant_privacy(tmp_path: Path) -> None:
     raw = _raw(training__rounds=2)
     raw.pop("sweep")

@@ -72,15 +72,25 @@ ProgressFactory = Callable[[str, int], Callable[[dict[str, Any]], None]]
 
 
 def _charged_epsilon(accountant: Any, rounds: int) -> dict[str, Any]:
-    """The summary's ε fields once every planned round is charged."""
-    return {
-        "epsilon": {u: _finite(e.epsilon) for u, e in accountant.estimates().items()},
+    """The summary's privacy fields once every planned round is charged."""
+    estimates = accountant.estimates()
+    out: dict[str, Any] = {
+        "epsilon": {u: _finite(e.epsilon) for u, e in estimates.items()},
+        "epsilon_route": {u: e.route for u, e in estimates.items()},
         "epsilon_by_adversary": {
-            adversary: {u: _finite(e.epsilon) for u, e in estimates.items()}
-            for adversary, estimates in accountant.estimates_by_adversary().items()
+            adversary: {u: _finite(e.epsilon) for u, e in by.items()}
+            for adversary, by in accountant.estimates_by_adversary().items()
         },
+        "mu": {u: _finite(m) for u, m in accountant.mu().items()},
         "rounds_charged": rounds,
     }
+    for key, values in (
+        ("mu_estimates", accountant.mu_estimates()),
+        ("epsilon_estimates", accountant.labelled_estimates()),
+    ):
+        if values:
+            out[key] = {k: _finite(v) for k, v in values.items()}
+    return out
 
 
 def _charged_note(out: dict[str, Any], rounds: int) -> str:
@@ -227,9 +237,13 @@ def train_run(
     )
     start = 1
     previous: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
+    stops_at_target = sweep is not None and sweep.stop_at_target
     if checkpoint is not None:
         engine.restore(checkpoint["engine"])
         start, previous = checkpoint["round"] + 1, checkpoint["rows"]
+        done = [RoundResult.from_json(row) for row in previous[0]]
+        if stops_at_target and target_round(done, sweep) is not None:
+            start = run.training.rounds + 1  # it had stopped at the target: train no further
     by_adversary: list[dict[str, dict[str, float | None]]] = [
         r["epsilon_by_adversary"] for r in previous[0] if r.get("epsilon_by_adversary")
     ]
@@ -268,9 +282,7 @@ def train_run(
     charged: dict[str, Any] = {}
 
     def reached(result: RoundResult) -> bool:
-        return (
-            sweep is not None and sweep.stop_at_target and target_round([result], sweep) is not None
-        )
+        return stops_at_target and target_round([result], sweep) is not None
 
     tracker = tracking.open_run(
         config.tracking, _tracked(run, run_dir), resume=resume, previous=previous[0]
@@ -297,7 +309,15 @@ def train_run(
             if status == "complete" and accountant is not None and stopped < run.training.rounds:
                 # the stop was read from the models' accuracy, so where it fell depends on the
                 # data: only the whole plan is a guarantee, and the ledger is charged it
-                engine.charge_rounds(stopped + 1, run.training.rounds)
+                try:
+                    engine.charge_rounds(stopped + 1, run.training.rounds)
+                    # a checkpoint of the whole plan: a resume only writes the outputs
+                    save_checkpoint(
+                        run_dir, run.training.rounds, engine, config_hash, (rows, private_rows)
+                    )
+                except BaseException:
+                    write_json(run_dir / "summary.json", summary_of("interrupted", results))
+                    raise
                 charged.update(_charged_epsilon(accountant, run.training.rounds))
                 charged["stopped_at_round"] = stopped
         except BaseException:
