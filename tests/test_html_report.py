@@ -118,6 +118,35 @@ def test_a_public_report_leaves_out_the_silo_private_section(
     assert not (tmp_path / "p_files" / "data_distribution.png").exists()
 
 
+def test_a_unit_without_a_finite_bound_reads_inf_and_a_data_bound_is_not_made_public(
+    tmp_path: Path,
+) -> None:
+    """uldp_avg_w with weights in the clear has no ε against the silos (stored as null): the
+    report's tables said "-", the mark of a unit an algorithm does not report. A k taken from
+    the data is not public: a --public report of such a run is refused."""
+    raw = json.loads(json.dumps(TINY))
+    raw["algorithms"] = ["fedavg", "uldp_avg_w", "local_item_dp"]
+    raw["privacy"] |= {"weighting": "clear", "group_size": "max"}
+    run_experiment(parse_config(raw), tmp_path / "run")
+    result = CliRunner().invoke(
+        app, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "r.html")]
+    )
+    assert result.exit_code == 0, result.output
+    final = (tmp_path / "r_files" / "final.md").read_text().splitlines()
+    header = [c.strip() for c in final[0].strip("|").split("|")]
+    rows = {
+        r.split("|")[1].strip(): [c.strip() for c in r.strip("|").split("|")] for r in final[2:]
+    }
+    subject = header.index("ε (subject)")
+    assert rows["uldp_avg_w"][subject] == "inf"  # no guarantee against the silos
+    assert rows["fedavg"][subject] == "-"  # no ε at all
+    assert rows["local_item_dp"][subject] not in ("-", "inf")
+    public = ["report", str(tmp_path / "run"), "--out", str(tmp_path / "p.html"), "--public"]
+    refused = CliRunner().invoke(app, public)
+    assert refused.exit_code != 0 and "local_item_dp" in refused.output
+    assert "group_size" in refused.output and not (tmp_path / "p.html").exists()
+
+
 def test_sweep_report_has_its_table_and_utility_against_epsilon(tmp_path: Path) -> None:
     import tomli_w
 

@@ -82,6 +82,8 @@ def write_report(results_dir: str | Path, out: str | Path, *, public: bool = Fal
     if (src / "grid.json").is_file():
         build = _sweep
     elif (src / "summary.json").is_file() and "runs" in _json(src / "summary.json"):
+        if public:
+            _check_public(_json(src / "summary.json"))
         build = functools.partial(_experiment, public=public)
     else:
         stopped = (src / EXPERIMENT_FILE).is_file()
@@ -115,6 +117,24 @@ def write_report(results_dir: str | Path, out: str | Path, *, public: bool = Fal
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return written
+
+
+def _check_public(summary: Mapping[str, Any]) -> None:
+    """Refuses a public report of runs whose group bound k was taken from the data: k is not
+    public, and the report would show it (the resolved config, the account command) and
+    every ε computed from it."""
+    from_data = [
+        r["algorithm"]
+        for r in summary["runs"]
+        if str(r.get("group_size_source") or "").startswith("data")
+    ]
+    if from_data:
+        raise InvalidValueError(
+            f"Expected the runs of a --public report to use a public group bound; {from_data} "
+            "took privacy.group_size from the data, which is not public (the report would show "
+            "it and the ε computed from it). Set privacy.group_size to a public number and "
+            "run again, or write the report without --public for the consortium."
+        )
 
 
 def _is_report(path: Path) -> bool:
@@ -189,6 +209,15 @@ def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _bound(epsilon: Mapping[str, float | None], unit: str) -> float | None:
+    """A unit's ε from a summary or ledger mapping: ``inf`` where the unit is there without a
+    finite bound (written as ``null``: no guarantee), ``None`` ("-") where it is not there."""
+    if unit not in epsilon:
+        return None
+    value = epsilon[unit]
+    return math.inf if value is None else float(value)
+
+
 def _cell(value: Any, column: str) -> str:
     if value is None:
         return "-"
@@ -229,7 +258,7 @@ def _final_rows(summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[
             "rounds": run.get("rounds_completed"),
             "test accuracy": run.get("test_accuracy"),
             **{c: run.get(PERSONAL[c]) for c in personal},
-            **{f"ε ({u})": (run.get("epsilon") or {}).get(u) for u in units},
+            **{f"ε ({u})": _bound(run.get("epsilon") or {}, u) for u in units},
             "σ": run.get("noise_multiplier"),
             "against": run.get("adversary") if run.get("epsilon") else None,
         }
@@ -247,7 +276,9 @@ def _experiment(src: Path, files: Path, *, public: bool = False) -> tuple[str, s
         _table(rows, columns),
         "<p>ε is each run's final ε against the adversary named, composed from the events its "
         "ledger holds for it (a shared ledger's total over every run on it is listed with "
-        "each run below); test accuracy is on the held-out split, which no ε covers.</p>",
+        "each run below; inf: no finite guarantee at that unit against that adversary; -: the "
+        "algorithm reports no ε at that unit); test accuracy is on the held-out split, which "
+        "no ε covers.</p>",
     ]
     by_unit = files / "epsilon_by_unit.png"
     if plotting.plot_units(summary["runs"], by_unit) is not None:
@@ -473,7 +504,7 @@ def _ledger_totals(path: Path, shared: bool = False) -> str:
         {
             "ledger total": kind,
             "runs": len(total["runs"]),
-            **{f"ε ({u})": v for u, v in total["epsilon"].items()},
+            **{f"ε ({u})": _bound(total["epsilon"], u) for u in total["epsilon"]},
         }
         for kind, total in report["total"].items()
     ]
