@@ -59,3 +59,56 @@ def test_utility_against_epsilon_labels_a_narrow_log_axis_plainly(tmp_path, figu
     minor = [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()]
     assert {"5", "10", "20"} <= set(major) and not minor
     assert all("×" not in t and "^" not in t for t in major)
+
+
+def _unbounded_rows() -> list[dict[str, Any]]:
+    """uldp_avg_w with clear weights: no finite ε against the silos (``null``), so none
+    against every party; 3.5·r against the released model."""
+    return [
+        {
+            "round": r,
+            "epsilon": {"subject": None},
+            "adversary": "strongest",
+            "epsilon_by_adversary": {
+                "released": {"subject": 3.5 * r},
+                "server": {"subject": None},
+                "silos": {"subject": None},
+            },
+        }
+        for r in (1, 2, 3)
+    ]
+
+
+def test_an_epsilon_without_a_finite_bound_is_named_not_left_out(tmp_path, figures) -> None:
+    """ε = inf (null) was silently skipped: the headline's legend entry had no line, and an
+    adversary whose ε was inf never counted as differing."""
+    rows = _unbounded_rows()
+    plotting.plot_epsilon(rows, tmp_path / "e.png", "uldp_avg_w", 1e-5)
+    legend = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    assert legend == [
+        f"subject (add/remove), against strongest ({plotting.NO_BOUND})",
+        "subject, against released",
+    ]
+    finite = [
+        {**r, "epsilon": {"subject": 3.5 * r["round"]}, "adversary": "released"} for r in rows
+    ]
+    plotting.plot_epsilon(finite, tmp_path / "f.png", "uldp_avg_w", 1e-5)
+    legend = [t.get_text() for t in figures[1].axes[0].get_legend().get_texts()]
+    assert legend == [
+        "subject (add/remove), against released",
+        f"subject, against server and silos ({plotting.NO_BOUND})",
+    ]
+    plotting.plot_comparison(
+        {"uldp_avg": finite, "uldp_avg_w": rows}, tmp_path / "c.png", delta=1e-5
+    )
+    right = figures[2].axes[1]
+    legend = [t.get_text() for t in right.get_legend().get_texts()]
+    assert legend == ["uldp_avg", f"uldp_avg_w ({plotting.NO_BOUND})"]
+    assert right.get_title() == "ε against released / strongest"
+    runs = [
+        {"algorithm": "uldp_avg", "epsilon": {"subject": 10.5}},
+        {"algorithm": "uldp_avg_w", "epsilon": {"subject": None}},
+    ]
+    plotting.plot_units(runs, tmp_path / "u.png")
+    texts = [t.get_text() for t in figures[3].axes[0].texts]
+    assert "inf" in texts

@@ -83,7 +83,11 @@ def plot_epsilon(metrics: Metrics, path: Path, title: str, delta: float) -> Path
             def value(m: Mapping[str, Any], u: str = unit, w: str = who) -> Any:
                 return m.get("epsilon_by_adversary", {}).get(w, {}).get(u)
 
-            if any(value(m) != m["epsilon"].get(unit) for m in metrics if value(m) is not None):
+            def reports(m: Mapping[str, Any], u: str = unit, w: str = who) -> bool:
+                return u in m.get("epsilon_by_adversary", {}).get(w, {})
+
+            # None is ε = inf: it differs from a finite headline as much as any number
+            if any(value(m) != m["epsilon"].get(unit) for m in metrics if reports(m)):
                 same.setdefault(tuple(value(m) for m in metrics), []).append(who)
         for whom in same.values():
 
@@ -121,9 +125,21 @@ def adjacency_at(adjacency: str | Mapping[str, str] | None, unit: str) -> str:
     return adjacency if isinstance(adjacency, str) else adjacency.get(unit, "add/remove")
 
 
-def _curve(ax: Any, metrics: Metrics, value: Any, **style: Any) -> None:
+#: what a legend says of an ε curve that has no finite bound (stored as ``null``)
+NO_BOUND = "inf: no guarantee, not drawn"
+
+
+def _curve(ax: Any, metrics: Metrics, value: Any, *, label: str, **style: Any) -> None:
+    """``value(m)`` against round; rounds where it is ``None`` (an ε with no finite bound)
+    are not drawn, and the legend says from which round on."""
     rows = [(m["round"], value(m)) for m in metrics if value(m) is not None]
-    ax.plot([r for r, _ in rows], [v for _, v in rows], marker="o", markersize=3, **style)
+    unbounded = [m["round"] for m in metrics if value(m) is None]
+    if unbounded:
+        since = "" if not rows else f" from round {unbounded[0]}"
+        label = f"{label} ({NO_BOUND}{since})"
+    ax.plot(
+        [r for r, _ in rows], [v for _, v in rows], marker="o", markersize=3, label=label, **style
+    )
 
 
 def plot_batch_histograms(metrics: Metrics, path: Path, title: str) -> Path:
@@ -183,6 +199,9 @@ def plot_comparison(
             for m in metrics
             if m.get("epsilon", {}).get(unit) is not None
         ]
+        unbounded = [
+            m["round"] for m in metrics if unit in m.get("epsilon", {}) and not _finite(m, unit)
+        ]
         replace_one = any(adjacency_at(m.get("adjacency"), unit) == "replace-one" for m in metrics)
         if rows:
             # algorithms calibrated to one target often share their ε curve exactly: say so,
@@ -207,12 +226,18 @@ def plot_comparison(
                 linestyle=":" if replace_one else ("--" if same else "-"),
             )
             drawn[name] = rows
+        if unbounded:  # listed, so that a method without a finite ε is not simply missing
+            since = "" if not rows else f" from round {unbounded[0]}"
+            right.plot([], [], color=colour, marker=marker, label=f"{name} ({NO_BOUND}{since})")
     left.set_xlabel("round")
     left.set_ylabel("test accuracy")
     left.grid(alpha=0.3)
     left.legend()
     right.set_xlabel("round")
     right.set_ylabel(f"{unit}-level ε at δ={delta:g}")
+    against = sorted({m["adversary"] for ms in runs.values() for m in ms if m.get("adversary")})
+    if against:  # each run's headline ε holds against its own adversary
+        right.set_title(f"ε against {' / '.join(against)}", fontsize=10)
     if right.lines:
         if any(v > 0 for line in right.lines for v in line.get_ydata()):
             right.set_yscale("log")
@@ -221,6 +246,10 @@ def plot_comparison(
         right.text(0.5, 0.5, "no private run", ha="center", va="center", transform=right.transAxes)
     right.grid(alpha=0.3)
     return save_figure(fig, path)
+
+
+def _finite(m: Mapping[str, Any], unit: str) -> bool:
+    return m.get("epsilon", {}).get(unit) is not None
 
 
 def plot_personalised(
@@ -268,9 +297,22 @@ def plot_units(runs: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
             label=unit,
         )
         ax.bar_label(bars, labels=[display.upper(v) for v in values if v is not None], fontsize=7)
+        # a unit reported without a finite bound (null): no bar can be drawn, so say so
+        for x, r in zip(xs, private, strict=True):
+            if unit in r["epsilon"] and r["epsilon"][unit] is None:
+                ax.annotate(
+                    "inf",
+                    (x, 0.02),
+                    xycoords=("data", "axes fraction"),
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                    color=bars.patches[0].get_facecolor() if bars.patches else None,
+                )
     ax.set_xticks(range(len(private)), [r["algorithm"] for r in private], rotation=15)
+    ax.set_xlim(-0.5, len(private) - 0.5)  # every group, also one with no bar drawn
     ax.set_yscale("log")
-    ax.set_ylabel("final ε")
+    ax.set_ylabel("final ε (inf: no guarantee at that unit)")
     ax.legend(title="unit")
     ax.grid(alpha=0.3, axis="y")
     return save_figure(fig, path)
