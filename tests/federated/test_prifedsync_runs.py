@@ -168,19 +168,29 @@ def test_a_charged_cell_reports_the_plans_mu_and_routes(tmp_path: Path) -> None:
     mu, eps = _account(item["account_command"])
     assert item["mu_estimates"]["client_max"] == pytest.approx(mu, rel=1e-9)
     assert item["epsilon"]["record"] == pytest.approx(eps, rel=1e-6)
-    assert set(item["epsilon_route"]) == set(item["epsilon"])
+    from typer.testing import CliRunner
+
+    from silodp.cli import app
+
+    account = CliRunner().invoke(app, [*shlex.split(item["account_command"])[1:], "--json"])
+    assert item["epsilon_route"] == json.loads(account.output)["method"]
 
 
-@pytest.mark.parametrize("cut", ["while_writing_outputs", "while_charging"])
+@pytest.mark.parametrize(
+    "cut", ["while_writing_outputs", "while_charging", "inside_a_charged_round"]
+)
 def test_a_charged_cell_cut_short_resumes_without_training_or_charging_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cut: str
 ) -> None:
-    """Stopped while writing its figures (after the charge) or between two charged rounds,
-    a resumed cell trains no further (it had reached its target), charges only what is left,
-    and ends as the uninterrupted cell: same model, same ε, a ledger of 3 rounds."""
+    """Stopped while writing its figures (after the charge), between two charged rounds or
+    inside one (its events recorded, not marked complete), a resumed cell trains no further
+    (it had reached its target), charges only the rounds its ledger lacks, and ends as the
+    uninterrupted cell: same model, same ε."""
     from silodp.experiment import resume_experiment
+    from silodp.experiment.run import kept_runs
     from silodp.federated import Simulator
     from silodp.ledger.report import ledger_report, verify_ledger
+    from silodp.ledger.run import RunLedger
 
     config = parse_config(_stopping_cell())
     whole = run_experiment(config, tmp_path / "whole")["runs"][0]
@@ -194,16 +204,27 @@ def test_a_charged_cell_cut_short_resumes_without_training_or_charging_again(
         charge(self, first, first)
         raise KeyboardInterrupt
 
+    complete = RunLedger.complete_round
+
+    def cut_round_3(self: RunLedger, round_index: int, *args: object, **kwargs: object) -> None:
+        if round_index == 3:
+            raise KeyboardInterrupt
+        complete(self, round_index, *args, **kwargs)
+
     out = tmp_path / "cut"
     with monkeypatch.context() as patch:
         if cut == "while_charging":
             patch.setattr(Simulator, "charge_rounds", charge_one_then_stop)
+        elif cut == "inside_a_charged_round":
+            patch.setattr(RunLedger, "complete_round", cut_round_3)
         else:
             patch.setattr("silodp.experiment.run.plotting.plot_training", stop)
         with pytest.raises(KeyboardInterrupt):
             run_experiment(config, out, log=lambda m: None)
     run_dir = out / whole["algorithm"]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+    (kept,) = kept_runs(out)
+    assert kept["rounds_kept"] == 1  # trained; the charged rounds were not
     resumed = resume_experiment(out, log=lambda m: None)["runs"][0]
     assert resumed["status"] == "complete" and resumed["stopped_at_round"] == 1
     assert resumed["epsilon"] == whole["epsilon"]
@@ -214,9 +235,36 @@ def test_a_charged_cell_cut_short_resumes_without_training_or_charging_again(
     b = torch.load(run_dir / "model.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
     (run,) = ledger_report(run_dir / "ledger.sqlite")["runs"]
-    assert run["status"] == "complete" and run["rounds"] == 3 and not run["interrupted_rounds"]
+    cut_rounds = [3] if cut == "inside_a_charged_round" else []
+    assert run["status"] == "complete" and run["rounds"] == 3
+    assert run["interrupted_rounds"] == cut_rounds  # composed in full, not charged again
     assert run["epsilon"]["record"] == pytest.approx(whole["epsilon"]["record"], rel=1e-9)
     assert verify_ledger(run_dir / "ledger.sqlite") == []
+
+
+def test_a_budget_that_runs_out_while_charging_ends_the_cell_budget_exhausted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget met while charging (possible on a shared ledger another run spends on) ends
+    the cell as budget_exhausted with the ε of what was charged, and says how far."""
+    from silodp.federated import Simulator
+    from silodp.ledger.report import ledger_report
+    from silodp.ledger.run import BudgetExceededError
+
+    charge = Simulator.charge_rounds
+
+    def out_of_budget(self: Simulator, first: int, last: int) -> None:
+        charge(self, first, first)
+        raise BudgetExceededError("record", 1.0, 2.0, 1.5)
+
+    monkeypatch.setattr(Simulator, "charge_rounds", out_of_budget)
+    (item,) = run_experiment(parse_config(_stopping_cell()), tmp_path)["runs"]
+    assert item["status"] == "budget_exhausted" and item["rounds_charged"] == 2
+    assert any("charged through round 2 of 3" in note for note in item["notes"])
+    _, two = _account(item["account_command"].replace("--rounds 3 ", "--rounds 2 "))
+    assert item["epsilon"]["record"] == pytest.approx(two, rel=1e-6)
+    ledger = ledger_report(tmp_path / item["algorithm"] / "ledger.sqlite")
+    assert ledger["runs"][0]["status"] == "budget_exhausted" and ledger["runs"][0]["rounds"] == 2
 
 
 def test_plain_prifedsync_run_reports_accountant_privacy(tmp_path: Path) -> None:

@@ -50,6 +50,7 @@ from silodp.experiment.record import (
 from silodp.federated import RoundResult, Simulator
 from silodp.federated.engine import Engine
 from silodp.io import check_writable_dir, write_json, write_text
+from silodp.ledger.run import BudgetExceededError
 from silodp.ledger.store import SQLITE_HEADER
 from silodp.models import build_model
 
@@ -95,11 +96,17 @@ def _charged_epsilon(accountant: Any, rounds: int) -> dict[str, Any]:
 
 def _charged_note(out: dict[str, Any], rounds: int) -> str:
     at_stop = ", ".join(f"{u} {display.upper(v, 4)}" for u, v in out["epsilon_at_stop"].items())
+    charged = out["rounds_charged"]
+    what = (
+        f"ε is that of all {rounds} planned rounds, which the ledger is charged"
+        if charged >= rounds
+        else f"the ledger was charged through round {charged} of {rounds} when the budget "
+        "ran out, and ε is that"
+    )
     return (
         f"stopped at round {out['stopped_at_round']} when the accuracy target was reached; "
-        f"that round depends on the data, so ε is that of all {rounds} planned rounds, which "
-        f"the ledger is charged (ε after the rounds run: {at_stop}, epsilon_at_stop, not a "
-        "guarantee)"
+        f"that round depends on the data, so {what} (ε after the rounds run: {at_stop}, "
+        "epsilon_at_stop, not a guarantee)"
     )
 
 
@@ -315,10 +322,16 @@ def train_run(
                     save_checkpoint(
                         run_dir, run.training.rounds, engine, config_hash, (rows, private_rows)
                     )
+                except BudgetExceededError as err:  # what could be charged is in the ledger
+                    status = "budget_exhausted"
+                    logger.warning("%s", err)
                 except BaseException:
                     write_json(run_dir / "summary.json", summary_of("interrupted", results))
                     raise
-                charged.update(_charged_epsilon(accountant, run.training.rounds))
+                through = run.training.rounds
+                if status == "budget_exhausted" and ledger is not None:
+                    through = max(ledger.recorded_rounds(), default=stopped)
+                charged.update(_charged_epsilon(accountant, through))
                 charged["stopped_at_round"] = stopped
         except BaseException:
             for held in (ledger, no_noise):
@@ -753,7 +766,10 @@ def _checkpointed_round(run_dir: Path) -> int:
         state = torch.load(path, weights_only=False, map_location="cpu")
     except Exception:  # an unreadable checkpoint keeps nothing
         return 0
-    return int(state.get("round", 0))
+    # the rounds trained (a run charged its plan after stopping at its accuracy target is
+    # checkpointed at the plan's last round, with the rows of the rounds it trained)
+    rows = state.get("rows", ([], []))[0]
+    return int(rows[-1]["round"]) if rows else 0
 
 
 def kept_runs(out_dir: str | Path, names: Sequence[str] = ()) -> list[dict[str, Any]]:

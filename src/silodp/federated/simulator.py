@@ -270,13 +270,14 @@ class Simulator:
         """Composes rounds ``first..last`` of the plan, every silo taking part, into the
         accountant and records them in the ledger, without running them: a run that stopped
         at a round read from its own results (an accuracy target) is charged its whole plan,
-        since where it stopped depends on the data. Rounds the ledger already holds complete
-        (charged before a stop, then resumed) are in the accountant and are not charged again."""
+        since where it stopped depends on the data. Rounds the ledger already holds events of
+        (charged before a stop, then resumed) are in the accountant and are not charged
+        again."""
         if self.accountant is None or not self.planned:
             return
         events = list(self.planned)
         participants = self.silos_per_round
-        done = self.ledger.completed_rounds() if self.ledger is not None else set()
+        done = self.ledger.recorded_rounds() if self.ledger is not None else set()
         for r in range(check_int("first", first, 1), last + 1):
             if r in done:
                 continue

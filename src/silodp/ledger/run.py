@@ -337,9 +337,10 @@ class RunLedger:
         executions = [(f"silo:{silo}", privacy) for silo, privacy in enumerate(planned)]
         self.ledger.record_many(self.run_id, round_index, executions, attempt=self.attempt)
 
-    def completed_rounds(self) -> set[int]:
-        """The rounds of this run the ledger holds complete (in any attempt)."""
-        return {r["round"] for r in self.ledger.rounds(self.run_id) if r["status"] == "complete"}
+    def recorded_rounds(self) -> set[int]:
+        """The rounds of this run with events in the ledger (in any attempt, complete or
+        cut short: a resumed run's accountant holds every one of them, in full)."""
+        return {r for r, _, _, kind, _ in self.ledger.events(self.run_id) if kind == "round"}
 
     def round_events(self, round_index: int) -> list[SiloPrivacy]:
         """The events recorded for ``round_index``, read back from the ledger."""
