@@ -147,6 +147,31 @@ def test_a_unit_without_a_finite_bound_reads_inf_and_a_data_bound_is_not_made_pu
     assert "group_size" in refused.output and not (tmp_path / "p.html").exists()
 
 
+def test_a_sweep_shows_inf_and_its_public_report_refuses_a_data_bound(tmp_path: Path) -> None:
+    import tomli_w
+
+    base = {**TINY, "algorithms": ["uldp_avg_w", "local_item_dp"]}
+    base["privacy"] = {**TINY["privacy"], "weighting": "clear", "group_size": "max"}
+    (tmp_path / "base.toml").write_text(tomli_w.dumps(base))
+    (tmp_path / "s.toml").write_text(
+        'base = "base.toml"\nseeds = [0]\n[grid]\n"privacy.noise_multiplier" = [1.5]\n'
+    )
+    run_grid(load_grid(tmp_path / "s.toml"), tmp_path / "sweep", log=lambda m: None)
+    table = (tmp_path / "sweep" / "results.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| uldp_avg_w "))
+    assert row.rstrip(" |").endswith("inf")  # its subject ε against every party: none
+    result = CliRunner().invoke(
+        app, ["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "s.html")]
+    )
+    assert result.exit_code == 0, result.output
+    shown = (tmp_path / "s_files" / "results.md").read_text()
+    assert "| uldp_avg_w |" in shown and "inf" in shown and "unbounded" not in shown
+    public = ["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "p.html"), "--public"]
+    refused = CliRunner().invoke(app, public)
+    assert refused.exit_code != 0 and "group_size" in refused.output
+    assert not (tmp_path / "p.html").exists()
+
+
 def test_sweep_report_has_its_table_and_utility_against_epsilon(tmp_path: Path) -> None:
     import tomli_w
 

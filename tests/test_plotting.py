@@ -112,3 +112,40 @@ def test_an_epsilon_without_a_finite_bound_is_named_not_left_out(tmp_path, figur
     plotting.plot_units(runs, tmp_path / "u.png")
     texts = [t.get_text() for t in figures[3].axes[0].texts]
     assert "inf" in texts
+
+
+def test_a_sweep_run_without_a_finite_epsilon_is_not_drawn_as_the_baseline(
+    tmp_path, figures
+) -> None:
+    """Per-round figure of a sweep: a private run whose ε is inf in every round has no ε
+    band; it was drawn grey and dashed, as the non-private baseline is."""
+    band = ([1, 2], [0.5, 0.6], [0.0, 0.0])
+    accuracy = {"fedavg (non-private)": band, "uldp_avg (subject ε)": band}
+    accuracy["uldp_avg_w (subject ε)"] = band
+    epsilon = {"uldp_avg (subject ε)": ([1, 2], [1.0, 2.0], [0.0, 0.0])}
+    plotting.plot_rounds_over_seeds(accuracy, epsilon, tmp_path / "r.png", "grid point")
+    left, right = figures[0].axes
+    styles = {line.get_label(): (line.get_color(), line.get_linestyle()) for line in left.lines}
+    assert styles["fedavg (non-private)"] == ("grey", "--")
+    assert styles["uldp_avg_w (subject ε)"][0] != "grey"
+    legend = [t.get_text() for t in right.get_legend().get_texts()]
+    assert legend == ["uldp_avg (subject ε)", f"uldp_avg_w (subject ε) ({plotting.NO_BOUND})"]
+    rows = [
+        {
+            "algorithm": "uldp_avg",
+            "baseline": False,
+            "accuracy_mean": 0.5,
+            "epsilon_subject_mean": 2.0,
+            "epsilon_subject_std": 0.0,
+        },
+        {
+            "algorithm": "uldp_avg_w",
+            "baseline": False,
+            "accuracy_mean": 0.6,
+            "epsilon_subject_mean": None,
+            "epsilon_subject_unbounded": True,
+        },
+    ]
+    plotting.plot_utility_vs_epsilon(rows, tmp_path / "u.png")
+    legend = [t.get_text() for t in figures[1].axes[0].get_legend().get_texts()]
+    assert f"uldp_avg_w (subject ε) ({plotting.NO_BOUND} in some cells)" in legend

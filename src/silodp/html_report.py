@@ -80,6 +80,9 @@ def write_report(results_dir: str | Path, out: str | Path, *, public: bool = Fal
         )
     _check_replaceable(out, files, own=out.resolve() == (src / "report.html").resolve())
     if (src / "grid.json").is_file():
+        if public:  # every cell is an experiment
+            for cell in sorted((src / "cells").glob("*/summary.json")):
+                _check_public(_json(cell))
         build = _sweep
     elif (src / "summary.json").is_file() and "runs" in _json(src / "summary.json"):
         if public:
@@ -125,7 +128,7 @@ def _check_public(summary: Mapping[str, Any]) -> None:
     every ε computed from it."""
     from_data = [
         r["algorithm"]
-        for r in summary["runs"]
+        for r in summary.get("runs", [])
         if str(r.get("group_size_source") or "").startswith("data")
     ]
     if from_data:
@@ -521,12 +524,23 @@ def _ledger_totals(path: Path, shared: bool = False) -> str:
 # --- a sweep ------------------------------------------------------------------------------------
 
 
+def _shown_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A sweep's table row as shown: an ε mean with no finite bound in some seed (its
+    ``_unbounded`` mark) reads inf, not "-" (a unit not reported)."""
+    out = {k: v for k, v in row.items() if not k.endswith("_unbounded")}
+    for key in row:
+        if key.endswith("_unbounded") and row[key]:
+            out[key.removesuffix("_unbounded") + "_mean"] = math.inf
+    return out
+
+
 def _sweep(src: Path, files: Path) -> tuple[str, str]:
     summary = _json(src / "summary.json") if (src / "summary.json").is_file() else {}
     rows = summary.get("rows") or []
-    columns = columns_of(rows)
-    _save_tables(files, "results", rows, columns)
-    parts = ["<h2>Results (mean and standard deviation over seeds)</h2>", _table(rows, columns)]
+    shown = [_shown_row(r) for r in rows]
+    columns = columns_of(shown)
+    _save_tables(files, "results", shown, columns)
+    parts = ["<h2>Results (mean and standard deviation over seeds)</h2>", _table(shown, columns)]
     figure = files / "accuracy_by_grid_point.png"
     if plotting.plot_accuracy_by_grid(rows, figure) is not None:
         parts += [

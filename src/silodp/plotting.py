@@ -287,7 +287,9 @@ def plot_units(runs: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
     units = sorted({u for r in private for u in r["epsilon"]})
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(private)), 4))
     width = 0.8 / len(units)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for j, unit in enumerate(units):
+        colour = colours[j % len(colours)]
         xs = [i + (j - (len(units) - 1) / 2) * width for i in range(len(private))]
         values = [r["epsilon"].get(unit) for r in private]
         bars = ax.bar(
@@ -295,19 +297,20 @@ def plot_units(runs: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
             [v for v in values if v is not None],
             width=width,
             label=unit,
+            color=colour,
         )
         ax.bar_label(bars, labels=[display.upper(v) for v in values if v is not None], fontsize=7)
         # a unit reported without a finite bound (null): no bar can be drawn, so say so
         for x, r in zip(xs, private, strict=True):
             if unit in r["epsilon"] and r["epsilon"][unit] is None:
                 ax.annotate(
-                    "inf",
+                    f"{unit}: inf" if len(units) > 1 else "inf",
                     (x, 0.02),
                     xycoords=("data", "axes fraction"),
                     ha="center",
                     va="bottom",
                     fontsize=8,
-                    color=bars.patches[0].get_facecolor() if bars.patches else None,
+                    color=colour,
                 )
     ax.set_xticks(range(len(private)), [r["algorithm"] for r in private], rotation=15)
     ax.set_xlim(-0.5, len(private) - 0.5)  # every group, also one with no bar drawn
@@ -347,11 +350,17 @@ def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Pa
     dashed line. ``None`` when no row has an ε."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series: dict[str, list[tuple[float, float, float, float]]] = {}
+    unbounded: list[str] = []  # algorithms with no finite ε at their unit in some cell
     for row in rows:
         unit = next(
             (u for u in ("subject", "record", "silo") if row.get(f"epsilon_{u}_mean") is not None),
             None,
         )
+        if unit is None:  # a unit with no finite mean: named in the legend
+            for u in ("subject", "record", "silo"):
+                label = f"{row['algorithm']} ({u} ε)"
+                if row.get(f"epsilon_{u}_unbounded") and label not in unbounded:
+                    unbounded.append(label)
         if row.get("baseline") and row.get("accuracy_mean") is not None:
             ax.axhline(row["accuracy_mean"], color="grey", linestyle="--", linewidth=1)
         if unit is None or row.get("accuracy_mean") is None:
@@ -367,6 +376,8 @@ def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Pa
     if not series:
         plt.close(fig)
         return None
+    for label in unbounded:
+        ax.plot([], [], color="grey", label=f"{label} ({NO_BOUND} in some cells)")
     for i, (label, points) in enumerate(series.items()):
         points.sort()
         ax.errorbar(
@@ -568,13 +579,18 @@ def plot_rounds_over_seeds(
 ) -> Path:
     """Test accuracy (left) and ε (right, log scale) against round per algorithm, each the
     mean over seeds with a band of ± one standard deviation; a run without ε (the
-    non-private baseline) is drawn on the left only, dashed and grey."""
+    non-private baseline, labelled "(non-private)") is drawn on the left only, dashed and
+    grey; a private one whose ε has no finite bound (a label naming its unit's ε, no band)
+    is named on the right."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     drawn: dict[str, list[tuple[int, float]]] = {}
     for i, (label, band) in enumerate(accuracy.items()):
-        baseline = label not in epsilon
+        unbounded = label not in epsilon and label.endswith(" ε)")
+        baseline = label not in epsilon and not unbounded
         colour = "grey" if baseline else colours[i % len(colours)]
+        if unbounded:
+            right.plot([], [], color=colour, label=f"{label} ({NO_BOUND})")
         rounds, mean, std = (np.asarray(v, dtype=float) for v in band)
         left.plot(
             rounds,
@@ -586,7 +602,7 @@ def plot_rounds_over_seeds(
             label=label,
         )
         left.fill_between(rounds, mean - std, mean + std, color=colour, alpha=0.15)
-        if not baseline:
+        if label in epsilon:
             rounds, mean, std = (np.asarray(v, dtype=float) for v in epsilon[label])
             curve = list(zip(rounds.astype(int).tolist(), mean.tolist(), strict=True))
             # curves of methods calibrated to one target lie on each other: say so
@@ -619,6 +635,7 @@ def plot_rounds_over_seeds(
     right.set_ylabel("ε (the unit in each label)")
     if epsilon:
         right.set_yscale("log")
+    if right.lines:
         right.legend(fontsize="x-small")
     right.grid(alpha=0.3)
     fig.suptitle(title, fontsize="medium")

@@ -16,7 +16,11 @@ def report(
     results: Annotated[Path, typer.Argument(help="What silodp run or silodp sweep wrote (--out).")],
     out: Annotated[Path, typer.Option(help="The HTML file to write.")] = Path("report.html"),
     public: Annotated[
-        bool, typer.Option(help="Leave out the silo-private section (the data's exact counts).")
+        bool,
+        typer.Option(
+            help="Leave out the silo-private section (the data's exact counts); refused for "
+            "runs whose group bound k was taken from the data (k is not public)."
+        ),
     ] = False,
 ) -> None:
     """Write one self-contained HTML report of a run's or a sweep's results (figures inside).

@@ -391,6 +391,8 @@ def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
             row["personalised_accuracy_mean"], row["personalised_accuracy_std"] = mean, std
         for unit, values in sorted(group["epsilon"].items()):
             row[f"epsilon_{unit}_mean"], row[f"epsilon_{unit}_std"] = _mean_std(values)
+            if any(v is None for v in values):  # null: no finite bound in some seed
+                row[f"epsilon_{unit}_unbounded"] = True
         rows.append(row)
     rows.sort(key=lambda r: not r["baseline"])  # stable: expansion order within each
     return rows
@@ -456,11 +458,17 @@ def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
                     accuracy,
                 )
             )
-        cells += [pm(row.get(f"epsilon_{u}_mean"), std(f"epsilon_{u}_std"), epsilon) for u in units]
+        cells += [
+            "inf"
+            if row.get(f"epsilon_{u}_unbounded")
+            else pm(row.get(f"epsilon_{u}_mean"), std(f"epsilon_{u}_std"), epsilon)
+            for u in units
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
         "Mean ± standard deviation over seeds; ε is each run's final ε against its "
-        'adversary ("-": not private at that unit).',
+        'adversary ("-": not private at that unit; inf: no finite guarantee there in some '
+        "seed).",
     ]
     return "\n".join(lines) + "\n"
