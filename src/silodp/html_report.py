@@ -508,6 +508,8 @@ def _ledger_totals(path: Path, shared: bool = False) -> str:
             "ledger total": kind,
             "runs": len(total["runs"]),
             **{f"ε ({u})": _bound(total["epsilon"], u) for u in total["epsilon"]},
+            # runs one accountant cannot compose (e.g. PriFedSync at another σ): no total
+            **({"not composed": total["error"]} if total.get("error") else {}),
         }
         for kind, total in report["total"].items()
     ]

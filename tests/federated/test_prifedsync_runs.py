@@ -361,3 +361,9 @@ def test_ledger_show_reports_a_total_it_cannot_compose(
     shown = CliRunner().invoke(app, ["ledger", "show", str(tmp_path / "l.sqlite")])
     assert shown.exit_code == 0, shown.output
     assert "(fdp accounting): not composed, no bound (Expected the same" in shown.output
+    # the report of the first run shows the shared total as not composed, with the reason
+    from silodp.html_report import write_report
+
+    write_report(tmp_path / "a", tmp_path / "r.html")
+    assert "not composed" in (tmp_path / "r.html").read_text()
+    assert "Expected the same" in (tmp_path / "r.html").read_text()
