@@ -405,6 +405,11 @@ def record_rounds(
             logger.warning("%s", err)
         atomic_write(run_dir / "model.pt", lambda tmp: torch.save(engine.params, tmp))
     except BaseException:
+        # a stop between appending a round's result and writing its row: the summary and
+        # metrics.jsonl say the same rounds (a resume continues from the checkpoint)
+        kept = min(len(results), len(rows), len(private_rows))
+        del results[kept:], rows[kept:], private_rows[kept:]
+        write_jsonl(run_dir / "metrics.jsonl", rows)
         write_json(run_dir / "summary.json", summary_of("interrupted", results))
         raise
     return results, rows, private_rows, status
