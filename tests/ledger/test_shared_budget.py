@@ -285,3 +285,16 @@ def test_calibrated_runs_after_fedavg_on_a_shared_ledger_without_a_budget(tmp_pa
     assert item["status"] == "complete" and item["epsilon"]["record"] <= 4.0
     with Ledger(ledger, read_only=True) as held:
         assert [r.name for r in held.runs()] == ["fedavg", NAME]
+
+
+@pytest.mark.parametrize("order", [("uldp_sgd", "local_item_dp"), ("local_item_dp", "uldp_sgd")])
+def test_a_run_declaring_a_budget_at_a_unit_it_does_not_account_is_refused(
+    tmp_path: Path, order: tuple[str, str]
+) -> None:
+    """uldp_sgd accounts the subject unit only. Declaring a record budget on a shared ledger,
+    it passed when it ran first (its record ε counted as 0) and was refused when second."""
+    ledger = tmp_path / "shared.sqlite"
+    config = _shared(tmp_path, "a", ledger, algorithms=order, budget={"record": 100.0})
+    with pytest.raises(LedgerError, match=r"account.*'record'"):
+        _run(config, tmp_path / "a")
+    assert not ledger.exists() and not (tmp_path / "a").exists()

@@ -22,7 +22,13 @@ from silodp.experiment.prepare import PreparedRun
 from silodp.io import check_writable_dir, write_json
 from silodp.ledger import Ledger, LedgerError, RunLedger
 from silodp.ledger.report import verify_ledger
-from silodp.ledger.run import check_budget, check_one_kind, held_to, total_before
+from silodp.ledger.run import (
+    check_budget,
+    check_declarable,
+    check_one_kind,
+    held_to,
+    total_before,
+)
 from silodp.ledger.store import merge_declared
 
 __all__ = [
@@ -235,6 +241,7 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
                 spent = {unit: est.epsilon for unit, est in total.estimates().items()}
             planned.append(run)
             if run.privacy.budget:  # what this run will declare binds the runs after it
+                check_declarable(run.privacy.budget, accountant, where=where)
                 declared[key] = merge_declared(
                     declared.get(key, {}),
                     run.privacy.budget,
@@ -335,8 +342,11 @@ def open_run_ledger(
     Raises:
       BudgetExceededError: the plan, composed onto what the ledger already holds, would exceed
         the budget (nothing is recorded).
-      LedgerError: the ledger file cannot be used.
+      LedgerError: the ledger file cannot be used, or the run would declare a budget on a
+        shared ledger at a unit it does not account.
     """
+    if run.privacy.ledger is not None and run.privacy.budget:
+        check_declarable(run.privacy.budget, accountant, where=repr(run.privacy.ledger))
     ledger = RunLedger(
         Ledger(_path(run, run_dir)),
         name=run.name,

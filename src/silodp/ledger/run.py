@@ -109,6 +109,21 @@ def held_to(
     return merged
 
 
+def check_declarable(budget: Mapping[str, float], accountant: Accountant, *, where: str) -> None:
+    """Raises:
+    LedgerError: a unit of the ``budget`` a run declares on the ledger ``where`` is one it
+      does not account: its spending there would count as nothing toward the total that
+      budget holds every run to."""
+    missing = [unit for unit in budget if unit not in accountant.units]
+    if missing:
+        raise LedgerError(
+            f"Expected this run to account every unit of the privacy.budget it declares on "
+            f"{where}; it accounts {list(accountant.units)} only, not {missing}, so its "
+            "spending there would count as nothing in the total. Leave those units out of "
+            "privacy.budget, or give this run another ledger."
+        )
+
+
 def ledger_budget(
     ledger: Ledger, budget: Mapping[str, float], accountant: Accountant
 ) -> dict[str, float]:
