@@ -13,16 +13,35 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dp_accounting import dp_event
+
 from silodp._validation import check_choice, check_in_range, check_int, check_probability
 from silodp.accounting.accountant import TARGETS, Estimate, SiloPrivacy
 
 if TYPE_CHECKING:
     from silodp.accounting.interface import Accountant
 
-__all__ = ["PrivacyPlan", "account_events", "account_events_by_adversary"]
+__all__ = [
+    "PrivacyPlan",
+    "account_events",
+    "account_events_by_adversary",
+    "feature_statistics_releases",
+]
 
 #: PLD discretisation while calibrating (coarser than reporting: faster, still an upper bound)
 CALIBRATION_DISCRETIZATION = 5e-3
+
+
+def feature_statistics_releases(
+    noise_multiplier: float, silos: int, *, across: bool
+) -> tuple[SiloPrivacy, ...]:
+    """The per-silo events of the DP feature statistics (``[data] scaling = "dp"``): each
+    silo's statistics through the Gaussian mechanism at ``noise_multiplier``. ``across``: a
+    span cap or a federation-wide cap can move one added record's subject from one silo to
+    another, so two silos' statistics change at the record level."""
+    event = dp_event.GaussianDpEvent(noise_multiplier)
+    record = dp_event.SelfComposedDpEvent(event, 2) if across else event
+    return tuple(SiloPrivacy({"record": record, "subject": event}) for _ in range(silos))
 
 
 @dataclass(frozen=True, kw_only=True)

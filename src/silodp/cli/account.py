@@ -20,6 +20,7 @@ from silodp import display
 from silodp._validation import check_finite, check_in_range, check_int, check_probability
 from silodp.accounting import PrivacyPlan
 from silodp.accounting.accountant import TARGETS
+from silodp.accounting.plan import feature_statistics_releases
 from silodp.algorithms import ALGORITHMS, make_algorithm
 from silodp.algorithms.planning import account_plan, calibrate
 from silodp.cli.common import WHO, differing, fail
@@ -55,6 +56,7 @@ def account_report(
     per_round: bool = False,
     settings: dict[str, Any] | None = None,
     require_group_size: bool = False,
+    scaling_noise_multiplier: float | None = None,
 ) -> dict[str, Any]:
     """The privacy of a plan of ``algorithm`` as one JSON-ready mapping: ε per unit (against
     ``adversary`` and against each adversary), the routes, μ where defined, labelled
@@ -103,6 +105,7 @@ def account_report(
         raise InvalidValueError(
             str(err).replace("training.silos_per_round", "--silos-per-round")
         ) from None
+    across = (span is not None and span < silos) or bool((settings or {}).get("cross_silo_cap"))
     plan = PrivacyPlan(
         sampling_rates=(sample_rate,) * silos,
         rounds=rounds,
@@ -110,6 +113,9 @@ def account_report(
         span=silos if span is None else span,
         delta=delta,
         adversary=adversary,
+        releases=()
+        if scaling_noise_multiplier is None
+        else feature_statistics_releases(scaling_noise_multiplier, silos, across=across),
     )
     method = "given"
     if target_epsilon is not None:
@@ -157,6 +163,11 @@ def account_report(
             "clients": silos,
             "silos_per_round": plan.silos_per_round,
             "span": plan.span,
+            **(
+                {"scaling_noise_multiplier": scaling_noise_multiplier}
+                if scaling_noise_multiplier is not None
+                else {}
+            ),
             **(settings or {}),
             **algo.account_options(),
         },
@@ -283,6 +294,13 @@ def account(  # noqa: PLR0913 - the command's options
         typer.Option(help="Unit of --target-epsilon (default: the algorithm's calibration unit)."),
     ] = None,
     per_round: Annotated[bool, typer.Option(help="Also list ε after every round.")] = False,
+    scaling_noise_multiplier: Annotated[
+        float | None,
+        typer.Option(
+            help="σ of the DP feature statistics each silo released before round 1 "
+            "([data] scaling = 'dp'), composed into every ε."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     **settings: Any,
 ) -> None:
@@ -309,6 +327,14 @@ def account(  # noqa: PLR0913 - the command's options
         )
         if adversary not in TARGETS:
             raise InvalidValueError(f"Expected adversary={adversary!r} to be one of {TARGETS}.")
+        if scaling_noise_multiplier is not None:
+            check_in_range(
+                "--scaling-noise-multiplier",
+                scaling_noise_multiplier,
+                0.0,
+                MAX_NOISE_MULTIPLIER,
+                lo_open=True,
+            )
         result = account_report(
             algorithm,
             noise_multiplier=noise_multiplier,
@@ -325,6 +351,7 @@ def account(  # noqa: PLR0913 - the command's options
             per_round=per_round,
             settings={k: v for k, v in settings.items() if v is not None},
             require_group_size=True,
+            scaling_noise_multiplier=scaling_noise_multiplier,
         )
     except (SilodpError, ValueError) as err:
         fail(str(err))

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from dp_accounting import dp_event
 
 from silodp.accounting import PrivacyPlan, SiloPrivacy, conversions, find_sigma
+from silodp.accounting.plan import feature_statistics_releases
 from silodp.algorithms import ALGORITHMS, Algorithm, make_algorithm
 from silodp.algorithms.planning import calibrate
 from silodp.config import ExperimentConfig, PrivacyConfig, SweepCell, TrainingConfig
@@ -95,6 +95,9 @@ class PreparedRun:
                 args.append(f"--{flag}" if value else f"--no-{flag}")
             else:
                 args += [f"--{flag}", str(value)]
+        if self.plan.releases:  # the DP feature statistics, composed into every ε
+            release = self.plan.releases[0].events["subject"]
+            args += ["--scaling-noise-multiplier", repr(release.noise_multiplier)]
         args += ["--adversary", self.privacy.adversary]
         return shlex.join(args)
 
@@ -437,15 +440,11 @@ def dp_scaling(
     stats = dp_feature_stats(
         capped, bounds=config.data.feature_bounds, noise_multiplier=sigma, coins=coins
     )
-    event = stats.dp_event
     # with a span cap (or a federation-wide cap of the data), one added record can move its
     # subject's records from one silo to another: two silos' statistics change, each by at
     # most one subject's contribution
     across = span < data.train.num_silos or config.data.records_per_subject is not None
-    record = dp_event.SelfComposedDpEvent(event, 2) if across else event
-    releases = tuple(
-        SiloPrivacy({"record": record, "subject": event}) for _ in range(data.train.num_silos)
-    )
+    releases = feature_statistics_releases(sigma, data.train.num_silos, across=across)
     summary = {
         "method": "dp",
         "noise_multiplier": sigma,
