@@ -117,6 +117,9 @@ def test_mlflow_run_holds_the_rows_params_and_only_public_files(
     stored = {p.name for p in (store / "mlartifacts").rglob("*") if p.is_file()}
     assert stored == artifacts
     assert not any(a.startswith("silo_private") for a in artifacts)
+    # no round's own time: how long a round took is silo-private (its sampled subjects)
+    history = _client(store).get_metric_history(run.info.run_id, "test_accuracy")
+    assert len(history) == 2 and len({m.timestamp for m in history}) == 1
 
 
 def test_tensorboard_holds_the_rows(tracked: tuple[Path, Path]) -> None:
@@ -127,6 +130,9 @@ def test_tensorboard_holds_the_rows(tracked: tuple[Path, Path]) -> None:
         got = _scalars(directory, key)
         assert [step for step, _ in got] == [step for step, _ in _expected(rows, key)]
         assert [v for _, v in got] == pytest.approx([v for _, v in _expected(rows, key)], 1e-6)
+    events = event_accumulator.EventAccumulator(str(directory))
+    events.Reload()
+    assert len({e.wall_time for e in events.Scalars("test_accuracy")}) == 1  # not the rounds'
 
 
 def test_an_interrupted_run_is_killed_and_resuming_continues_it(

@@ -413,6 +413,9 @@ class _MlflowWriter:
             else []
         )
         self._logged = 0
+        #: every round's metrics carry this time, not their own: how long a round took
+        #: follows the sampled records and subjects (silo-private, like wall_time_s)
+        self._stamp = int(time.time() * 1000)
         if found:
             self._run_id = found[0].info.run_id
             client.update_run(self._run_id, status="RUNNING")
@@ -441,8 +444,7 @@ class _MlflowWriter:
         step = int(row["round"])
         if step <= self._logged:
             return
-        now = int(time.time() * 1000)
-        metrics = [Metric(k, v, now, step) for k, v in round_metrics(row).items()]
+        metrics = [Metric(k, v, self._stamp, step) for k, v in round_metrics(row).items()]
         if metrics:
             self._client.log_batch(self._run_id, metrics=metrics)
         self._logged = step
@@ -515,6 +517,8 @@ class _TensorBoardWriter:
         first = not _event_files(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self._writer = SummaryWriter(log_dir=str(directory))
+        #: the wall time of every round's scalars (not their own: see the MLflow writer)
+        self._walltime = time.time()
         if first:  # the run's parameters, once
             table = "\n".join(f"| {k} | {v} |" for k, v in sorted(run.all_params().items()))
             self._writer.add_text("params", "| key | value |\n|---|---|\n" + table, 0)
@@ -525,7 +529,7 @@ class _TensorBoardWriter:
         if step <= self._logged:
             return
         for key, value in round_metrics(row).items():
-            self._writer.add_scalar(key, value, step)
+            self._writer.add_scalar(key, value, step, walltime=self._walltime)
         self._writer.flush()  # a round is long; what it logged survives a crash
         self._logged = step
 

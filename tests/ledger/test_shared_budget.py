@@ -298,3 +298,21 @@ def test_a_run_declaring_a_budget_at_a_unit_it_does_not_account_is_refused(
     with pytest.raises(LedgerError, match=r"account.*'record'"):
         _run(config, tmp_path / "a")
     assert not ledger.exists() and not (tmp_path / "a").exists()
+
+
+def test_ledger_show_names_the_adversary_of_each_epsilon(tmp_path: Path) -> None:
+    """A ledger's ε is against its runs' privacy.adversary: `ledger show` printed a total
+    against the released model with no word of it (the same run's ε against the silos was
+    larger)."""
+    ledger = tmp_path / "shared.sqlite"
+    config = _shared(tmp_path, "a", ledger, algorithms=("uldp_avg",), adversary="released")
+    _run(config, tmp_path / "a")
+    shown = CliRunner().invoke(app, ["ledger", "show", str(ledger)])
+    assert shown.exit_code == 0, shown.output
+    run_line = next(line for line in shown.output.splitlines() if "ε(subject=" in line)
+    assert run_line.rstrip().endswith("against released")
+    total = next(line for line in shown.output.splitlines() if "total over runs" in line)
+    assert total.rstrip().endswith("against released")
+    report = json.loads(CliRunner().invoke(app, ["ledger", "show", str(ledger), "--json"]).output)
+    assert report["runs"][0]["adversary"] == "released"
+    assert report["total"]["federated"]["adversary"] == "released"

@@ -31,7 +31,8 @@ def print_ledger(report: dict[str, Any]) -> None:
             f"  run {run['id']}: {run['name']} ({run['algorithm']}), {run['status']}, "
             f"{run['rounds']} rounds, {run['events']} events, coins {run['noise'].get('mode')}"
         )
-        typer.echo(f"      ε({eps or 'nothing spent'}) at δ={run['delta']:g}")
+        against = run.get("adversary", "strongest")
+        typer.echo(f"      ε({eps or 'nothing spent'}) at δ={run['delta']:g} against {against}")
         if run["noise"].get("mode") == "none":
             typer.echo("      trained without noise: its model has no guarantee for any unit")
         if run["interrupted_rounds"]:
@@ -45,6 +46,7 @@ def print_ledger(report: dict[str, Any]) -> None:
             continue
         eps = ", ".join(f"{u}={fmt(v)}" for u, v in total["epsilon"].items())
         at = f" at δ={total['delta']:g}" if total.get("delta") is not None else ""
+        at += f" against {total.get('adversary', 'strongest')}"
         typer.echo(f"  total over runs {total['runs']} ({kind} accounting): ε({eps}){at}")
         if total.get("without_noise"):
             typer.echo(
@@ -54,7 +56,8 @@ def print_ledger(report: dict[str, Any]) -> None:
     for unit, limit in report.get("budget", {}).items():
         typer.echo(
             f"  budget declared on this ledger: {unit} ε ≤ {limit['epsilon']:g} at "
-            f"δ={limit['delta']:g} (binds every run that writes here)"
+            f"δ={limit['delta']:g} against {limit.get('adversary', 'strongest')} (binds every "
+            "run that writes here)"
         )
 
 

@@ -66,6 +66,8 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
                     "status": record.status,
                     "noise": record.noise,
                     "delta": record.accountant.get("delta"),
+                    # whom ε holds against: the run's privacy.adversary
+                    "adversary": record.accountant.get("target", "strongest"),
                     "events": ledger.count_events(record.id),
                     "rounds": len(rounds),
                     "interrupted_rounds": [r["round"] for r in rounds if r["status"] != "complete"],
@@ -89,6 +91,8 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
             total[kind] = {
                 "runs": ids,
                 "delta": replayed.spec().get("delta"),
+                # composed with the first run's accountant: against its adversary
+                "adversary": replayed.spec().get("target", "strongest"),
                 "epsilon": {
                     u: None if no_noise else _finite(e.epsilon)
                     for u, e in replayed.estimates().items()
