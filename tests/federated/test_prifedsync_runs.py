@@ -74,7 +74,10 @@ def _account(command: str) -> tuple[float, float]:
 
 @pytest.mark.slow
 def test_sweep_writes_tables_and_plots_with_the_accountants_numbers(tmp_path: Path) -> None:
-    summary = run_experiment(parse_config(_raw()), tmp_path)
+    # seeded: with fresh coins whether any cell reaches the target in 4 rounds is chance
+    raw = _raw(privacy__noise="seeded")
+    raw["sweep"]["target_accuracy"] = 0.22  # reached by some cells before their last round
+    summary = run_experiment(parse_config(raw), tmp_path)
     assert len(summary["runs"]) == 4
     for name in ("prifedsync_table.md", "prifedsync_table.csv", "personalised_vs_global.png"):
         assert (tmp_path / name).stat().st_size > 0
@@ -96,7 +99,7 @@ def test_sweep_writes_tables_and_plots_with_the_accountants_numbers(tmp_path: Pa
         assert float(row["mu_max"]) == at["mu_estimates"]["client_max"]
         assert float(row["epsilon"]) == at["epsilon"]["record"]
         if row["reached"] == "True":
-            assert at["personalised_accuracy"] >= 0.3
+            assert at["personalised_accuracy"] >= 0.22
         # the table's numbers are the accountant's for R rounds of this plan
         mu, eps = _account(row["account_command"])
         assert float(row["mu_max"]) == pytest.approx(mu, rel=1e-9)
