@@ -14,3 +14,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return 0 if path in LONGEST_FIRST else 1
 
     items.sort(key=rank)  # stable: the order within each group is kept
+
+
+@pytest.fixture
+def dp_scaled_table(tmp_path):
+    """A ``[data]`` table of a 300-record CSV (3 sites, 60 people, 2 features in [-3, 3])
+    with ``scaling = "dp"``: its statistics are a release before round 1."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    n = 300
+    frame = pd.DataFrame(
+        {
+            "a": rng.normal(size=n),
+            "b": rng.normal(size=n),
+            "label": rng.integers(0, 2, size=n),
+            "site": rng.integers(0, 3, size=n),
+            "person": rng.integers(0, 60, size=n),
+        }
+    )
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    return {
+        "source": "table",
+        "path": str(tmp_path / "t.csv"),
+        "feature_columns": ["a", "b"],
+        "label_values": [0, 1],
+        "silo_column": "site",
+        "subject_column": "person",
+        "allocation": "column",
+        "scaling": "dp",
+        "feature_bounds": [[-3.0, 3.0], [-3.0, 3.0]],
+    }

@@ -337,13 +337,11 @@ def test_account_command_reproduces_the_plans_epsilon_against_every_adversary(
 
 
 @pytest.mark.parametrize("span", [None, 2])
-def test_account_command_includes_the_dp_feature_statistics(tmp_path: Path, span) -> None:
+def test_account_command_includes_the_dp_feature_statistics(dp_scaled_table: dict, span) -> None:
     """With [data] scaling = "dp" the statistics are released before round 1 and every ε
     includes them; the command left them out (subject 1.87 against the run's 1.99)."""
     import math
 
-    import numpy as np
-    import pandas as pd
     from typer.testing import CliRunner
 
     from silodp.algorithms.planning import account_plan_by_adversary
@@ -352,30 +350,9 @@ def test_account_command_includes_the_dp_feature_statistics(tmp_path: Path, span
     from silodp.experiment import prepare_run
     from silodp.experiment.prepare import dp_scaling
 
-    rng = np.random.default_rng(0)
-    frame = pd.DataFrame(
-        {
-            "a": rng.normal(size=300),
-            "b": rng.normal(size=300),
-            "label": rng.integers(0, 2, size=300),
-            "site": rng.integers(0, 3, size=300),
-            "person": rng.integers(0, 60, size=300),
-        }
-    )
-    frame.to_csv(tmp_path / "t.csv", index=False)
     raw = _tiny(noise_multiplier=None, epsilon=2.0, span=span)
     raw["algorithms"] = ["local_group_dp"]
-    raw["data"] = {
-        "source": "table",
-        "path": str(tmp_path / "t.csv"),
-        "feature_columns": ["a", "b"],
-        "label_values": [0, 1],
-        "silo_column": "site",
-        "subject_column": "person",
-        "allocation": "column",
-        "scaling": "dp",
-        "feature_bounds": [[-3.0, 3.0], [-3.0, 3.0]],
-    }
+    raw["data"] = dp_scaled_table
     config = parse_config(raw)
     data, releases, _ = dp_scaling(config, build_federated_data(config.data))
     run = prepare_run("local_group_dp", config, data, releases=releases)

@@ -277,34 +277,11 @@ def test_a_stop_while_a_checkpoint_is_written_leaves_that_round_out_of_the_summa
 
 
 def test_dp_feature_statistics_are_recorded_as_a_release_before_they_are_written(
-    tmp_path: Path,
+    tmp_path: Path, dp_scaled_table: dict
 ) -> None:
-    import numpy as np
-    import pandas as pd
-
-    rng = np.random.default_rng(0)
-    n = 300
-    frame = pd.DataFrame(
-        {
-            "a": rng.normal(size=n),
-            "b": rng.normal(size=n),
-            "label": rng.integers(0, 2, size=n),
-            "site": rng.integers(0, 3, size=n),
-        }
-    )
-    frame.to_csv(tmp_path / "t.csv", index=False)
     raw = _raw(noise_multiplier=None, epsilon=4.0, group_size=4)
     raw["algorithms"] = ["local_item_dp"]
-    raw["data"] = {
-        "source": "table",
-        "path": str(tmp_path / "t.csv"),
-        "feature_columns": ["a", "b"],
-        "label_values": [0, 1],
-        "silo_column": "site",
-        "allocation": "column",
-        "scaling": "dp",
-        "feature_bounds": [[-3.0, 3.0], [-3.0, 3.0]],
-    }
+    raw["data"] = dp_scaled_table
     summary = run_experiment(parse_config(raw), tmp_path / "out")
     ledger = tmp_path / "out" / "local_item_dp" / "ledger.sqlite"
     with Ledger(ledger) as opened:
