@@ -4,6 +4,7 @@ directory can be written before anything slow starts."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterable
@@ -12,7 +13,20 @@ from typing import Any
 
 from silodp.errors import InvalidValueError
 
-__all__ = ["atomic_write", "check_writable_dir", "write_json", "write_jsonl", "write_text"]
+__all__ = [
+    "atomic_write",
+    "check_writable_dir",
+    "json_number",
+    "write_json",
+    "write_jsonl",
+    "write_text",
+]
+
+
+def json_number(value: float | None) -> float | None:
+    """``value`` as the result files hold it: ``None`` for ∞ and NaN, which JSON has not (an
+    ε of ``None`` is read back as ∞: no guarantee)."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def _umask() -> int:

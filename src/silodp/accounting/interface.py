@@ -8,12 +8,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from silodp.accounting.accountant import Estimate, SiloPrivacy
 from silodp.errors import InvalidValueError
 
-__all__ = ["STAGES", "Accountant", "AccountantFactory", "accountant_from_spec"]
+__all__ = ["STAGES", "Accountant", "AccountantFactory", "Spent", "accountant_from_spec", "spent"]
 
 #: What an accountant is made precise for: ``fast`` (a valid but looser bound, to bracket σ),
 #: ``calibrate`` (every route on a coarse grid: still an upper bound) or ``report`` (what a
@@ -45,6 +46,30 @@ class Accountant(Protocol):
     def mu_estimates(self) -> dict[str, float]: ...
 
     def spec(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What an accountant has composed so far, as a run reports it: ε per unit against the
+    accountant's target (with its route) and against each adversary, exact μ, and the labelled
+    non-rigorous ε and μ estimates (never guarantees)."""
+
+    epsilon: dict[str, Estimate]
+    by_adversary: dict[str, dict[str, Estimate]]
+    mu: dict[str, float]
+    estimates: dict[str, float]
+    mu_estimates: dict[str, float]
+
+
+def spent(accountant: Accountant) -> Spent:
+    """``accountant``'s :class:`Spent`, read from one composed state."""
+    return Spent(
+        epsilon=accountant.estimates(),
+        by_adversary=accountant.estimates_by_adversary(),
+        mu=accountant.mu(),
+        estimates=accountant.labelled_estimates(),
+        mu_estimates=accountant.mu_estimates(),
+    )
 
 
 def accountant_from_spec(spec: Mapping[str, Any]) -> Accountant:

@@ -20,12 +20,14 @@ from silodp import display
 from silodp._validation import check_finite, check_in_range, check_int, check_probability
 from silodp.accounting import PrivacyPlan
 from silodp.accounting.accountant import TARGETS
+from silodp.accounting.interface import spent
 from silodp.accounting.plan import feature_statistics_releases
 from silodp.algorithms import ALGORITHMS, make_algorithm
 from silodp.algorithms.planning import account_plan, calibrate
 from silodp.cli.common import WHO, differing, fail
 from silodp.config import MAX_ROUNDS
 from silodp.errors import InvalidValueError, SilodpError
+from silodp.io import json_number
 
 __all__ = ["MAX_COUNT", "MAX_NOISE_MULTIPLIER", "account", "account_report", "print_report"]
 
@@ -33,10 +35,6 @@ __all__ = ["MAX_COUNT", "MAX_NOISE_MULTIPLIER", "account", "account_report", "pr
 MAX_COUNT = 10**6
 #: the largest σ the command accounts (ε is 0 to every printed digit long before it)
 MAX_NOISE_MULTIPLIER = 1e6
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def account_report(
@@ -131,29 +129,23 @@ def account_report(
     algo = probe.with_noise(noise_multiplier)
     accountant = algo.make_accountant(span=plan.span, delta=delta, target=adversary)
     curve = account_plan(algo, plan, per_round=per_round, accountant_factory=lambda *_: accountant)
-    by_adversary = accountant.estimates_by_adversary()
-    # the headline comes from the same composition as the per-adversary values
-    final = (
-        {
-            u: max((by[u] for by in by_adversary.values()), key=lambda e: e.epsilon)
-            for u in curve[-1]
-        }
-        if adversary == "strongest"
-        else by_adversary[adversary]
-    )
+    # the headline (against the accountant's target, ``adversary``) and the per-adversary
+    # values come from one composed state
+    now = spent(accountant)
+    final, by_adversary = now.epsilon, now.by_adversary
     result: dict[str, Any] = {
         "algorithm": algorithm,
-        "epsilon": {u: _finite(e.epsilon) for u, e in final.items()},
+        "epsilon": {u: json_number(e.epsilon) for u, e in final.items()},
         "adversary": adversary,
         "epsilon_by_adversary": {
-            who: {u: _finite(e.epsilon) for u, e in estimates.items()}
+            who: {u: json_number(e.epsilon) for u, e in estimates.items()}
             for who, estimates in by_adversary.items()
         },
         "noise_multiplier": noise_multiplier,
         "noise_multiplier_source": method,
         "delta": delta,
         "method": {u: e.route for u, e in final.items()},
-        "routes": {u: {k: _finite(v) for k, v in e.routes.items()} for u, e in final.items()},
+        "routes": {u: {k: json_number(v) for k, v in e.routes.items()} for u, e in final.items()},
         "epsilon_route": {u: e.route for u, e in final.items()},
         "plan": {
             "sample_rate": sample_rate,
@@ -176,18 +168,16 @@ def account_report(
         "threat_model": algo.threat_model,
         "notes": algo.accounting_notes(),
     }
-    mu = {u: m for u, m in accountant.mu().items() if math.isfinite(m)}
+    mu = {u: m for u, m in now.mu.items() if math.isfinite(m)}
     if mu:
         result["mu"] = mu
-    estimates = accountant.labelled_estimates()
-    if estimates:
-        result["estimates"] = {k: _finite(v) for k, v in estimates.items()}
-    mu_estimates = accountant.mu_estimates()
-    if mu_estimates:
-        result["mu_estimates"] = {k: _finite(v) for k, v in mu_estimates.items()}
+    if now.estimates:
+        result["estimates"] = {k: json_number(v) for k, v in now.estimates.items()}
+    if now.mu_estimates:
+        result["mu_estimates"] = {k: json_number(v) for k, v in now.mu_estimates.items()}
     if per_round:
         result["per_round"] = [
-            {"round": r, "epsilon": {u: _finite(e.epsilon) for u, e in row.items()}}
+            {"round": r, "epsilon": {u: json_number(e.epsilon) for u, e in row.items()}}
             for r, row in enumerate(curve, start=1)
         ]
     return result

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from silodp.config import to_toml_dict
 from silodp.errors import OutputExistsError
 from silodp.experiment.prepare import PreparedRun
 from silodp.federated import Engine, RoundResult
-from silodp.io import atomic_write, write_json, write_jsonl
+from silodp.io import atomic_write, json_number, write_json, write_jsonl
 from silodp.ledger import BudgetExceededError
 
 logger = logging.getLogger(__name__)
@@ -105,10 +104,6 @@ def noise_notes(mode: str) -> list[str]:
     return []
 
 
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
-
-
 def resolved_config(run: PreparedRun) -> dict[str, Any]:
     """The run's config as a TOML mapping, with everything the run resolved written in."""
     algorithm = run.algorithm
@@ -162,7 +157,7 @@ def summary(
         "rounds_completed": len(results),
         "rounds_planned": run.training.rounds,
         "test_accuracy": _last(results, "test_accuracy"),
-        "test_loss": _finite(_last(results, "test_loss")),
+        "test_loss": json_number(_last(results, "test_loss")),
         "epsilon": last.to_json()["epsilon"] if last else {},
         "epsilon_route": last.epsilon_route if last else {},
         "adversary": run.privacy.adversary if private else None,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import time
 import tomllib
@@ -19,6 +18,7 @@ import torch
 
 from silodp import display, faults, locking, plotting, tracking
 from silodp.accounting import SiloPrivacy
+from silodp.accounting.interface import Accountant, spent
 from silodp.config import ExperimentConfig, SweepConfig, load_config, to_toml_dict
 from silodp.data import FederatedData
 from silodp.data.build import build_federated_data
@@ -48,7 +48,7 @@ from silodp.experiment.record import (
     write_private,
 )
 from silodp.federated import RoundResult, Simulator
-from silodp.federated.engine import Engine
+from silodp.federated.engine import Engine, spent_fields
 from silodp.io import check_writable_dir, write_json, write_text
 from silodp.ledger.run import BudgetExceededError
 from silodp.ledger.store import SQLITE_HEADER
@@ -72,26 +72,9 @@ logger = logging.getLogger(__name__)
 ProgressFactory = Callable[[str, int], Callable[[dict[str, Any]], None]]
 
 
-def _charged_epsilon(accountant: Any, rounds: int) -> dict[str, Any]:
+def _charged_epsilon(accountant: Accountant, rounds: int) -> dict[str, Any]:
     """The summary's privacy fields once every planned round is charged."""
-    estimates = accountant.estimates()
-    out: dict[str, Any] = {
-        "epsilon": {u: _finite(e.epsilon) for u, e in estimates.items()},
-        "epsilon_route": {u: e.route for u, e in estimates.items()},
-        "epsilon_by_adversary": {
-            adversary: {u: _finite(e.epsilon) for u, e in by.items()}
-            for adversary, by in accountant.estimates_by_adversary().items()
-        },
-        "mu": {u: _finite(m) for u, m in accountant.mu().items()},
-        "rounds_charged": rounds,
-    }
-    for key, values in (
-        ("mu_estimates", accountant.mu_estimates()),
-        ("epsilon_estimates", accountant.labelled_estimates()),
-    ):
-        if values:
-            out[key] = {k: _finite(v) for k, v in values.items()}
-    return out
+    return {**spent_fields(spent(accountant)), "rounds_charged": rounds}
 
 
 def _charged_note(out: dict[str, Any], rounds: int) -> str:
@@ -108,10 +91,6 @@ def _charged_note(out: dict[str, Any], rounds: int) -> str:
         f"that round depends on the data, so {what} (ε after the rounds run: {at_stop}, "
         "epsilon_at_stop, not a guarantee)"
     )
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def target_round(results: list[RoundResult], target: SweepConfig | None) -> int | None:
@@ -258,10 +237,7 @@ def train_run(
     def adversaries(result: RoundResult) -> dict[str, Any]:
         if accountant is None or not result.epsilon:
             return {}
-        by = {
-            adversary: {unit: _finite(est.epsilon) for unit, est in estimates.items()}
-            for adversary, estimates in accountant.estimates_by_adversary().items()
-        }
+        by = spent_fields(spent(accountant))["epsilon_by_adversary"]
         by_adversary.append(by)
         row: dict[str, Any] = {"adversary": run.privacy.adversary, "epsilon_by_adversary": by}
         if run.algorithm.adjacency != "add/remove":

@@ -14,13 +14,31 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from silodp.accounting.interface import Spent
+from silodp.io import json_number
 from silodp.privacy.gradients import Params
 
-__all__ = ["Engine", "RoundCallback", "RoundResult", "StopRule"]
+__all__ = ["Engine", "RoundCallback", "RoundResult", "StopRule", "spent_fields"]
 
 
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
+def spent_fields(spent: Spent) -> dict[str, Any]:
+    """``spent`` as a summary holds it: ``epsilon`` and ``epsilon_route`` against the
+    accountant's target, ``epsilon_by_adversary``, ``mu`` and, where there are any, the
+    labelled ``epsilon_estimates`` and ``mu_estimates``."""
+    out: dict[str, Any] = {
+        "epsilon": {u: json_number(e.epsilon) for u, e in spent.epsilon.items()},
+        "epsilon_route": {u: e.route for u, e in spent.epsilon.items()},
+        "epsilon_by_adversary": {
+            adversary: {u: json_number(e.epsilon) for u, e in by.items()}
+            for adversary, by in spent.by_adversary.items()
+        },
+        "mu": {u: json_number(m) for u, m in spent.mu.items()},
+    }
+    if spent.estimates:
+        out["epsilon_estimates"] = {k: json_number(v) for k, v in spent.estimates.items()}
+    if spent.mu_estimates:
+        out["mu_estimates"] = {k: json_number(v) for k, v in spent.mu_estimates.items()}
+    return out
 
 
 @dataclass
@@ -77,10 +95,10 @@ class RoundResult:
         out: dict[str, object] = {
             "round": self.round,
             "test_accuracy": self.test_accuracy,
-            "test_loss": _finite(self.test_loss),
-            "epsilon": {k: _finite(v) for k, v in self.epsilon.items()},
+            "test_loss": json_number(self.test_loss),
+            "epsilon": {k: json_number(v) for k, v in self.epsilon.items()},
             "epsilon_route": self.epsilon_route,
-            "mu": {k: _finite(v) for k, v in self.mu.items()},
+            "mu": {k: json_number(v) for k, v in self.mu.items()},
             "wall_time_s": self.wall_time_s,
             "silos": self.silos,
             "largest_group_per_batch": self.largest_group_per_batch,
@@ -88,9 +106,9 @@ class RoundResult:
         }
         out.update(self.metrics)
         if self.estimates is not None:
-            out["epsilon_estimates"] = {k: _finite(v) for k, v in self.estimates.items()}
+            out["epsilon_estimates"] = {k: json_number(v) for k, v in self.estimates.items()}
         if self.mu_estimates is not None:
-            out["mu_estimates"] = {k: _finite(v) for k, v in self.mu_estimates.items()}
+            out["mu_estimates"] = {k: json_number(v) for k, v in self.mu_estimates.items()}
         return out
 
 

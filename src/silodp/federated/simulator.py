@@ -24,7 +24,7 @@ from torch import nn
 
 from silodp import faults
 from silodp._validation import check_choice, check_int
-from silodp.accounting.interface import Accountant
+from silodp.accounting.interface import Accountant, spent
 from silodp.algorithms import Algorithm, SiloData, SiloUpdate
 from silodp.data import FederatedDataset, TestSplit
 from silodp.evaluation import evaluate
@@ -162,17 +162,16 @@ class Simulator:
         if self.accountant is None or not privacy:
             return {}, {}, {}, None, None
         self.accountant.compose_round(privacy)
-        epsilon, routes = {}, {}
-        for unit, est in self.accountant.estimates().items():
-            epsilon[unit], routes[unit] = est.epsilon, est.route
+        now = spent(self.accountant)
+        epsilon = {unit: est.epsilon for unit, est in now.epsilon.items()}
         if self.ledger is not None:
             self.ledger.complete_round(round_index, privacy, epsilon)
         return (
             epsilon,
-            routes,
-            self.accountant.mu(),
-            self.accountant.labelled_estimates() or None,
-            self.accountant.mu_estimates() or None,
+            {unit: est.route for unit, est in now.epsilon.items()},
+            now.mu,
+            now.estimates or None,
+            now.mu_estimates or None,
         )
 
     def _record_planned(self, round_index: int) -> bool:

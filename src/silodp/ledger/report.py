@@ -16,16 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from silodp.accounting.interface import accountant_from_spec
+from silodp.io import json_number
 from silodp.ledger.store import Ledger, LedgerError
 
 __all__ = ["ledger_report", "verify_ledger"]
 
 #: relative difference above which a written ε and the recomputed one disagree
 TOLERANCE = 1e-9
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 @contextmanager
@@ -71,7 +68,7 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
                     "events": ledger.count_events(record.id),
                     "rounds": len(rounds),
                     "interrupted_rounds": [r["round"] for r in rounds if r["status"] != "complete"],
-                    "epsilon": {u: _finite(e.epsilon) for u, e in totals.items()},
+                    "epsilon": {u: json_number(e.epsilon) for u, e in totals.items()},
                     "routes": {u: e.route for u, e in totals.items()},
                 }
             )
@@ -94,7 +91,7 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
                 # composed with the first run's accountant: against its adversary
                 "adversary": replayed.spec().get("target", "strongest"),
                 "epsilon": {
-                    u: None if no_noise else _finite(e.epsilon)
+                    u: None if no_noise else json_number(e.epsilon)
                     for u, e in replayed.estimates().items()
                 },
                 **({"without_noise": no_noise} if no_noise else {}),
