@@ -16,6 +16,7 @@ import torch
 
 from silodp.algorithms.uldp_common import PROTOCOL_AGGREGATION_NOTE, SIMULATED_AGGREGATION_NOTE
 from silodp.config import load_config
+from silodp.crypto.errors import MalformedMessageError
 from silodp.crypto.masked_sum import MaskedSumParty, unmask_sum
 from silodp.data.build import build_federated_data
 from silodp.engines import messages as msg
@@ -169,6 +170,48 @@ def test_silos_sample_without_noise_from_an_exchanged_seed(tmp_path):
     assert CLEAR_REMOTE_NOTE in notes and SIMULATED_AGGREGATION_NOTE not in notes
 
 
+def test_secure_coins_every_silo_draws_the_same_subject_sample(tmp_path):
+    # one process serving a silo's key-directory and training messages (the loopback, and
+    # flower-sim's workers) must leave the leader with the seed it sealed to the others, as a
+    # fresh process per message (a deployment) does
+    config, transport = _setup(
+        tmp_path,
+        "uldp_avg",
+        SMALL,
+        noise="secure",
+        subject_rate=0.3,
+        subject_sampler="silos",
+    )
+    trained: dict[int, dict] = {}
+
+    class Recording(FaultyTransport):
+        def exchange(self, requests, timeout):
+            for node, (kind, body) in requests.items():
+                if kind == msg.TRAIN:
+                    trained[node] = wire.decode(body)
+            return super().exchange(requests, timeout)
+
+    transport = Recording(transport.runtimes)
+    remote = run_experiment(
+        config, tmp_path / "b", log=lambda m: None, engine_factory=remote_engine_factory(transport)
+    )
+    assert remote["runs"][0]["status"] == "complete"
+    runtimes = transport.runtimes
+    samples = {
+        node: [rt._cache["algorithm"].silo_sample(r).tolist() for r in (1, 2)]
+        for node, rt in runtimes.items()
+    }
+    assert len({json.dumps(v) for v in samples.values()}) == 1, samples
+    assert any(any(r) for r in samples[70]) and not all(all(r) for r in samples[70])
+    # the leader rebuilt from its secret and the relayed messages has the same seed
+    leader = runtimes[70]
+    fresh = SiloRuntime(leader.data, leader.secret)
+    fresh._seed(trained[70])
+    assert fresh._cache["party"].sample_key.sample(1, 50, 0.5).tolist() == (
+        leader._cache["party"].sample_key.sample(1, 50, 0.5).tolist()
+    )
+
+
 @pytest.mark.slow  # Paillier work: ~30 s each
 @pytest.mark.parametrize("sampler", ["server", "silos"])
 def test_weighting_protocol_over_messages(tmp_path, sampler):
@@ -221,6 +264,14 @@ def test_masked_messages_hide_each_silo_and_sum_exactly():
         == parties[2].sample_key.sample(2, 50, 0.5).tolist()
     )
     assert not np.array_equal(parties[0].mask(values[0], 4), masked[0])
+    # a directory received again gets the same answer (the leader draws its seed once), and
+    # one that differs from the first is refused
+    assert parties[0].receive_directory(directory) == {r: sealed[r] for r in (1, 2)}
+    assert parties[1].receive_directory(directory) == {}
+    altered = {**directory, 2: parties[1].public_key}
+    for p in parties.values():
+        with pytest.raises(MalformedMessageError, match="differs from the first"):
+            p.receive_directory(altered)
 
 
 def test_wire_round_trip_and_refusals():

@@ -63,6 +63,8 @@ class MaskedSumParty:
         self._dh = generate_dh_keypair(self._rng)
         self._pairs: dict[int, PairwiseKeys] = {}
         self._seed: bytes | None = None
+        #: the directory received and what this silo answered (a relayed copy gets the same)
+        self._answered: tuple[dict[int, bytes], dict[int, tuple[bytes, bytes]]] | None = None
 
     def __repr__(self) -> str:
         return f"MaskedSumParty(silo={self.silo_id}, <secret>)"
@@ -80,9 +82,21 @@ class MaskedSumParty:
         """Derives the pairwise keys from every silo's public key; the leader returns the seed
         sealed to each other silo (``{recipient: (nonce, ciphertext)}``), others nothing.
 
+        The same directory received again (a message relayed twice, or a process that
+        handles several of a session's messages) gets the same answer: the leader's seed is
+        drawn once per party, so every silo derives the same sample key.
+
         Raises:
-          MalformedMessageError: a directory that lists other silos or alters this silo's key.
+          MalformedMessageError: a directory that lists other silos or alters this silo's key,
+            or one that differs from the directory this party has already received.
         """
+        if self._answered is not None:
+            received, answer = self._answered
+            if dict(directory) != received:
+                raise MalformedMessageError(
+                    f"Silo {self.silo_id}: a second key directory differs from the first."
+                )
+            return dict(answer)
         if sorted(directory) != list(self.silo_ids):
             raise MalformedMessageError(
                 f"Silo {self.silo_id}: key directory lists silos {sorted(directory)}, expected "
@@ -97,20 +111,22 @@ class MaskedSumParty:
             for peer, public in directory.items()
             if peer != self.silo_id
         }
-        if self.silo_id != self.leader:
-            return {}
-        self._seed = self._rng.token_bytes(SEED_BYTES)
-        return {
-            peer: seal_seed(
-                keys,
-                self._seed,
-                session_id=self.session_id,
-                sender=self.silo_id,
-                recipient=peer,
-                source=self._rng,
-            )
-            for peer, keys in sorted(self._pairs.items())
-        }
+        sealed: dict[int, tuple[bytes, bytes]] = {}
+        if self.silo_id == self.leader:
+            self._seed = self._rng.token_bytes(SEED_BYTES)
+            sealed = {
+                peer: seal_seed(
+                    keys,
+                    self._seed,
+                    session_id=self.session_id,
+                    sender=self.silo_id,
+                    recipient=peer,
+                    source=self._rng,
+                )
+                for peer, keys in sorted(self._pairs.items())
+            }
+        self._answered = (dict(directory), sealed)
+        return dict(sealed)
 
     def receive_seed(self, nonce: bytes, ciphertext: bytes) -> None:
         """Opens the leader's sealed seed (``SeedAuthenticationError`` if altered)."""

@@ -252,7 +252,8 @@ class SiloRuntime:
             sealed = party.receive_directory(body["directory"])
             if party.silo_id != party.leader:
                 party.receive_seed(*body["sealed"][party.silo_id])
-            elif sorted(sealed) != sorted(body["sealed"]):
+            elif sealed != {int(k): tuple(v) for k, v in body["sealed"].items()}:
+                # the seeds this silo sealed (drawn once per party) came back altered
                 raise InvalidValueError(f"Silo {party.silo_id}: the relayed seeds differ.")
             run["keyed"] = True
         return {}
