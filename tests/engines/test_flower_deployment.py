@@ -160,12 +160,34 @@ def test_three_algorithms_match_in_process(federation, tmp_path):
         str(federation.directory),
         "--out",
         str(tmp_path / "deploy"),
+        "--ledger",
+        str(tmp_path / "deploy.sqlite"),
         "--quiet",
     )
     assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
     assert "higradavg_dp: round 2/2" in deployed.stdout  # the ServerApp's progress, streamed
-    local = _cli("run", str(config), "--out", str(tmp_path / "local"), "--quiet")
+    local = _cli(
+        "run",
+        str(config),
+        "--out",
+        str(tmp_path / "local"),
+        "--ledger",
+        str(tmp_path / "local.sqlite"),
+        "--quiet",
+    )
     assert local.returncode == 0, local.stdout + local.stderr
+    # --ledger reaches the ServerApp: the shared ledger holds what the in-process one does
+    shown = {}
+    for where in ("deploy", "local"):
+        done = _cli("ledger", "show", str(tmp_path / f"{where}.sqlite"), "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        shown[where] = json.loads(done.stdout)
+    assert shown["deploy"]["total"] == shown["local"]["total"]
+    assert len(shown["deploy"]["runs"]) == 3
+    assert not (tmp_path / "deploy" / "ledger.sqlite").exists()
+    # the silos' raw records and the keys are readable by this user only
+    for private in ("silos", "pki"):
+        assert (federation.directory / private).stat().st_mode & 0o077 == 0, private
     aggregation = {
         "higradavg_dp": "clear",
         "uldp_avg": "masked sum",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 
@@ -44,6 +45,8 @@ def test_ten_silo_simulation_matches_in_process(tmp_path):
                 str(out),
                 "--engine",
                 engine,
+                "--ledger",
+                str(tmp_path / f"{engine}.sqlite"),
                 "--quiet",
             ],
             capture_output=True,
@@ -61,3 +64,11 @@ def test_ten_silo_simulation_matches_in_process(tmp_path):
     # the silos' raw records and secrets stay out of --out (they sat in --out/.federation/)
     files = {e: {p.relative_to(runs[e]) for p in runs[e].rglob("*") if p.is_file()} for e in runs}
     assert files["flower-sim"] == files["inprocess"]
+    # --ledger reaches the flower-sim run: both ledgers hold the same spending
+    totals = {}
+    for engine in runs:
+        with sqlite3.connect(tmp_path / f"{engine}.sqlite") as db:
+            totals[engine] = db.execute(
+                "SELECT COUNT(*), COUNT(DISTINCT round) FROM events WHERE kind = 'round'"
+            ).fetchone()
+    assert totals["flower-sim"] == totals["inprocess"] and totals["inprocess"][1] == 2

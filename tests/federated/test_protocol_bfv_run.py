@@ -254,8 +254,7 @@ def test_bfv_scheme_needs_the_protocol() -> None:
 
 
 def test_flower_engines_refuse_bfv_before_any_message() -> None:
-    from silodp.engines.factory import remote_engine_factory
-    from silodp.engines.flower.simulation import check_engine_config
+    from silodp.engines.factory import check_engine_config, remote_engine_factory
 
     with pytest.raises(InvalidValueError, match="in-process simulator only"):
         check_engine_config(parse_config(_raw("protocol", "bfv")))

@@ -328,7 +328,7 @@ def run(
         with sigterm_interrupts():
             if engine != IN_PROCESS:
                 summary = _run_on_flower(
-                    config, out, engine, overwrite, resume, on_failure, timeout, federation
+                    config, out, engine, overwrite, resume, on_failure, timeout, federation, ledger
                 )
             else:
                 summary = _run_in_process(config, out, overwrite, quiet, resume, ledger)
@@ -461,8 +461,10 @@ def _run_on_flower(
     on_failure: str,
     timeout: float,
     federation: Path,
+    ledger: Path | None,
 ) -> dict[str, Any]:
-    """``silodp run --engine flower-sim|flower-deploy``."""
+    """``silodp run --engine flower-sim|flower-deploy`` (``ledger``: ``--ledger``, which every
+    run writes through, wherever the server runs)."""
     from silodp.config import default_config_path, load_config
     from silodp.experiment.run import EXPERIMENT_FILE
 
@@ -470,6 +472,8 @@ def _run_on_flower(
     out = resume if resume is not None else out
     try:
         cfg = load_config(path, written=resume is not None)
+        if ledger is not None:
+            cfg = cfg.with_ledger(str(ledger.resolve()))
     except (SilodpError, OSError) as err:
         fail(str(err))
     typer.echo(f"silodp: running {cfg.name!r} ({', '.join(cfg.algorithms)}) on {engine}")
@@ -491,6 +495,7 @@ def _run_on_flower(
         return submit(
             path,
             out,
+            ledger=ledger,
             directory=federation,
             overwrite=overwrite,
             resume=resume is not None,

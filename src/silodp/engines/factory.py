@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from silodp.config import ExperimentConfig
 from silodp.data import FederatedDataset
 from silodp.engines.remote import RemoteEngine, Transport
 from silodp.engines.silo import write_silo_data
@@ -12,7 +13,13 @@ from silodp.errors import InvalidValueError
 from silodp.experiment.record import summary
 from silodp.experiment.run import EngineFactory
 
-__all__ = ["check_weighting_scheme", "remote_engine_factory", "silo_file", "write_silo_files"]
+__all__ = [
+    "check_engine_config",
+    "check_weighting_scheme",
+    "remote_engine_factory",
+    "silo_file",
+    "write_silo_files",
+]
 
 
 def check_weighting_scheme(algorithm: str, scheme: str) -> None:
@@ -25,6 +32,17 @@ def check_weighting_scheme(algorithm: str, scheme: str) -> None:
             f"apart (Flower), got {scheme!r}: the {scheme.upper()} weighting protocol runs in "
             "the in-process simulator only (silodp run --engine inprocess, the default)."
         )
+
+
+def check_engine_config(config: ExperimentConfig) -> None:
+    """Refuses what the engines whose silos run apart do not support yet."""
+    if config.data.scaling == "dp":
+        raise InvalidValueError(
+            "Expected [data] scaling other than 'dp' with a Flower engine: the DP feature "
+            "statistics are computed by the in-process engine only."
+        )
+    for name in config.algorithms:
+        check_weighting_scheme(name, config.algorithm_settings(name).get("scheme", "paillier"))
 
 
 def silo_file(directory: str | Path, silo: int) -> Path:

@@ -21,7 +21,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from silodp import display
 from silodp.engines import wire
-from silodp.engines.factory import remote_engine_factory, silo_file
+from silodp.engines.factory import check_engine_config, remote_engine_factory, silo_file
 from silodp.engines.flower.transport import GridTransport, reply_content, request_of
 from silodp.engines.silo import SiloRuntime, read_silo_data, silo_secret
 from silodp.errors import SilodpError
@@ -108,8 +108,12 @@ def experiment(grid: Grid, context: Context) -> None:
     if bool(_option(rc, "resume", False)):
         resume_experiment(out, log=_say, progress=_round_lines, engine_factory=factory)
         return
+    config = load_config(str(rc["config"]))
+    if str(_option(rc, "ledger", "")):  # silodp run --ledger
+        config = config.with_ledger(str(rc["ledger"]))
+    check_engine_config(config)  # before any run draws or records anything
     run_experiment(
-        load_config(str(rc["config"])),
+        config,
         out,
         overwrite=bool(_option(rc, "overwrite", False)),
         log=_say,

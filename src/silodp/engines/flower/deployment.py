@@ -26,8 +26,7 @@ from typing import Any
 
 from silodp.config import load_config
 from silodp.data.build import build_federated_data
-from silodp.engines.factory import silo_file, write_silo_files
-from silodp.engines.flower.simulation import check_engine_config
+from silodp.engines.factory import check_engine_config, silo_file, write_silo_files
 from silodp.errors import InvalidValueError, SilodpError
 
 __all__ = ["DEFAULT_DIR", "descendants", "down", "stop_processes", "submit", "up"]
@@ -69,6 +68,13 @@ def _write_private(path: Path, data: bytes) -> None:
     path.chmod(0o600)
 
 
+def _private_dir(path: Path) -> Path:
+    """``path`` as a directory only this user may enter (the silos' records, the keys)."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
 def _certificates(pki: Path) -> None:
     """A CA and the SuperLink's certificate for 127.0.0.1/localhost (for trying it out)."""
     from cryptography import x509
@@ -76,7 +82,7 @@ def _certificates(pki: Path) -> None:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    pki.mkdir(parents=True, exist_ok=True)
+    _private_dir(pki)
     now = dt.datetime.now(dt.UTC)
     life = dt.timedelta(days=30)
 
@@ -162,6 +168,16 @@ def _spawn(
             start_new_session=True,
         )
     state["processes"][name] = p.pid
+    # with the PID, when the process started: a PID reused later is not this process
+    state.setdefault("started", {})[name] = _start_time(p.pid)
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, ``/proc``); ``None`` if none runs."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _save(directory: Path, state: dict[str, Any]) -> None:
@@ -216,7 +232,8 @@ def up(
         )
     silos = data.train.num_silos
     d.mkdir(parents=True, exist_ok=True)
-    write_silo_files(data.train, d / "silos")
+    # every silo's raw records (each SuperNode reads its own): readable by this user only
+    write_silo_files(data.train, _private_dir(d / "silos"))
     _certificates(d / "pki")
     port = _free_port()
     home = d / "home"
@@ -303,11 +320,16 @@ def up(
 
 
 def _alive_pids(state: dict[str, Any]) -> list[int]:
+    """The recorded processes still running: a PID that now names a process started at
+    another time than the one recorded (the PID was reused) is not counted."""
     alive = []
-    for pid in state.get("processes", {}).values():
+    started = state.get("started", {})
+    for name, pid in state.get("processes", {}).items():
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
+            continue
+        if started.get(name) is not None and _start_time(pid) != started[name]:
             continue
         try:  # a zombie (exited, not yet reaped) is not alive
             if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
@@ -369,17 +391,23 @@ def down(*, directory: str | Path = DEFAULT_DIR, log: Callable[[str], None] = pr
         log(f"no federation in {d}")
         return
     state = json.loads((d / STATE).read_text())
-    pids = list(state.get("processes", {}).values())
+    recorded = list(state.get("processes", {}).values())
+    pids = _alive_pids(state)  # never a process that merely reuses a recorded PID
     stop_processes(pids)
-    state["processes"] = {}
+    state["processes"], state["started"] = {}, {}
     _save(d, state)
-    log(f"stopped {len(pids)} processes of the federation in {d} (and their children)")
+    gone = len(recorded) - len(pids)
+    log(
+        f"stopped {len(pids)} processes of the federation in {d} (and their children)"
+        + (f"; {gone} recorded had already ended" if gone else "")
+    )
 
 
 def submit(
     config_path: str | Path,
     out: str | Path,
     *,
+    ledger: str | Path | None = None,
     directory: str | Path = DEFAULT_DIR,
     overwrite: bool = False,
     resume: bool = False,
@@ -389,7 +417,21 @@ def submit(
 ) -> dict[str, Any]:
     """Runs the experiment on the federation ``up`` started, or on the SuperLink named in
     ``directory/home/config.toml`` (``flwr run``, streaming its log); returns the experiment
-    summary the ServerApp wrote (where the ServerApp's machine put ``out``)."""
+    summary the ServerApp wrote (where the ServerApp's machine put ``out``). ``ledger``: the
+    privacy ledger every run writes through, in place of the config's ``privacy.ledger`` (a
+    new run only: a resumed one keeps its own).
+
+    Raises:
+      InvalidValueError: a config the Flower engines do not run (before anything is sent),
+        ``ledger`` with ``resume``, or no federation in ``directory``.
+    """
+    if resume and ledger is not None:
+        raise InvalidValueError(
+            f"Expected no ledger with resume, got {str(ledger)!r}: a resumed run continues "
+            "with the ledger it started with."
+        )
+    if not resume:
+        check_engine_config(load_config(config_path))
     d = Path(directory).resolve()
     local = d / STATE
     if local.is_file() and not _alive_pids(json.loads(local.read_text())):
@@ -411,6 +453,7 @@ def submit(
         "overwrite": overwrite,
         "timeout": float(timeout),
         "on-failure": on_failure,
+        **({"ledger": str(Path(ledger).resolve())} if ledger is not None else {}),
     }
     started = time.time()
     args = ["run", str(APP_DIR), CONNECTION, "--stream"]

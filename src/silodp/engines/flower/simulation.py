@@ -18,14 +18,10 @@ from flwr.simulation import run_simulation
 
 from silodp.config import ExperimentConfig
 from silodp.data.build import build_federated_data
-from silodp.engines.factory import (
-    check_weighting_scheme,
-    remote_engine_factory,
-    write_silo_files,
-)
+from silodp.engines.factory import check_engine_config, remote_engine_factory, write_silo_files
 from silodp.engines.flower.apps import SILO_DIR_ENV, client_app
 from silodp.engines.flower.transport import GridTransport
-from silodp.errors import InvalidValueError, SilodpError
+from silodp.errors import SilodpError
 
 __all__ = ["simulate"]
 
@@ -34,17 +30,6 @@ logger = logging.getLogger(__name__)
 #: the prefix of the private temporary directory (mode 0700) that holds the virtual silos'
 #: data files and secrets while a simulation runs; removed when it ends
 SILO_DIR_PREFIX = "silodp-silos-"
-
-
-def check_engine_config(config: ExperimentConfig) -> None:
-    """Refuses what the engines whose silos run apart do not support yet."""
-    if config.data.scaling == "dp":
-        raise InvalidValueError(
-            "Expected [data] scaling other than 'dp' with a Flower engine: the DP feature "
-            "statistics are computed by the in-process engine only."
-        )
-    for name in config.algorithms:
-        check_weighting_scheme(name, config.algorithm_settings(name).get("scheme", "paillier"))
 
 
 def simulate(

@@ -1,0 +1,131 @@
+"""What the Flower engines' commands do on this machine before (or without) a federation:
+which ledger a run writes through, what is refused up front, which processes ``down`` stops."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomli_w
+from typer.testing import CliRunner
+
+from silodp.cli import app
+from silodp.engines.flower import deployment, simulation
+from silodp.errors import InvalidValueError
+
+CONFIG = {
+    "name": "local",
+    "algorithms": ["higradavg_dp"],
+    "data": {"source": "digits", "num_silos": 3, "num_subjects": 15, "max_records": 120},
+    "model": {"name": "mlp"},
+    "training": {"rounds": 1, "local_steps": 1, "batch_size": 16, "lr": 0.5},
+    "privacy": {"noise_multiplier": 1.5, "group_size": 4},
+}
+
+
+def _config(tmp: Path, **data) -> Path:
+    raw = json.loads(json.dumps(CONFIG))
+    raw["data"].update(data)
+    path = tmp / "c.toml"
+    path.write_text(tomli_w.dumps(raw))
+    return path
+
+
+def test_ledger_option_reaches_flower_sim(tmp_path, monkeypatch):
+    seen = {}
+
+    def simulate(config, out, **kwargs):
+        seen["ledger"] = config.privacy.ledger
+        return {"name": config.name, "runs": []}
+
+    monkeypatch.setattr(simulation, "simulate", simulate)
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(
+        app,
+        ["run", str(_config(tmp_path)), "--engine", "flower-sim", "--out", "out"]
+        + ["--ledger", "shared.sqlite"],
+    )
+    assert seen.get("ledger") == str(tmp_path / "shared.sqlite"), done.output
+
+
+def test_ledger_option_reaches_the_server_app(tmp_path, monkeypatch):
+    # flower-deploy hands the run to `flwr run`; the ledger travels in its run config
+    home = tmp_path / "federation" / "home"
+    home.mkdir(parents=True)
+    (home / "config.toml").write_text("")
+    launched: list[list[str]] = []
+
+    class Flwr:
+        def __init__(self, args, **kwargs):
+            launched.append(list(args))
+            self.stdout, self.returncode = iter(()), 1
+
+        def wait(self):
+            return 1
+
+    monkeypatch.setattr(deployment.subprocess, "Popen", Flwr)
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(
+        app,
+        ["run", str(_config(tmp_path)), "--engine", "flower-deploy", "--out", "out"]
+        + ["--federation", str(tmp_path / "federation"), "--ledger", "shared.sqlite"],
+    )
+    assert done.exit_code != 0  # the fake `flwr` wrote no summary
+    (args,) = launched
+    configs = [args[i + 1] for i, a in enumerate(args) if a == "--run-config"]
+    assert f"ledger={json.dumps(str(tmp_path / 'shared.sqlite'))}" in configs
+    # and without --ledger the ServerApp keeps the config's own
+    launched.clear()
+    CliRunner().invoke(
+        app,
+        ["run", str(_config(tmp_path)), "--engine", "flower-deploy", "--out", "out"]
+        + ["--federation", str(tmp_path / "federation")],
+    )
+    assert not any(a.startswith("ledger=") for a in launched[0])
+
+
+def test_flower_deploy_refuses_dp_scaling_before_sending_anything(
+    tmp_path, monkeypatch, dp_scaled_table
+):
+    def no_flwr(*args, **kwargs):
+        raise AssertionError("nothing may be sent")
+
+    monkeypatch.setattr(deployment.subprocess, "Popen", no_flwr)
+    raw = json.loads(json.dumps(CONFIG))
+    raw["data"] = dp_scaled_table
+    path = tmp_path / "dp.toml"
+    path.write_text(tomli_w.dumps(raw))
+    with pytest.raises(InvalidValueError, match="scaling other than 'dp'"):
+        deployment.submit(path, tmp_path / "out", directory=tmp_path / "nowhere")
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True
+    )
+
+
+def test_down_never_signals_a_process_that_reuses_a_recorded_pid(tmp_path):
+    other, ours = _sleeper(), _sleeper()
+    try:
+        state = {
+            "processes": {"superlink": other.pid, "silo-0": ours.pid},
+            # `other` stands for an unrelated process that got a recorded PID after a reboot
+            "started": {
+                "superlink": deployment._start_time(other.pid) - 1,
+                "silo-0": deployment._start_time(ours.pid),
+            },
+        }
+        (tmp_path / "federation.json").write_text(json.dumps(state))
+        said: list[str] = []
+        deployment.down(directory=tmp_path, log=said.append)
+        assert ours.wait(timeout=30) is not None
+        assert other.poll() is None
+        assert "stopped 1 processes" in said[0] and "1 recorded had already ended" in said[0]
+    finally:
+        for p in (other, ours):
+            p.kill()
+            p.wait()
