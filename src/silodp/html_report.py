@@ -510,6 +510,16 @@ def _ledger_totals(path: Path, shared: bool = False) -> str:
             **{f"ε ({u})": _bound(total["epsilon"], u) for u in total["epsilon"]},
             # runs one accountant cannot compose (e.g. PriFedSync at another σ): no total
             **({"not composed": total["error"]} if total.get("error") else {}),
+            # units some runs do not account: what they spent there has no bound
+            **(
+                {
+                    "inf: not accounted by": "; ".join(
+                        f"{u}: runs {ids}" for u, ids in total["unaccounted"].items()
+                    )
+                }
+                if total.get("unaccounted")
+                else {}
+            ),
         }
         for kind, total in report["total"].items()
     ]

@@ -316,3 +316,47 @@ def test_ledger_show_names_the_adversary_of_each_epsilon(tmp_path: Path) -> None
     report = json.loads(CliRunner().invoke(app, ["ledger", "show", str(ledger), "--json"]).output)
     assert report["runs"][0]["adversary"] == "released"
     assert report["total"]["federated"]["adversary"] == "released"
+
+
+def test_a_budget_at_a_unit_an_earlier_run_does_not_account_is_refused(tmp_path: Path) -> None:
+    """uldp_sgd accounts the subject unit only; a record budget declared by a later config
+    was accepted, and uldp_sgd's record spending counted as 0 toward it."""
+    ledger = tmp_path / "shared.sqlite"
+    _run(_shared(tmp_path, "a", ledger, algorithms=("uldp_sgd",)), tmp_path / "a")
+    _run(_shared(tmp_path, "b", ledger), tmp_path / "b")  # without a budget: accepted
+    later = _shared(tmp_path, "c", ledger, budget={"record": 100.0})
+    with pytest.raises(LedgerError, match=r"every run on .* account unit 'record'.*uldp_sgd"):
+        _run(later, tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+    with Ledger(ledger, read_only=True) as held:
+        assert len(held.runs()) == 2 and held.budget() == {}
+
+
+def test_ledger_show_gives_no_bound_at_a_unit_some_run_does_not_account(tmp_path: Path) -> None:
+    """uldp_sgd (subject only) then local_item_dp (record and subject): the total printed a
+    record ε that was local_item_dp's alone."""
+    ledger = tmp_path / "shared.sqlite"
+    _run(_shared(tmp_path, "a", ledger, algorithms=("uldp_sgd", NAME)), tmp_path / "a")
+    report = ledger_report(ledger)
+    total = report["total"]["federated"]
+    alone = {r["name"]: r["epsilon"] for r in report["runs"]}
+    assert alone[NAME]["record"] is not None and "record" not in alone["uldp_sgd"]
+    assert total["epsilon"]["record"] is None
+    assert total["unaccounted"] == {"record": [1]}
+    assert total["epsilon"]["subject"] > max(a["subject"] for a in alone.values())
+    shown = CliRunner().invoke(app, ["ledger", "show", str(ledger)])
+    assert "inf at record: run(s) [1] do not account it" in shown.output
+
+
+def test_ledger_show_totals_at_the_smallest_delta_or_the_budgets(tmp_path: Path) -> None:
+    """The total was composed at the first run's δ, and read below a later run's ε alone."""
+    ledger = tmp_path / "shared.sqlite"
+    _run(_shared(tmp_path, "a", ledger, delta=1e-3), tmp_path / "a")
+    _run(_shared(tmp_path, "b", ledger, delta=1e-7), tmp_path / "b")
+    report = ledger_report(ledger)
+    total = report["total"]["federated"]
+    assert total["delta"] == 1e-7
+    assert total["epsilon"]["record"] > max(r["epsilon"]["record"] for r in report["runs"])
+    with Ledger(ledger, read_only=True) as held:
+        replayed = held.replay([1, 2], accountant_from_spec({**held.run(1).accountant}))
+    assert replayed.estimates()["record"].epsilon < total["epsilon"]["record"]

@@ -53,6 +53,11 @@ def print_ledger(report: dict[str, Any]) -> None:
                 f"      inf: run(s) {total['without_noise']} released a model of this data "
                 "without noise"
             )
+        for unit, ids in total.get("unaccounted", {}).items():
+            typer.echo(
+                f"      inf at {unit}: run(s) {ids} do not account it, so what they spent "
+                "there has no bound"
+            )
     for unit, limit in report.get("budget", {}).items():
         typer.echo(
             f"  budget declared on this ledger: {unit} ε ≤ {limit['epsilon']:g} at "

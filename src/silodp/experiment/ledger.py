@@ -23,6 +23,8 @@ from silodp.io import check_writable_dir, write_json
 from silodp.ledger import Ledger, LedgerError, RunLedger
 from silodp.ledger.report import verify_ledger
 from silodp.ledger.run import (
+    accounted_units,
+    check_accounted,
     check_budget,
     check_declarable,
     check_one_kind,
@@ -209,6 +211,8 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
     declared: dict[str, dict[str, dict[str, Any]]] = {}
     #: per shared ledger: the accounting kinds of its runs and of the runs before
     kinds: dict[str, set[str]] = {}
+    #: per shared ledger: the units each of its runs, and each run before, accounts
+    accounted: dict[str, dict[str, Sequence[str] | None]] = {}
     for run in runs:
         if run.plan is None and run.privacy.ledger is None:
             continue  # no noise, no ledger of its own
@@ -224,6 +228,7 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
             with Ledger(existing, read_only=True) as ledger:
                 declared.setdefault(key, ledger.budget())
                 kinds.setdefault(key, {r.accountant.get("kind", "?") for r in ledger.runs()})
+                accounted.setdefault(key, accounted_units(ledger))
                 total, held = total_before(ledger, accountant)
             if held:
                 spent = {unit: est.epsilon for unit, est in total.estimates().items()}
@@ -233,6 +238,8 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
             budget = held_to(budget, declared.get(key, {}), accountant, where=where)
             check_one_kind(kinds.get(key, set()), spec["kind"], budget, where=where)
             kinds.setdefault(key, set()).add(spec["kind"])
+            check_accounted(budget, accounted.get(key, {}), where=where)
+            accounted.setdefault(key, {})[f"{run.name} (planned)"] = spec.get("units")
             planned = before.setdefault(key, [])
             if planned:
                 total = copy.deepcopy(total)

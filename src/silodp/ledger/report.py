@@ -79,22 +79,49 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
         # a model released without noise leaves no guarantee on the data, whatever the kind
         no_noise = [r.id for r in ledger.runs() if r.noise.get("mode") == "none"]
         total: dict[str, dict[str, Any]] = {}
+        records = {r.id: r for r in ledger.runs()}
+        declared = ledger.budget()
         for kind, ids in kinds.items():
+            first = dict(records[ids[0]].accountant)
+            if declared:  # the total the declared budget is checked against
+                limit = next(iter(declared.values()))
+                first["delta"] = limit["delta"]
+                if "target" in first:
+                    first["target"] = limit["adversary"]
+            else:  # at the smallest δ of the runs: a total never reads below one of them
+                deltas = [records[i].accountant.get("delta") for i in ids]
+                first["delta"] = min((d for d in deltas if d is not None), default=None)
             try:
-                replayed = ledger.replay(ids)  # at the δ of the first run of the kind
-            except ValueError as err:  # e.g. PriFedSync runs of different σ: one accountant
+                replayed = ledger.replay(ids, accountant_from_spec(first))
+            except (ValueError, TypeError) as err:  # e.g. PriFedSync runs of different σ
                 total[kind] = {"runs": ids, "delta": None, "epsilon": {}, "error": str(err)}
                 continue
+            # a run that does not account a unit adds nothing to its total there, yet it
+            # spent something there: the total at that unit has no bound
+            # (an accountant that names no units reports the same ones for every run)
+            named = {i: records[i].accountant.get("units") for i in ids}
+            estimates = replayed.estimates()
+            every = list(estimates)
+            every += sorted({u for us in named.values() for u in us or ()} - set(every))
+            units: dict[int, list[str]] = {
+                i: list(us) if us is not None else every for i, us in named.items()
+            }
+            unaccounted = {u: [i for i in ids if u not in units[i]] for u in every}
+            unaccounted = {u: found for u, found in unaccounted.items() if found}
             total[kind] = {
                 "runs": ids,
                 "delta": replayed.spec().get("delta"),
-                # composed with the first run's accountant: against its adversary
+                # whom the total holds against: the declared budget's adversary, else the
+                # first run's
                 "adversary": replayed.spec().get("target", "strongest"),
                 "epsilon": {
-                    u: None if no_noise else json_number(e.epsilon)
-                    for u, e in replayed.estimates().items()
+                    u: None
+                    if no_noise or u in unaccounted or u not in estimates
+                    else json_number(estimates[u].epsilon)
+                    for u in every
                 },
                 **({"without_noise": no_noise} if no_noise else {}),
+                **({"unaccounted": unaccounted} if unaccounted else {}),
             }
         return {
             "path": str(path),

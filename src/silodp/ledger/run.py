@@ -22,6 +22,8 @@ from silodp.ledger.store import Ledger, LedgerError
 __all__ = [
     "BudgetExceededError",
     "RunLedger",
+    "accounted_units",
+    "check_accounted",
     "check_budget",
     "check_one_kind",
     "held_to",
@@ -124,6 +126,42 @@ def check_declarable(budget: Mapping[str, float], accountant: Accountant, *, whe
         )
 
 
+def check_accounted(
+    budget: Mapping[str, float],
+    accounted: Mapping[str, Sequence[str] | None],
+    *,
+    where: str,
+) -> None:
+    """``accounted``: the units each run on the ledger ``where`` accounts, by name (``None``:
+    an accountant that reports the same units for every run).
+
+    Raises:
+      LedgerError: a unit of ``budget`` that one of those runs does not account: it spent
+        something there that adds nothing to the total, so no total at that unit is a bound.
+    """
+    for unit, limit in budget.items():
+        lacking = [
+            name for name, units in accounted.items() if units is not None and unit not in units
+        ]
+        if lacking:
+            raise LedgerError(
+                f"Expected every run on {where} to account unit {unit!r} while a budget of "
+                f"ε={limit!r} applies to it; {', '.join(lacking)} do(es) not, so what they "
+                f"spent at {unit!r} has no bound and the total there cannot be held to the "
+                "budget. Use another ledger."
+            )
+
+
+def accounted_units(ledger: Ledger) -> dict[str, Sequence[str] | None]:
+    """The units each run that spent something on ``ledger`` accounts (for
+    :func:`check_accounted`)."""
+    return {
+        f"run {r.id} ({r.name})": r.accountant.get("units")
+        for r in ledger.runs()
+        if ledger.rounds(r.id) or ledger.count_events(r.id)
+    }
+
+
 def ledger_budget(
     ledger: Ledger, budget: Mapping[str, float], accountant: Accountant
 ) -> dict[str, float]:
@@ -138,6 +176,7 @@ def ledger_budget(
     merged = held_to(budget, ledger.budget(), accountant, where=where)
     kinds = {r.accountant.get("kind", "?") for r in ledger.runs()}
     check_one_kind(kinds, accountant.spec().get("kind"), merged, where=where)
+    check_accounted(merged, accounted_units(ledger), where=where)
     return merged
 
 
