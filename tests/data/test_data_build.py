@@ -500,3 +500,43 @@ def test_first_subjects_of_a_table_without_subject_column_keeps_its_first_record
         build_federated_data(
             DataConfig(source="table", path=str(path), test_path=str(tmp_path / "hard.csv"))
         )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key", "role"),
+    [
+        ({"subject_column": "label"}, "subject_column", "subject ids"),
+        ({"silo_column": "label", "allocation": "column"}, "silo_column", "silo ids"),
+        (
+            {"label_column": "site", "silo_column": "site", "allocation": "fixed_silo"},
+            "silo_column",
+            "silo ids",
+        ),
+    ],
+)
+def test_a_label_column_that_is_also_an_id_column_is_refused_by_the_config(
+    kwargs: dict, key: str, role: str
+) -> None:
+    column = kwargs.get("label_column", "label")
+    with pytest.raises(
+        InvalidValueError,
+        match=rf"Expected label_column and {key} to name different columns, got '{column}' "
+        rf"for both: .*the class labels and the {role}",
+    ):
+        DataConfig(source="table", path="t.csv", **kwargs)
+
+
+def test_a_label_used_as_subject_column_fails_before_loading(tmp_path: Path) -> None:
+    """subject_column = "label" with string label_values built: 2 subjects (one per class),
+    and the subject test split held out a whole class."""
+    path = tmp_path / "t.csv"
+    rng = np.random.default_rng(0)
+    pd.DataFrame({"a": rng.normal(size=100), "label": rng.choice(["no", "yes"], size=100)}).to_csv(
+        path, index=False
+    )
+    with pytest.raises(InvalidValueError, match="label_column and subject_column"):
+        build_federated_data(
+            DataConfig(
+                source="table", path=str(path), subject_column="label", label_values=("no", "yes")
+            )
+        )

@@ -367,3 +367,125 @@ def test_leaf_users_are_read_as_listed_and_in_natural_file_order(tmp_path: Path)
     (bad / "a.json").write_text(json.dumps(blob(["w1"], {"w9": {"x": [[0.0] * 784], "y": [2]}})))
     with pytest.raises(InvalidValueError, match="user_data for 1 user\\(s\\) not listed .* 'w9'"):
         loaders.load_leaf_json(str(bad / "a.json"), kind="femnist")
+
+
+def _leaf_text(user_data: str, users: str = '["u1", "u2"]', counts: str = "[1, 1]") -> str:
+    """A FEMNIST file written by hand, so that a key can appear twice (json.dumps cannot)."""
+    return f'{{"users": {users}, "num_samples": {counts}, "user_data": {{{user_data}}}}}'
+
+
+def _femnist_user(user: str, label: int) -> str:
+    return f'"{user}": {{"x": [{json.dumps([0.5] * 784)}], "y": [{label}]}}'
+
+
+def test_a_leaf_user_given_twice_in_user_data_is_refused(tmp_path: Path) -> None:
+    """json.load kept the last of two "u1" entries: u1's first record was silently dropped
+    (and num_samples still matched, since both held one record)."""
+    path = tmp_path / "all_data_0.json"
+    path.write_text(
+        _leaf_text(
+            ", ".join([_femnist_user("u1", 3), _femnist_user("u2", 4), _femnist_user("u1", 5)])
+        )
+    )
+    with pytest.raises(
+        InvalidValueError,
+        match=r"Expected each user once in user_data of LEAF file '.*all_data_0\.json', got "
+        r"user 'u1' more than once",
+    ):
+        load_leaf_json(path, kind="femnist")
+    # the same user in two files is one subject whose records are joined, as before
+    (tmp_path / "all_data_0.json").write_text(_leaf_text(_femnist_user("u1", 3), '["u1"]', "[1]"))
+    (tmp_path / "all_data_1.json").write_text(_leaf_text(_femnist_user("u1", 5), '["u1"]', "[1]"))
+    leaf = load_leaf_json(tmp_path, kind="femnist")
+    np.testing.assert_array_equal(leaf.y, [3, 5])
+    assert leaf.subject_names == ["u1"]
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        # a top-level key twice: the first user list was dropped
+        (
+            '{"users": ["u1"], "users": ["u2"], "num_samples": [1], "user_data": {'
+            + _femnist_user("u2", 1)
+            + "}}",
+            r"each key once in the top-level object .* \['users'\] more than once",
+        ),
+        # a user's "y" twice: the first labels were dropped
+        (
+            _leaf_text(
+                '"u1": {"x": [[0.5, 0.5]], "y": [1], "y": [2]}', users='["u1"]', counts="[1]"
+            ),
+            r"each key once in user_data for user 'u1' .* \['y'\] more than once",
+        ),
+    ],
+)
+def test_any_leaf_key_given_twice_is_refused(tmp_path: Path, text: str, named: str) -> None:
+    path = tmp_path / "a.json"
+    path.write_text(text)
+    with pytest.raises(InvalidValueError, match=named):
+        load_leaf_json(path, kind="femnist")
+
+
+def test_the_leaf_duplicate_check_does_not_copy_values() -> None:
+    """The hook runs on every JSON object of files that can be large: it keeps the values
+    json built (no copy) and marks an object only when a key repeats."""
+    x = [[0.5] * 784]
+    obj = loaders._object_once([("x", x), ("y", [1])])
+    assert type(obj) is dict and obj["x"] is x
+    marked = loaders._object_once([("u", x), ("v", [1]), ("u", [2]), ("v", [3])])
+    assert isinstance(marked, loaders._RepeatedKeys) and marked == {"u": [2], "v": [3]}
+    assert marked.repeated == ["u", "v"]
+
+
+@pytest.mark.parametrize(
+    ("key", "suffix"), [("subject_column", ".csv"), ("silo_column", ".parquet")]
+)
+def test_a_label_column_that_is_also_an_id_column_is_refused(
+    tmp_path: Path, key: str, suffix: str
+) -> None:
+    """subject_column = "label" turned the classes into subjects: 3 subjects (one per class)
+    instead of an error."""
+    path = tmp_path / ("t" + suffix)
+    frame = _frame()
+    frame.to_csv(path, index=False) if suffix == ".csv" else frame.to_parquet(path)
+    role = "subject ids" if key == "subject_column" else "silo ids"
+    with pytest.raises(
+        InvalidValueError,
+        match=rf"Expected label_column and {key} to name different columns, got 'label' for "
+        rf"both: .*class labels and the {role}",
+    ):
+        load_table(path, feature_columns=["a", "b"], label_column="label", **{key: "label"})
+    # refused before the file is read
+    with pytest.raises(InvalidValueError, match=f"label_column and {key}"):
+        load_table(tmp_path / "nope.csv", feature_columns=(), label_column="y", **{key: "y"})
+
+
+def test_an_unnamed_csv_column_is_not_a_default_feature(tmp_path: Path) -> None:
+    """df.to_csv(path) writes the index under a blank header, which pandas names
+    'Unnamed: 0': with feature_columns unset it became a feature (the row number)."""
+    frame = _frame().drop(columns=["hospital", "patient"])
+    path = tmp_path / "t.csv"
+    frame.to_csv(path)  # with its index
+    with pytest.raises(
+        InvalidValueError,
+        match=r"Expected named feature columns in '.*t\.csv' .*got the unnamed column\(s\) "
+        r"\['Unnamed: 0'\].*feature_columns.*without its index",
+    ):
+        load_table(path, feature_columns=(), label_column="label")
+    # listed features are read as before, the index column included if asked for
+    assert load_table(path, feature_columns=["a", "b"], label_column="label").x.shape == (5, 2)
+    t = load_table(path, feature_columns=["Unnamed: 0", "a"], label_column="label")
+    np.testing.assert_array_equal(t.x[:, 0], np.arange(5))
+    # any blank header: empty or spaces (CSV), an empty name (Parquet)
+    (tmp_path / "b.csv").write_text("a, ,,label\n1,2,3,x\n4,5,6,y\n")
+    with pytest.raises(InvalidValueError, match=r"unnamed column\(s\) \[' ', 'Unnamed: 2'\]"):
+        load_table(tmp_path / "b.csv", feature_columns=(), label_column="label")
+    frame.rename(columns={"b": ""}).to_parquet(tmp_path / "t.parquet")
+    with pytest.raises(InvalidValueError, match=r"unnamed column\(s\) \[''\]"):
+        load_table(tmp_path / "t.parquet", feature_columns=(), label_column="label")
+    frame.to_csv(path, index=False)
+    assert load_table(path, feature_columns=(), label_column="label").feature_columns == (
+        "a",
+        "b",
+    )

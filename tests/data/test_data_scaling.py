@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from silodp.data.scaling import (
     stats_sensitivity,
     to_unit,
 )
+from silodp.errors import InvalidValueError
 from silodp.models import build_model
 from silodp.privacy.randomness import Coins
 
@@ -445,3 +447,65 @@ def test_bounds_whose_width_overflows_are_refused() -> None:
     with pytest.raises(InvalidValueError, match="width hi - lo a float32 holds"):
         check_bounds("feature_bounds", [-1e308, 1e308])
     assert check_bounds("feature_bounds", [-1e30, 1e30]) == (-1e30, 1e30)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"feature_mean": 0.0, "feature_std": 1e-40},
+            r"Expected feature_std >= 2.939e-39 \(1 / float32's largest value\), got "
+            r"feature_std=1e-40",
+        ),
+        (
+            {"feature_mean": 1e300, "feature_std": 1.0},
+            r"Expected feature_mean within float32's range .*, got feature_mean=1e\+300",
+        ),
+        (
+            {"feature_mean": (0.0, -1e39), "feature_std": 1.0},
+            r"Expected feature_mean within .*got -1e\+39 at index 1 of feature_mean",
+        ),
+        (
+            {"feature_mean": 0.0, "feature_std": (1.0, 1e-45)},
+            r"Expected feature_std >= .*got 1e-45 at index 1 of feature_std",
+        ),
+        (
+            {"feature_mean": 0.0, "feature_std": 1e39},
+            r"Expected feature_std within float32's range .*got feature_std=1e\+39",
+        ),
+    ],
+)
+def test_standard_constants_beyond_float32_are_refused_naming_the_key(
+    kwargs: dict, message: str
+) -> None:
+    """feature_std = 1e-40 printed numpy's overflow warning, then blamed the data ("Expected
+    finite features; ... NaN/inf"); now the config names the constant."""
+    with pytest.raises(InvalidValueError, match=message):
+        DataConfig(source="table", path="t.csv", scaling="standard", **kwargs)
+    with pytest.raises(InvalidValueError, match=message.split(" ")[1]):
+        FeatureStats.standard(kwargs["feature_mean"], kwargs["feature_std"], 2)
+
+
+def test_standard_scaling_that_overflows_names_the_constants_not_the_data(
+    tmp_path: Path,
+) -> None:
+    """Constants in range can still overflow for large features (a column near 2,500 divided
+    by 1e-36): the error names feature_mean/feature_std and the feature columns, without
+    numpy's RuntimeWarning; a tiny std that keeps the values in range is applied."""
+    path = _clinical_csv(tmp_path / "c.csv", n=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(
+            InvalidValueError,
+            match=r"Expected feature_mean and feature_std to keep the scaled features within "
+            r"float32's range, got \(x - 0\.0\) / 1e-36 beyond it for feature 0 \(.*The feature "
+            r"columns of .* are \['chol', 'a', 'b', 'c'\]",
+        ):
+            build_federated_data(
+                _table(path, scaling="standard", feature_mean=0, feature_std=1e-36)
+            )
+        data = build_federated_data(
+            _table(path, scaling="standard", feature_mean=0, feature_std=1e-30)
+        )
+    raw = build_federated_data(_table(path))
+    np.testing.assert_allclose(data.train.x, raw.train.x.astype(np.float64) * 1e30, rtol=1e-6)

@@ -456,11 +456,11 @@ def _scale(cfg: DataConfig, data: FederatedData, names: tuple[str, ...]) -> Fede
             stats = sc.FeatureStats.from_bounds(cfg.feature_bounds, num_features)
         else:
             stats = sc.FeatureStats.standard(cfg.feature_mean, cfg.feature_std, num_features)
+        return stats.apply(data)
     except ValueError as err:
         raise InvalidValueError(
             f"{err} The feature columns of {cfg.path!r} are {list(names)}."
         ) from None
-    return stats.apply(data)
 
 
 def _name(cfg: DataConfig, num_silos: int) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from silodp._validation import check_choice, check_in_range, check_int, check_positive
 from silodp.data import scaling as sc
+from silodp.data.loaders import check_label_columns
 from silodp.errors import InvalidValueError
 
 __all__ = [
@@ -229,6 +230,7 @@ class DataConfig:
                 raise InvalidValueError(
                     f"Expected feature_columns=() for source={self.source!r} (tables only)."
                 )
+        check_label_columns(self.label_column, self.silo_column, self.subject_column)
         for name, default, lo in (("num_features", 20, 1), ("num_classes", 4, 2)):
             value = getattr(self, name)
             if self.source != "synthetic":

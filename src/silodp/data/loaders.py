@@ -34,6 +34,7 @@ __all__ = [
     "LEAF_ALL_LETTERS",
     "LeafArrays",
     "TableArrays",
+    "check_label_columns",
     "find_fashion_mnist",
     "load_digits_arrays",
     "load_fashion_mnist",
@@ -349,11 +350,45 @@ def _shakespeare_records(xs: list[Any], ys: list[Any], where: str) -> tuple[np.n
     return x, np.asarray(labels, dtype=np.int64)
 
 
+class _RepeatedKeys(dict[str, Any]):
+    """A JSON object that named a key more than once (``repeated``, in order); ``json``
+    would keep only the last value."""
+
+    repeated: list[str]
+
+
+def _object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for LEAF files: the object as ``json`` builds it (no value is
+    copied), marked as :class:`_RepeatedKeys` when a key occurs more than once."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    repeated: dict[str, None] = {}
+    for key, _ in pairs:
+        if key in seen:
+            repeated[key] = None
+        seen.add(key)
+    marked = _RepeatedKeys(obj)
+    marked.repeated = list(repeated)
+    return marked
+
+
+def _refuse_repeated(obj: Any, file: Path, where: str) -> None:
+    if isinstance(obj, _RepeatedKeys):
+        raise InvalidValueError(
+            f"Expected each key once in {where} of LEAF file {str(file)!r}, got "
+            f"{obj.repeated[:5]} more than once; JSON keeps only the last, which would "
+            "silently drop the others."
+        )
+
+
 def _read_leaf_blob(file: Path) -> dict[str, Any]:
-    """The JSON object of a LEAF file, with its three keys checked for shape."""
+    """The JSON object of a LEAF file, with its three keys checked for shape (and no key,
+    user in ``user_data`` included, given twice)."""
     try:
         with open(file, encoding="utf-8") as fh:
-            blob = json.load(fh)
+            blob = json.load(fh, object_pairs_hook=_object_once)
     except json.JSONDecodeError as err:
         raise InvalidValueError(f"LEAF file {str(file)!r} is not valid JSON: {err}.") from None
     except UnicodeDecodeError as err:
@@ -365,10 +400,18 @@ def _read_leaf_blob(file: Path) -> dict[str, Any]:
             f"Expected LEAF file {str(file)!r} to hold a JSON object with keys users, "
             f"num_samples and user_data, got a JSON {type(blob).__name__}."
         )
+    _refuse_repeated(blob, file, "the top-level object")
     missing = [k for k in ("users", "num_samples", "user_data") if k not in blob]
     if missing:
         raise InvalidValueError(f"LEAF file {str(file)!r} lacks key(s) {missing}.")
     users, counts, data = blob["users"], blob["num_samples"], blob["user_data"]
+    if isinstance(data, _RepeatedKeys):
+        more = f" (users given twice: {data.repeated[:5]})" if len(data.repeated) > 1 else ""
+        raise InvalidValueError(
+            f"Expected each user once in user_data of LEAF file {str(file)!r}, got user "
+            f"{data.repeated[0]!r} more than once{more}; JSON keeps only the last, which would "
+            "silently drop the other records."
+        )
     if not isinstance(users, list) or not isinstance(counts, list) or not isinstance(data, dict):
         raise InvalidValueError(
             f"Expected lists users and num_samples and an object user_data in LEAF file "
@@ -442,6 +485,7 @@ def load_leaf_json(
                     f"LEAF file {str(file)!r} has no user_data for user {user!r}."
                 )
             record = data[user]
+            _refuse_repeated(record, file, f"user_data for user {user!r}")
             if not isinstance(record, dict):
                 raise InvalidValueError(
                     f"Expected an object with lists x and y in {where}, got "
@@ -601,13 +645,53 @@ def _dense_ids(values: Any) -> tuple[np.ndarray, list[Any]]:
     return ids.astype(np.int64).reshape(-1), [_to_python(v) for v in uniques]
 
 
+#: the name pandas gives a blank CSV header (the index ``df.to_csv()`` writes): ``Unnamed: 0``
+_UNNAMED = re.compile(r"Unnamed: [0-9]+(\.[0-9]+)?")
+
+#: what a table's id columns hold, as :func:`check_label_columns` names them
+_ID_ROLES = {
+    "subject_column": "the subject ids (whose record it is)",
+    "silo_column": "the silo ids (where it is held)",
+}
+
+
+def check_label_columns(
+    label_column: str, silo_column: str | None, subject_column: str | None
+) -> None:
+    """Refuses a label column that is also the silo or subject column: its classes would
+    silently become silos or subjects (and the test split would follow them)."""
+    for key, column in (("subject_column", subject_column), ("silo_column", silo_column)):
+        if column is not None and column == label_column:
+            raise InvalidValueError(
+                f"Expected label_column and {key} to name different columns, got "
+                f"{column!r} for both: one column cannot hold both the class labels and "
+                f"{_ID_ROLES[key]}."
+            )
+
+
+def _is_unnamed(column: Any) -> bool:
+    """A blank header, or the name pandas gives one (``Unnamed: 0``)."""
+    name = str(column)
+    return not name.strip() or _UNNAMED.fullmatch(name) is not None
+
+
 def _select_features(
     frame: Any, path: Path, feature_columns: Sequence[str], id_columns: list[str]
 ) -> list[str]:
-    """The feature columns asked for, or every column other than the id columns."""
+    """The feature columns asked for, or every column other than the id columns (refusing an
+    unnamed one: usually the index ``df.to_csv()`` writes, which is no feature)."""
     features = list(feature_columns) or [c for c in frame.columns if c not in id_columns]
     if not features:
         raise InvalidValueError(f"Table {str(path)!r} has no feature columns besides {id_columns}.")
+    unnamed = [] if feature_columns else [c for c in features if _is_unnamed(c)]
+    if unnamed:
+        raise InvalidValueError(
+            f"Expected named feature columns in {str(path)!r} (feature_columns is not set, so "
+            f"every column but the label, silo and subject columns is a feature), got the "
+            f"unnamed column(s) {unnamed}: a blank header, such as the index df.to_csv() writes "
+            "by default. List the features in feature_columns, or write the file without its "
+            "index (df.to_csv(path, index=False))."
+        )
     both = [c for c in features if c in id_columns]
     if both:
         raise InvalidValueError(
@@ -817,9 +901,11 @@ def load_table(
 
     Args:
       feature_columns: numeric feature columns; empty means every column other than the
-        label, silo and subject columns.
+        label, silo and subject columns (then a blank header, or pandas' ``Unnamed: 0`` for
+        one, such as the index ``df.to_csv()`` writes, is an error).
       label_column: the label (integers, booleans or strings; a fractional number is not a
-        class); its distinct values (sorted) become labels ``0..C-1``, ``C >= 2``.
+        class); its distinct values (sorted) become labels ``0..C-1``, ``C >= 2``. It must
+        not be the silo or subject column (:func:`check_label_columns`).
       silo_column, subject_column: optional id columns, mapped to dense ids in the order of
         their values (numerically where every value is an integer).
       label_values: a fixed label mapping (e.g. the training table's ``label_values`` when
@@ -831,6 +917,7 @@ def load_table(
         missing or malformed (the message names the file, column and row; rows count from 1
         after the header).
     """
+    check_label_columns(label_column, silo_column, subject_column)
     path = Path(path)
     frame = _read_frame(path)
     _ids_as_written(frame, path, [c for c in (silo_column, subject_column) if c is not None])

@@ -155,7 +155,35 @@ def check_per_feature(
             "column."
         )
     floats = tuple(float(v) for v in items)
+    _check_float32_range(name, value, floats, reciprocal=positive)
     return floats[0] if _finite_number(value) else floats
+
+
+def _check_float32_range(
+    name: str, value: Any, floats: tuple[float, ...], *, reciprocal: bool
+) -> None:
+    """Refuses a ``"standard"`` constant outside float32's range: a mean beyond its largest
+    value, or a std below 1 / that value, turns ``(x - mean) / std`` into inf (a std above
+    it squashes every feature to about 0). ``reciprocal``: ``name`` is the divisor
+    (``feature_std``)."""
+    big = float(np.finfo(np.float32).max)
+    for i, v in enumerate(floats):
+        got = f"{name}={value!r}" if len(floats) == 1 else f"{v!r} at index {i} of {name}"
+        if reciprocal and v < 1.0 / big:
+            raise InvalidValueError(
+                f"Expected {name} >= {1.0 / big:.4g} (1 / float32's largest value), got {got}: "
+                "dividing by it overflows float32, so the scaled features would be infinite."
+            )
+        if abs(v) > big:
+            effect = (
+                "every scaled feature would be about 0"
+                if reciprocal
+                else "every scaled feature would overflow float32"
+            )
+            raise InvalidValueError(
+                f"Expected {name} within float32's range (|{name}| <= {big:.4g}), got {got}: "
+                f"{effect}."
+            )
 
 
 def _feature_count_error(name: str, value: Any, count: int, num_features: int) -> InvalidValueError:
@@ -287,7 +315,18 @@ class FeatureStats:
         values = np.asarray(x, dtype=np.float64)
         if self.lo is not None and self.hi is not None:
             values = np.clip(values, self.lo, self.hi)
-        return ((values - self.mean) / self.std).astype(np.float32)
+        with np.errstate(over="ignore"):
+            scaled = (values - self.mean) / self.std
+        bad = ~(np.abs(scaled) <= np.finfo(np.float32).max) & np.isfinite(values)
+        if bad.any():  # named by feature, not by record: the values stay unprinted
+            col = int(np.nonzero(bad)[1][0])
+            keys = "feature_mean and feature_std" if self.kind == "standard" else "mean and std"
+            raise InvalidValueError(
+                f"Expected {keys} to keep the scaled features within float32's range, got "
+                f"(x - {float(self.mean[col])!r}) / {float(self.std[col])!r} beyond it for "
+                f"feature {col} ({int(bad.sum())} value(s) overflow)."
+            )
+        return scaled.astype(np.float32)
 
     def apply(self, data: FederatedData) -> FederatedData:
         """``data`` with the transform applied to training and test features alike."""
