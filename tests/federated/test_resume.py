@@ -24,7 +24,7 @@ import tomli_w
 import torch
 
 from silodp.experiment import resume_experiment
-from silodp.ledger import LedgerError
+from silodp.ledger import Ledger, LedgerError
 from silodp.ledger.report import ledger_report, verify_ledger
 
 BASE = {
@@ -300,6 +300,36 @@ def test_resume_refuses_a_ledger_that_holds_less_than_the_checkpoint(
     with pytest.raises(LedgerError, match=message):
         resume_experiment(out, log=lambda m: None)
     assert _summary(out / INTEGRITY)["status"] == "running"  # nothing was trained or overwritten
+
+
+def _replace_by_a_new_ledger(ledger: Path) -> None:
+    _lose_all(ledger)
+    with Ledger(ledger):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_lose_all, "registered there as run 1"),
+        (_empty, "registered there as run 1"),
+        (_replace_by_a_new_ledger, r"record run 1 \('local_item_dp'\)"),
+    ],
+    ids=["deleted", "emptied", "replaced"],
+)
+def test_resume_refuses_a_lost_ledger_of_a_run_killed_before_its_first_checkpoint(
+    tmp_path: Path, damage, message: str
+) -> None:
+    """Killed once round 1's events were recorded, before any checkpoint: a lost ledger was
+    replaced by a new one, and round 1's spending went uncounted."""
+    config = _config(tmp_path, INTEGRITY)
+    out = tmp_path / "killed"
+    proc = _silodp("run", str(config), "--out", str(out), kill_at="silo_recorded:1")
+    assert proc.returncode < 0, proc.stderr[-500:]
+    damage(out / INTEGRITY / "ledger.sqlite")
+    with pytest.raises(LedgerError, match=message):
+        resume_experiment(out, log=lambda m: None)
+    assert not (out / INTEGRITY / "model.pt").exists()
 
 
 def test_an_intact_ledger_resumes_to_the_uninterrupted_run(

@@ -98,12 +98,17 @@ def resume_run_ledger(
     path = _path(run, run_dir)
     registered = _registration(run_dir, path)
     if not path.is_file() or path.stat().st_size == 0:
-        if completed:
+        if completed or registered is not None:
+            held = (
+                f"whose checkpoint holds {completed} round(s)"
+                if completed
+                else f"which registered there as run {registered} ({REGISTRATION_FILE}) and "
+                "may have recorded spending before its first checkpoint"
+            )
             raise LedgerError(
-                f"Expected the ledger {str(path)!r} of run {run.name!r}, whose checkpoint holds "
-                f"{completed} round(s); it is missing or empty, so what those rounds spent would "
-                "go uncounted. Restore it (with its -wal file), or start the run afresh "
-                "(--overwrite)."
+                f"Expected the ledger {str(path)!r} of run {run.name!r}, {held}; it is missing "
+                "or empty, so what the run spent would go uncounted. Restore it (with its -wal "
+                "file), or start the run afresh (--overwrite)."
             )
         return None
     problems = verify_ledger(path)

@@ -315,6 +315,13 @@ class RunLedger:
             )
         ]
         if not found:
+            if run_id is not None and all(r.id != run_id for r in ledger.runs()):
+                raise LedgerError(
+                    f"Expected {str(ledger.path)!r} to record run {run_id} ({name!r}), under "
+                    "which the run registered; it has no such run, so what the run spent "
+                    "would go uncounted. Restore the ledger the run wrote (with its -wal file), "
+                    "or start the run afresh (--overwrite)."
+                )
             if completed:
                 raise LedgerError(
                     f"Expected {str(ledger.path)!r} to record run {name!r}, whose checkpoint "
