@@ -370,3 +370,38 @@ def test_ledger_show_reports_a_total_it_cannot_compose(
     write_report(tmp_path / "a", tmp_path / "r.html")
     assert "not composed" in (tmp_path / "r.html").read_text()
     assert "Expected the same" in (tmp_path / "r.html").read_text()
+
+
+def test_the_tables_planned_epsilon_counts_a_round_cut_short(tmp_path: Path) -> None:
+    """A cell killed once round 1's events were recorded runs round 1 again when resumed; the
+    ledger counts the cut attempt in full. The table's "all planned rounds" ε was recomputed
+    from the plan and left that attempt out (below the cell's own summary ε)."""
+    import os
+    import subprocess
+    import sys
+
+    import tomli_w
+
+    from silodp.experiment import resume_experiment
+
+    config = tmp_path / "c.toml"
+    config.write_text(tomli_w.dumps(_stopping_cell()))
+    out = tmp_path / "out"
+    env = {**os.environ, "SILODP_KILL_AT": "silo_recorded:1"}
+    killed = subprocess.run(
+        [sys.executable, "-m", "silodp.cli", "run", str(config), "--out", str(out), "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert killed.returncode < 0, killed.stderr[-2000:]
+    summary = resume_experiment(out, log=lambda m: None)
+    (item,) = summary["runs"]
+    (row,) = summary["table"]
+    _, plan_only = _account(item["account_command"])
+    assert item["rounds_charged"] == 3 and item["epsilon"]["record"] > plan_only * 1.01
+    assert float(row["epsilon_planned"]) == item["epsilon"]["record"]
+    with open(out / "prifedsync_table.csv") as handle:
+        (written,) = list(csv.DictReader(handle))
+    assert float(written["epsilon_planned"]) == pytest.approx(item["epsilon"]["record"])

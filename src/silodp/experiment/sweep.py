@@ -91,7 +91,7 @@ def run_sweep(
                 target_key=key,
                 target=sweep.target_accuracy,
                 account_command=run.account_command(at),
-                epsilon_planned=_planned_epsilon(run, rows),
+                epsilon_planned=_planned_epsilon(run, rows, run_summary),
             )
         )
         reports.write_table(
@@ -108,16 +108,24 @@ def run_sweep(
     return experiment
 
 
-def _planned_epsilon(run: PreparedRun, rows: list[dict[str, Any]]) -> float | None:
+def _planned_epsilon(
+    run: PreparedRun, rows: list[dict[str, Any]], summary: dict[str, Any]
+) -> float | None:
     """The record ε of every round the cell planned: the guarantee of what it released, since
     the round the table reads (and the round it stopped at) is chosen from the models' own
-    accuracy; ε at that round is what was spent by then, no guarantee on its own."""
+    accuracy; ε at that round is what was spent by then, no guarantee on its own.
+
+    It is the cell's summary ε where that covers every planned round (the ledger's, which
+    counts a round cut short and run again in full), else the larger of that and the plan's."""
     if run.plan is None:
         return None
-    if rows and int(rows[-1]["round"]) >= run.plan.rounds:
-        value = (rows[-1].get("epsilon") or {}).get("record")
-        return math.inf if value is None else float(value)
-    return float(account_plan(run.algorithm, run.plan)[-1]["record"].epsilon)
+    written = (summary.get("epsilon") or {}).get("record", math.nan)
+    spent = math.inf if written is None else float(written)
+    rounds = summary.get("rounds_charged", int(rows[-1]["round"]) if rows else 0)
+    if rounds >= run.plan.rounds and not math.isnan(spent):
+        return spent
+    planned = float(account_plan(run.algorithm, run.plan)[-1]["record"].epsilon)
+    return planned if math.isnan(spent) else max(planned, spent)
 
 
 def _table_title(config: ExperimentConfig, sweep: SweepConfig, data: FederatedData) -> str:
