@@ -3,6 +3,7 @@
 ``SILODP_KILL_AT="<point>:<round>"`` makes the process kill itself with SIGKILL when it reaches
 that point in that round, as a crash or a power cut would; nothing runs after it. The points:
 ``silo_recorded`` (a silo's events are in the ledger, its message not yet aggregated),
+``round_completed`` (the ledger has closed the round, its checkpoint is not yet written),
 ``round_written`` (a round's metrics are on disk, its checkpoint not yet), and
 ``checkpoint_written`` (the round is complete on disk), and ``run_recorded`` (round = the
 rounds run: the ledger marks the run finished, its plots and summary are not yet written).

@@ -362,6 +362,49 @@ def test_a_run_killed_while_writing_its_outputs_resumes(tmp_path: Path) -> None:
     assert run["epsilon"] == pytest.approx(done["epsilon"], rel=1e-12)
 
 
+def test_a_run_killed_outright_leaves_a_summary_of_the_rounds_it_completed(
+    tmp_path: Path,
+) -> None:
+    """summary.json was written once, at the start: after a kill -9 it said 0 rounds and no
+    ε while metrics.jsonl and the ledger held the rounds run."""
+    config = _config(tmp_path, INTEGRITY)
+    out = tmp_path / "out"
+    proc = _silodp("run", str(config), "--out", str(out), kill_at="round_written:2")
+    assert proc.returncode < 0, proc.stderr[-500:]
+    written = _summary(out / INTEGRITY)
+    rows = [json.loads(r) for r in (out / INTEGRITY / "metrics.jsonl").read_text().splitlines()]
+    assert written["status"] == "running" and written["rounds_completed"] == len(rows) == 2
+    assert written["epsilon"] == rows[-1]["epsilon"] and written["epsilon"]["record"] > 0
+
+
+def test_a_round_the_ledger_closed_before_its_checkpoint_is_listed_as_run_again(
+    tmp_path: Path,
+) -> None:
+    """Killed after the ledger closed round 2 and before its checkpoint: the resume runs round
+    2 again and both attempts count, but `ledger show` listed no such round."""
+    config = _config(tmp_path, INTEGRITY)
+    out = tmp_path / "out"
+    proc = _silodp("run", str(config), "--out", str(out), kill_at="round_completed:2")
+    assert proc.returncode < 0, proc.stderr[-500:]
+    assert _silodp("run", "--resume", str(out)).returncode == 0
+    (run,) = ledger_report(out / INTEGRITY / "ledger.sqlite")["runs"]
+    assert run["rounds_run_again"] == [2] and run["interrupted_rounds"] == []
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "silodp.cli",
+            "ledger",
+            "show",
+            str(out / INTEGRITY / "ledger.sqlite"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "rounds run more than once (every attempt counted in full): [2]" in shown.stdout
+
+
 def test_a_stop_before_a_rounds_row_is_written_leaves_summary_and_metrics_alike(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -37,6 +37,11 @@ def print_ledger(report: dict[str, Any]) -> None:
             typer.echo("      trained without noise: its model has no guarantee for any unit")
         if run["interrupted_rounds"]:
             typer.echo(f"      interrupted rounds (counted in full): {run['interrupted_rounds']}")
+        if run.get("rounds_run_again"):
+            typer.echo(
+                f"      rounds run more than once (every attempt counted in full): "
+                f"{run['rounds_run_again']}"
+            )
     for kind, total in report["total"].items():
         if total.get("error"):
             typer.echo(

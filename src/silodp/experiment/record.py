@@ -361,7 +361,8 @@ def record_rounds(
     """Runs ``engine`` from round ``start`` with a callback that rewrites ``metrics.jsonl``
     (released) and ``silo_private/diagnostics.jsonl`` (not covered by ε) after every round,
     first calling ``checkpoint(round, rows, private_rows)`` (so a round is either in the
-    checkpoint or run again, never half-recorded); ``summary.json`` says "running", or
+    checkpoint or run again, never half-recorded); ``summary.json`` says "running" (rewritten
+    with every round, so that a process killed outright leaves the rounds it completed), or
     "interrupted" if training raises; the final parameters go to ``model.pt`` (written whole,
     then renamed). ``extra`` adds fields to a round's released record. A round the privacy
     budget does not allow ends the run cleanly with what it has (status ``budget_exhausted``).
@@ -385,6 +386,8 @@ def record_rounds(
         write_jsonl(run_dir / "metrics.jsonl", rows)
         if any(len(private) > 1 for private in private_rows):
             write_jsonl(run_dir / PRIVATE_DIR / "diagnostics.jsonl", private_rows)
+        # the rounds so far: a process killed outright leaves a summary of what it spent
+        write_json(run_dir / "summary.json", summary_of("running", results))
         faults.reached("round_written", result.round)
         if bar is not None:
             bar(public)

@@ -166,6 +166,7 @@ class Simulator:
         epsilon = {unit: est.epsilon for unit, est in now.epsilon.items()}
         if self.ledger is not None:
             self.ledger.complete_round(round_index, privacy, epsilon)
+            faults.reached("round_completed", round_index)
         return (
             epsilon,
             {unit: est.route for unit, est in now.epsilon.items()},

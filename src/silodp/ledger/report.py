@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,6 +69,10 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
                     "events": ledger.count_events(record.id),
                     "rounds": len(rounds),
                     "interrupted_rounds": [r["round"] for r in rounds if r["status"] != "complete"],
+                    # rounds with more than one attempt (a resume ran them again): each counted
+                    "rounds_run_again": sorted(
+                        r for r, n in Counter(r["round"] for r in rounds).items() if n > 1
+                    ),
                     "epsilon": {u: json_number(e.epsilon) for u, e in totals.items()},
                     "routes": {u: e.route for u, e in totals.items()},
                 }
