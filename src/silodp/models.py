@@ -9,6 +9,10 @@
 
 Models use no batch-norm (per-example gradients need per-example independence); dropout is
 left out for the same reason.
+
+Each model reads one kind of input (:data:`MODEL_INPUTS`): ``shakespeare_lstm`` integer token
+ids, every other model real-valued features. :func:`build_model` refuses features of the other
+kind when given their dtype, and the embedding model refuses real-valued input when called.
 """
 
 from __future__ import annotations
@@ -16,12 +20,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
 from silodp._validation import check_choice, check_int
+from silodp.errors import InvalidValueError
 
-__all__ = ["MODELS", "build_model"]
+__all__ = [
+    "MODELS",
+    "MODEL_INPUTS",
+    "build_model",
+    "check_model_input",
+    "dtype_name",
+    "input_mismatch",
+]
 
 
 class FemnistCNN(nn.Module):
@@ -70,7 +83,7 @@ class UldpCNN(nn.Module):
         super().__init__()
         reduced = ((side - 4) // 2 - 4) // 2
         if reduced < 1:
-            raise ValueError(
+            raise InvalidValueError(
                 f"Expected images of side >= 14 for uldp_cnn (two 5x5 convolutions and two "
                 f"2x2 poolings), got side {side}."
             )
@@ -156,12 +169,18 @@ class ShakespeareLSTM(nn.Module):
         self.head = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise InvalidValueError(
+                f"Expected integer token ids for shakespeare_lstm (an embedding model), got "
+                f"{dtype_name(x.dtype)} features of shape {tuple(x.shape[1:])}; real-valued "
+                "features (a table, images) need a dense model such as mlp."
+            )
         return self.head(self.lstm(self.embed(x))[:, -1, :])
 
 
 def _image_side(shape: tuple[int, ...]) -> tuple[int, int]:
     if len(shape) != 3 or shape[1] != shape[2]:
-        raise ValueError(f"Expected image features of shape (C, H, H), got {shape}.")
+        raise InvalidValueError(f"Expected image features of shape (C, H, H), got {shape}.")
     return shape[0], shape[1]
 
 
@@ -190,7 +209,7 @@ def _linear(shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 def _lstm(shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if len(shape) != 1:
-        raise ValueError(f"Expected token-id features of shape (seq_len,), got {shape}.")
+        raise InvalidValueError(f"Expected token-id features of shape (seq_len,), got {shape}.")
     return ShakespeareLSTM(num_classes)
 
 
@@ -204,12 +223,88 @@ MODELS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
 }
 
 
+#: What each model reads: ``"tokens"`` (integer token ids) or ``"real"`` (real-valued
+#: features), and the shape it takes, for messages.
+MODEL_INPUTS: dict[str, tuple[str, str]] = {
+    "femnist_cnn": ("real", "real-valued images of shape (C, H, H)"),
+    "mnist_cnn": ("real", "real-valued images of shape (C, H, H)"),
+    "uldp_cnn": ("real", "real-valued images of shape (C, H, H) with H >= 14"),
+    "mlp": ("real", "real-valued features of any shape (flattened)"),
+    "linear": ("real", "real-valued features of any shape (flattened)"),
+    "shakespeare_lstm": (
+        "tokens",
+        "integer token ids of shape (seq_len,), each below the number of classes",
+    ),
+}
+
+
+def dtype_name(dtype: np.dtype | torch.dtype | str) -> str:
+    """``float32``, ``int64``: a numpy or torch dtype as messages name it."""
+    if isinstance(dtype, torch.dtype):
+        return str(dtype).removeprefix("torch.")
+    return str(np.dtype(dtype))
+
+
+def _input_kind(dtype: np.dtype | torch.dtype | str) -> str:
+    if isinstance(dtype, torch.dtype):
+        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            return "real"
+        return "tokens"
+    return "tokens" if np.dtype(dtype).kind in "iu" else "real"
+
+
+def input_mismatch(name: str, dtype: np.dtype | torch.dtype | str) -> str | None:
+    """Why model ``name`` cannot read features of ``dtype`` (``None``: it can), e.g. "these
+    are integer token ids, which need shakespeare_lstm"."""
+    kind = MODEL_INPUTS.get(name, (None, ""))[0]
+    if kind is None or _input_kind(dtype) == kind:
+        return None  # a model registered without a declared input is not checked
+    if kind == "real":
+        return "these are integer token ids (e.g. LEAF Shakespeare), which need shakespeare_lstm"
+    return (
+        "these are real-valued features, which need a dense model such as mlp (a table's "
+        "columns) or mnist_cnn (images)"
+    )
+
+
+def check_model_input(
+    name: str, feature_shape: tuple[int, ...], dtype: np.dtype | torch.dtype | str
+) -> None:
+    """Refuses features whose dtype model ``name`` cannot read: integer token ids for a dense
+    model, real-valued features for the embedding model.
+
+    Raises:
+      InvalidValueError: the features are of the other kind.
+    """
+    check_choice("model", name, MODELS)
+    why = input_mismatch(name, dtype)
+    if why is not None:
+        raise InvalidValueError(
+            f"Expected {MODEL_INPUTS[name][1]} for model {name!r}, got features of dtype "
+            f"{dtype_name(dtype)} and shape {tuple(feature_shape)}: {why}."
+        )
+
+
 def build_model(
-    name: str, feature_shape: tuple[int, ...], num_classes: int, *, seed: int = 0
+    name: str,
+    feature_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    seed: int = 0,
+    dtype: np.dtype | torch.dtype | str | None = None,
 ) -> nn.Module:
-    """Builds model ``name`` for records of ``feature_shape``; weights seeded by ``seed``."""
+    """Builds model ``name`` for records of ``feature_shape``; weights seeded by ``seed``.
+
+    ``dtype``: the features' dtype, where known: a model that cannot read that kind of
+    feature is refused (:func:`check_model_input`).
+
+    Raises:
+      InvalidValueError: an unknown model, or features of a shape or dtype it cannot read.
+    """
     check_choice("model", name, MODELS)
     check_int("num_classes", num_classes, 2)
+    if dtype is not None:
+        check_model_input(name, tuple(feature_shape), dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return MODELS[name](tuple(feature_shape), num_classes)

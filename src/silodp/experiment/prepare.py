@@ -13,11 +13,13 @@ import logging
 import math
 import shlex
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from silodp.accounting import PrivacyPlan, SiloPrivacy, conversions, find_sigma
 from silodp.accounting.plan import feature_statistics_releases
@@ -28,8 +30,9 @@ from silodp.data import FederatedData, FederatedDataset
 from silodp.data.partition import cap_records, cap_span
 from silodp.errors import InvalidValueError
 from silodp.federated.simulator import SCALING_STREAM, SETUP_STREAM, run_coins
+from silodp.models import MODEL_INPUTS, build_model, dtype_name, input_mismatch
 
-__all__ = ["PreparedRun", "dp_scaling", "prepare_run", "privacy_caps"]
+__all__ = ["PreparedRun", "check_model_fits", "dp_scaling", "prepare_run", "privacy_caps"]
 
 logger = logging.getLogger(__name__)
 
@@ -274,6 +277,60 @@ def _check_public_classes(name: str, config: ExperimentConfig, data: FederatedDa
     )
 
 
+#: the (model, classes) each data set was found to fit, so that a sweep's cells and an
+#: experiment's algorithms build and try the model once
+_FITTING: weakref.WeakKeyDictionary[FederatedData, set[tuple[str, int]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def check_model_fits(config: ExperimentConfig, data: FederatedData) -> None:
+    """Refuses a ``[model]`` that cannot read the data's records: the model is built for the
+    data's feature shape and dtype and run forward, without gradients, on the first two
+    training records (no training; the weights are thrown away).
+
+    Raises:
+      InvalidValueError: the model cannot be built for the data's features, refuses their
+        dtype, or fails on (or gives no ``num_classes`` outputs for) a record.
+    """
+    model_name = config.model.name
+    train = data.train
+    key = (model_name, train.num_classes)
+    if key in _FITTING.get(data, set()):
+        return
+    shape = tuple(train.feature_shape)
+    dtype = train.x.dtype
+    expects = MODEL_INPUTS.get(model_name, ("", "the records it was built for"))[1]
+
+    def refuse(why: str) -> InvalidValueError:
+        return InvalidValueError(
+            f"Expected [model] name = {model_name!r} to fit the data ({data.name}: features of "
+            f"shape {shape}, dtype {dtype_name(dtype)}, {train.num_classes} classes): "
+            f"{model_name} reads {expects}; {why}."
+        )
+
+    mismatch = input_mismatch(model_name, dtype)
+    if mismatch is not None:
+        raise refuse(mismatch)
+    try:
+        model = build_model(model_name, shape, train.num_classes, dtype=dtype)
+    except (ValueError, TypeError, RuntimeError) as err:
+        raise refuse(f"it cannot be built for them ({str(err).rstrip('.')})") from None
+    x = torch.from_numpy(np.ascontiguousarray(train.x[:2]))
+    try:
+        with torch.no_grad():
+            out = model(x)
+    except (ValueError, TypeError, RuntimeError, IndexError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise refuse(f"run on two training records it failed ({first.rstrip('.')})") from None
+    if tuple(out.shape) != (len(x), train.num_classes):
+        raise refuse(
+            f"run on {len(x)} training records it gave outputs of shape {tuple(out.shape)}, "
+            f"not ({len(x)}, {train.num_classes})"
+        )
+    _FITTING.setdefault(data, set()).add(key)
+
+
 def prepare_run(
     name: str,
     config: ExperimentConfig,
@@ -289,11 +346,13 @@ def prepare_run(
     applied to ``config``.
 
     Raises:
-      InvalidValueError: the schedule does not fit the algorithm or the data.
+      InvalidValueError: the schedule does not fit the algorithm or the data, or the model
+        cannot read the data's records (:func:`check_model_fits`).
       CalibrationError: the target ε is unreachable.
     """
     if cell is not None:
         config = config.for_cell(cell)
+    check_model_fits(config, data)
     training, privacy = config.for_algorithm(name)
     probe = make_algorithm(name, config.algorithm_config(name, num_silos=data.train.num_silos))
     train, group_size, group_source, span, span_source = _bound_data(

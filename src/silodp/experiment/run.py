@@ -25,6 +25,7 @@ from silodp.data.build import build_federated_data
 from silodp.data.describe import describe
 from silodp.errors import InvalidValueError
 from silodp.experiment.checkpoint import load_checkpoint, save_checkpoint
+from silodp.experiment.digest import check_data_unchanged, check_run_data, record_data
 from silodp.experiment.ledger import (
     LEDGER_FILE,
     accountant_of,
@@ -196,6 +197,7 @@ def train_run(
                 f"Expected {str(written)!r} to be the config being resumed; the config (or "
                 "what it resolves to) changed since the run started."
             )
+        check_run_data(run_dir, config, data)  # the data the run started on
         checkpoint = load_checkpoint(run_dir, config_hash)
     accountant = None
     ledger = None
@@ -216,6 +218,7 @@ def train_run(
             if run.plan.releases:
                 ledger.record_release(run.plan.releases)
                 accountant.compose_release(run.plan.releases)
+    record_data(run_dir, config, data, resume=resume)  # what a resume must find again
     write_text(run_dir / "config.toml", config_text)
     make_engine = engine_factory or _in_process
     engine = make_engine(
@@ -454,6 +457,8 @@ def run_experiment(
         if config.sweep is None and not resume:
             check_output(out, config.algorithms, overwrite)
         data, releases, scaling = _prepare_data(config, out, log)
+        if resume:  # before anything is written: the runs continue on the data they began on
+            check_data_unchanged(out, config, data)
         if config.sweep is not None:
             return run_sweep(
                 config,
