@@ -111,6 +111,10 @@ def test_two_runs_cannot_write_one_ledger_at_once(tmp_path: Path) -> None:
             Ledger(ledger)
         with Ledger(ledger, read_only=True) as reader:  # reading never waits
             assert reader.runs() == []
+        # a run on it is refused before it loads its data or writes anything
+        with pytest.raises(LedgerError, match=f"another run \\(process {holder.pid}\\)"):
+            _run(_shared(tmp_path, "late", ledger), tmp_path / "late")
+        assert not (tmp_path / "late").exists()
     finally:
         assert holder.stdin is not None
         holder.stdin.write("\n")

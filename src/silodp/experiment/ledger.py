@@ -31,7 +31,7 @@ from silodp.ledger.run import (
     held_to,
     total_before,
 )
-from silodp.ledger.store import merge_declared
+from silodp.ledger.store import check_free, merge_declared
 
 __all__ = [
     "LEDGER_FILE",
@@ -173,6 +173,7 @@ def check_shared_ledger(path: str | None) -> None:
     existing = _existing(path)
     if existing is None:
         return
+    check_free(existing)  # another run writing to it: refused before anything loads
     with Ledger(existing, read_only=True):  # refuses a directory, another database, ...
         pass
     if not os.access(existing, os.R_OK | os.W_OK):

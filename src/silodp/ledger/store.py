@@ -38,6 +38,7 @@ __all__ = [
     "Ledger",
     "LedgerError",
     "RunRecord",
+    "check_free",
     "ledger_file_problem",
     "merge_declared",
 ]
@@ -140,15 +141,35 @@ def _lock(path: Path) -> str:
     Raises:
       LedgerError: another process holds it.
     """
-    real = path.resolve()
     try:
-        return locking.acquire(str(real.with_name(real.name + "-lock")))
+        return locking.acquire(_lock_name(path))
     except locking.Held as held:
-        raise LedgerError(
-            f"Expected the ledger {str(path)!r} to be free; another run (process {held.holder}) "
-            "is writing to it. Runs that share a ledger run one after another, so that "
-            "each checks its budget against everything the others spent."
-        ) from None
+        raise _held(path, held.holder) from None
+
+
+def _lock_name(path: Path) -> str:
+    real = path.resolve()
+    return str(real.with_name(real.name + "-lock"))
+
+
+def _held(path: Path, holder: str) -> LedgerError:
+    return LedgerError(
+        f"Expected the ledger {str(path)!r} to be free; another run (process {holder}) "
+        "is writing to it. Runs that share a ledger run one after another, so that "
+        "each checks its budget against everything the others spent."
+    )
+
+
+def check_free(path: str | Path) -> None:
+    """Refuses, without taking it, a ledger another process is writing to (so that a run
+    is refused before it loads data or writes anything, not when it registers).
+
+    Raises:
+      LedgerError: another process holds the ledger's write lock.
+    """
+    holder = locking.holder(_lock_name(Path(path)))
+    if holder is not None:
+        raise _held(Path(path), holder)
 
 
 def merge_declared(
