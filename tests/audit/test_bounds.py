@@ -118,19 +118,31 @@ def test_clopper_pearson_matches_binomial_inversion() -> None:
     assert got == pytest.approx(expected, rel=1e-6)
 
 
-def test_many_runs_bound_is_valid_for_a_gaussian_mechanism() -> None:
-    # μ-GDP: scores N(0,1) out, N(μ,1) in; the bound must stay below ε(μ) at δ
-    from silodp.accounting.conversions import gdp_epsilon
-
+def test_many_runs_bound_is_valid_and_has_power_on_randomised_response() -> None:
+    # each run's score is its inclusion bit, flipped w.p. 1/(1+e^ε): the ε-DP mechanism a
+    # threshold attack is tight for (a Gaussian's ε at δ = 1e-5 lies beyond what 200 scored
+    # runs can show, so no estimator, however wrong, would exceed it)
     rng = np.random.default_rng(2)
-    mu, delta = 1.0, 1e-5
-    bounds = []
-    for _ in range(40):
-        inc = rng.random(200) < 0.5
-        scores = rng.normal(size=200) + mu * inc
-        bounds.append(split_threshold_epsilon(scores, inc, delta=delta)[0])
-    assert np.mean(np.array(bounds) > gdp_epsilon(mu, delta)) <= 0.1
+    n, alpha = 400, 0.05
+
+    def bounds(eps: float, trials: int) -> np.ndarray:
+        keep = math.exp(eps) / (1 + math.exp(eps))
+        out = []
+        for _ in range(trials):
+            inc = rng.random(n) < 0.5
+            said = np.where(rng.random(n) < keep, inc, ~inc)
+            out.append(split_threshold_epsilon(said * 1.0, inc, delta=0.0, significance=alpha)[0])
+        return np.array(out)
+
+    inc = rng.random(n) < 0.5
+    assert split_threshold_epsilon(inc * 1.0, inc, delta=0.0)[0] > 2.5  # 1 is reachable
+    # valid: above the true ε = 1 in at most ~α of the trials (binomial slack)
+    trials = 200
+    assert int((bounds(1.0, trials) > 1.0).sum()) <= stats.binom.ppf(0.999, trials, alpha)
+    # and it has power: a mechanism at ε = 2 claimed as ε = 1 is caught in most trials
+    assert np.mean(bounds(2.0, 40) > 1.0) > 0.5
+    rng = np.random.default_rng(3)
     # and with no noise it is limited by the runs only
     inc = rng.random(400) < 0.5
-    separable, _ = split_threshold_epsilon(inc * 1.0, inc, delta=delta)
+    separable, _ = split_threshold_epsilon(inc * 1.0, inc, delta=1e-5)
     assert separable > 3.0

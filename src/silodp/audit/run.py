@@ -40,7 +40,8 @@ from silodp.experiment.ledger import LEDGER_FILE
 from silodp.experiment.prepare import prepare_run
 from silodp.experiment.run import ProgressFactory, engine_arguments, train_run
 from silodp.federated.simulator import Simulator
-from silodp.io import write_json
+from silodp.io import json_number, write_json
+from silodp.ledger import Ledger
 from silodp.ledger.report import verify_ledger
 from silodp.models import build_model
 
@@ -111,6 +112,8 @@ def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def _claimed(summary: dict[str, Any], unit: str, run_dir: Path) -> dict[str, Any]:
+    """The audited run's claim at ``unit``: its ε against each adversary recomputed from the
+    events of its verified ledger, which must agree with its summary."""
     ledger = run_dir / LEDGER_FILE
     private = summary.get("noise_multiplier") not in (None, 0, 0.0)
     if private and not ledger.is_file():
@@ -123,14 +126,32 @@ def _claimed(summary: dict[str, Any], unit: str, run_dir: Path) -> dict[str, Any
         raise InvalidValueError(
             f"Expected the audited run's ledger to agree with its results: {problems[0]}"
         )
-    by = summary.get("epsilon_by_adversary") or {}
-    released = (by.get("released") or {}).get(unit)
+    written = summary.get("epsilon_by_adversary") or {}
+    by: dict[str, float | None] = {who: v.get(unit) for who, v in written.items()}
+    if private:
+        with Ledger(ledger, read_only=True) as held:
+            replayed = held.replay([held.runs()[-1].id]).estimates_by_adversary()
+        recomputed = {who: json_number(v[unit].epsilon) for who, v in replayed.items() if unit in v}
+        for who, value in recomputed.items():
+            said = by.get(who)
+            same = (said is None and value is None) or (
+                said is not None
+                and value is not None
+                and math.isclose(said, value, rel_tol=1e-9, abs_tol=1e-12)
+            )
+            if not same:
+                raise InvalidValueError(
+                    f"Expected the audited run's summary to give the ε its ledger's events give "
+                    f"at unit {unit!r} against {who!r}: the summary says {said!r}, the ledger "
+                    f"{value!r}."
+                )
+        by = recomputed
     headline = (summary.get("epsilon") or {}).get(unit)
-    epsilon = released if by else headline
+    epsilon = by.get("released") if by else headline
     return {
         "epsilon": epsilon,
         "epsilon_headline": headline,
-        "epsilon_by_adversary": {who: v.get(unit) for who, v in by.items()},
+        "epsilon_by_adversary": by,
         "private": private,
         # the summaries write an infinite ε as null: say which null it is
         "status": "not private" if not private else ("infinite" if epsilon is None else "finite"),

@@ -115,6 +115,16 @@ def audit(
         check_output(out, names, overwrite)
         log = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
         log(f"silodp: auditing {', '.join(names)} from {config}")
+        if cfg.privacy.ledger is not None or cfg.privacy.budget:
+            # said whether or not --quiet: this spending stays off the consortium's ledger
+            typer.echo(
+                "silodp audit: the config's shared ledger and budget "
+                f"({cfg.privacy.ledger or '-'}; {dict(cfg.privacy.budget) or '-'}) are not "
+                f"charged: each audited training is recorded in its own ledger under {out}/ "
+                "(and a many-runs audit's further trainings in none). Audit data whose privacy "
+                "you are willing to spend.",
+                err=True,
+            )
         data = build_federated_data(cfg.data)
         with sigterm_interrupts():
             for name in names:
@@ -149,7 +159,9 @@ def audit(
         typer.echo(f"\nresults in {out}/ (audit.json, audit_roc.png per algorithm)")
     if above:
         typer.secho(
-            f"lower bound above the claimed ε: {', '.join(above)} - the claim does not hold",
+            f"lower bound above the claimed ε: {', '.join(above)} - at {1 - significance:.0%} "
+            "confidence the claim does not hold (a bug, unless this is the chance the "
+            "confidence leaves)",
             fg=typer.colors.RED,
             err=True,
         )
