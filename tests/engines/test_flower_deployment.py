@@ -186,7 +186,7 @@ def test_three_algorithms_match_in_process(federation, tmp_path):
     assert len(shown["deploy"]["runs"]) == 3
     assert not (tmp_path / "deploy" / "ledger.sqlite").exists()
     # the silos' raw records and the keys are readable by this user only
-    for private in ("silos", "pki"):
+    for private in ("silos", "pki", "keys"):
         assert (federation.directory / private).stat().st_mode & 0o077 == 0, private
     aggregation = {
         "higradavg_dp": "clear",

@@ -111,6 +111,7 @@ def _check_resumed(full: Path, cut: Path, name: str, *, same_epsilon: bool) -> N
     for unit, value in done["epsilon"].items():  # None: inf against some adversary
         assert run["epsilon"][unit] == (None if value is None else pytest.approx(value, rel=1e-12))
     assert bool(run["interrupted_rounds"]) == (not same_epsilon)
+    assert not set(run["interrupted_rounds"]) & set(run["rounds_run_again"])  # one or other
 
 
 @pytest.mark.slow
@@ -308,14 +309,26 @@ def _replace_by_a_new_ledger(ledger: Path) -> None:
         pass
 
 
+def _replace_by_another_runs_ledger(ledger: Path) -> None:
+    """A ledger whose run 1 is another run (another name and config)."""
+    with Ledger(ledger, read_only=True) as held:
+        spec = held.runs()[0].accountant
+    _lose_all(ledger)
+    with Ledger(ledger) as other:
+        other.open_run(
+            name="another", algorithm="local_item_dp", accountant=spec, noise={}, config_hash="x"
+        )
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
         (_lose_all, "registered there as run 1"),
         (_empty, "registered there as run 1"),
         (_replace_by_a_new_ledger, r"record run 1 \('local_item_dp'\)"),
+        (_replace_by_another_runs_ledger, r"another run under that id"),
     ],
-    ids=["deleted", "emptied", "replaced"],
+    ids=["deleted", "emptied", "replaced", "replaced-same-id"],
 )
 def test_resume_refuses_a_lost_ledger_of_a_run_killed_before_its_first_checkpoint(
     tmp_path: Path, damage, message: str

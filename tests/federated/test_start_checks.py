@@ -3,7 +3,6 @@ data's records, and a resumed run continues on the data it started on."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -161,11 +160,9 @@ def test_a_resume_refuses_data_changed_since_the_run_started(tmp_path: Path) -> 
     assert not list(out.glob(f"*/{DATA_DIGEST_FILE}"))  # silo-private only, never released
 
 
-def test_a_run_without_a_recorded_digest_resumes_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A run started before digests were recorded: its data cannot be checked, so the resume
-    warns, continues, and records the digest for any later resume."""
+def test_a_run_whose_digest_was_lost_is_refused(tmp_path: Path) -> None:
+    """A run records its digest before its first round, so a checkpoint without one means the
+    digest was lost: the resume logged a warning and continued on whatever data was there."""
     table = tmp_path / "t.csv"
     _write_table(table, 120)
     out = tmp_path / "out"
@@ -178,7 +175,7 @@ def test_a_run_without_a_recorded_digest_resumes_with_a_warning(
         )
     digest = out / "local_item_dp" / "silo_private" / DATA_DIGEST_FILE
     digest.unlink()
-    with caplog.at_level(logging.WARNING):
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(InvalidValueError, match="the digest of the data run"):
         resume_experiment(out, log=lambda m: None)
-    assert "recorded no digest" in caplog.text and "local_item_dp" in caplog.text
-    assert digest.is_file()
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

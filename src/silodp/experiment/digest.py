@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import weakref
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,6 @@ __all__ = [
     "data_digest",
     "record_data",
 ]
-
-logger = logging.getLogger(__name__)
 
 #: a run's digest of the data it trains and tests on, under its ``silo_private/``: a resume
 #: recomputes it and refuses other data (derived from the records, so silo-private)
@@ -126,12 +123,12 @@ def _read_digest(path: Path) -> dict[str, Any]:
 
 def check_data_unchanged(out: Path, config: ExperimentConfig, data: FederatedData) -> None:
     """Before a resume writes anything: refuses ``data`` if it is not the data every started
-    run in ``out`` recorded (:data:`DATA_DIGEST_FILE`). An experiment whose started runs
-    recorded no digest (begun by an older silodp) is resumed with a warning: its data cannot
-    be checked, and each run records the digest of the data it continues on.
+    run in ``out`` recorded (:data:`DATA_DIGEST_FILE`), and a run that checkpointed a round
+    but holds no digest (a run records it before its first round, so it was lost: the data
+    could not be compared).
 
     Raises:
-      InvalidValueError: the data changed since a run started.
+      InvalidValueError: the data changed since a run started, or cannot be compared.
     """
     current = data_digest(data)
     found = sorted(out.rglob(f"{PRIVATE_DIR}/{DATA_DIGEST_FILE}"))
@@ -139,22 +136,20 @@ def check_data_unchanged(out: Path, config: ExperimentConfig, data: FederatedDat
         was = _read_digest(path)
         if was["digest"] != current:
             raise _refuse_changed_data(config, data, path, was)
-    # a run that checkpointed a round continues from it: one without a digest began on data
-    # that cannot be compared (a run with no checkpoint starts its rounds again)
+    # a run that checkpointed a round continues from it (a run with no checkpoint starts its
+    # rounds again)
     started = {
         p.parent if p.parent.name != PRIVATE_DIR else p.parent.parent
         for p in out.rglob("checkpoint.pt")
     }
-    started = {d for d in started if not (d / PRIVATE_DIR / DATA_DIGEST_FILE).is_file()}
-    if started:
-        names = ", ".join(sorted(str(d.relative_to(out)) for d in started))
-        logger.warning(
-            "%s: started by an older silodp that recorded no digest of its data, so a resume "
-            "cannot check that %s is unchanged since it started; continuing on the data as it "
-            "is now (whose digest is recorded from here on). If the data may have changed, "
-            "start afresh instead.",
-            names,
-            _data_source(config),
+    lost = sorted(d for d in started if not (d / PRIVATE_DIR / DATA_DIGEST_FILE).is_file())
+    if lost:
+        names = ", ".join(str(d.relative_to(out)) for d in lost)
+        raise InvalidValueError(
+            f"Expected {str(lost[0] / PRIVATE_DIR / DATA_DIGEST_FILE)!r}, the digest of the "
+            f"data run(s) {names} started on: a run records it before its first round, and "
+            f"without it a resume cannot check that {_data_source(config)} is unchanged. "
+            "Restore it, or start afresh into another directory (nothing was written)."
         )
 
 
@@ -162,7 +157,7 @@ def record_data(
     run_dir: Path, config: ExperimentConfig, data: FederatedData, *, resume: bool
 ) -> None:
     """Writes the run's :data:`DATA_DIGEST_FILE` (a resume keeps the one its run started
-    with, and records one where none was: a run not begun, or begun by an older silodp)."""
+    with, and records one where none was: a run that had not begun its rounds)."""
     path = run_dir / PRIVATE_DIR / DATA_DIGEST_FILE
     if resume and path.is_file():  # compared before the run resumed: kept as it started
         return

@@ -70,8 +70,12 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
                     "rounds": len(rounds),
                     "interrupted_rounds": [r["round"] for r in rounds if r["status"] != "complete"],
                     # rounds with more than one attempt (a resume ran them again): each counted
+                    # (one whose earlier attempt was cut short is listed as interrupted)
                     "rounds_run_again": sorted(
-                        r for r, n in Counter(r["round"] for r in rounds).items() if n > 1
+                        r
+                        for r, n in Counter(r["round"] for r in rounds).items()
+                        if n > 1
+                        and all(o["status"] == "complete" for o in rounds if o["round"] == r)
                     ),
                     "epsilon": {u: json_number(e.epsilon) for u, e in totals.items()},
                     "routes": {u: e.route for u, e in totals.items()},

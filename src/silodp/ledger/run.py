@@ -315,12 +315,17 @@ class RunLedger:
             )
         ]
         if not found:
-            if run_id is not None and all(r.id != run_id for r in ledger.runs()):
+            same = [
+                r
+                for r in ledger.runs()
+                if r.id == run_id and r.name == name and r.config_hash == config_hash
+            ]
+            if run_id is not None and not same:
                 raise LedgerError(
                     f"Expected {str(ledger.path)!r} to record run {run_id} ({name!r}), under "
-                    "which the run registered; it has no such run, so what the run spent "
-                    "would go uncounted. Restore the ledger the run wrote (with its -wal file), "
-                    "or start the run afresh (--overwrite)."
+                    "which the run registered; it has no such run (none, or another run under "
+                    "that id), so what the run spent would go uncounted. Restore the ledger the "
+                    "run wrote (with its -wal file), or start the run afresh (--overwrite)."
                 )
             if completed:
                 raise LedgerError(

@@ -136,7 +136,7 @@ def _node_key(keys: Path, silo: int) -> Path:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    keys.mkdir(parents=True, exist_ok=True)
+    _private_dir(keys)
     k = ec.generate_private_key(ec.SECP384R1())
     private = keys / f"silo-{silo}"
     _write_private(
