@@ -119,7 +119,7 @@ def audit(
             # said whether or not --quiet: this spending stays off the consortium's ledger
             typer.echo(
                 "silodp audit: the config's shared ledger and budget "
-                f"({cfg.privacy.ledger or '-'}; {dict(cfg.privacy.budget) or '-'}) are not "
+                f"({cfg.privacy.ledger or '-'}; {dict(cfg.privacy.budget or {}) or '-'}) are not "
                 f"charged: each audited training is recorded in its own ledger under {out}/ "
                 "(and a many-runs audit's further trainings in none). Audit data whose privacy "
                 "you are willing to spend.",
