@@ -159,7 +159,8 @@ def test_a_sweep_shows_inf_and_its_public_report_refuses_a_data_bound(tmp_path: 
     run_grid(load_grid(tmp_path / "s.toml"), tmp_path / "sweep", log=lambda m: None)
     table = (tmp_path / "sweep" / "results.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| uldp_avg_w "))
-    assert row.rstrip(" |").endswith("inf")  # its subject ε against every party: none
+    # its subject ε against every party: none (then the δ and adversary of the ε column)
+    assert row.rstrip().endswith("| inf | 1e-05 | strongest |")
     result = CliRunner().invoke(
         app, ["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "s.html")]
     )
@@ -561,6 +562,10 @@ def test_a_run_on_a_shared_ledger_shows_that_ledger_s_total(tmp_path: Path) -> N
     total = ledger_report(ledger)["total"]["federated"]
     assert len(total["runs"]) == 2
     assert upper(total["epsilon"]["record"], 4) in text
+    # with the δ and adversary it is composed at, which may differ from the run's own
+    html_text = out.read_text()
+    assert "<th>δ</th>" in html_text and "<th>against</th>" in html_text
+    assert f"<td>{total['delta']:.4g}</td><td>{total['adversary']}</td>" in html_text
 
 
 def test_a_report_written_before_the_generator_mark_is_replaced(

@@ -112,6 +112,16 @@ def test_an_epsilon_without_a_finite_bound_is_named_not_left_out(tmp_path, figur
     plotting.plot_units(runs, tmp_path / "u.png")
     texts = [t.get_text() for t in figures[3].axes[0].texts]
     assert "inf" in texts
+    labelled = [{**r, "delta": 1e-5, "adversary": "released"} for r in runs]
+    plotting.plot_units(labelled, tmp_path / "u3.png")
+    assert "at δ=1e-05, against released" in figures[4].axes[0].get_ylabel()
+
+
+def test_a_units_figure_with_every_epsilon_inf_is_written(tmp_path: Path) -> None:
+    """No bar to draw: the log scale made saving fail, and with it the whole report."""
+    runs = [{"algorithm": "uldp_avg_w", "epsilon": {"subject": None}}]
+    written = plotting.plot_units(runs, tmp_path / "u.png")
+    assert written is not None and written.stat().st_size > 0
 
 
 def test_a_sweep_run_without_a_finite_epsilon_is_not_drawn_as_the_baseline(
@@ -149,3 +159,14 @@ def test_a_sweep_run_without_a_finite_epsilon_is_not_drawn_as_the_baseline(
     plotting.plot_utility_vs_epsilon(rows, tmp_path / "u.png")
     legend = [t.get_text() for t in figures[1].axes[0].get_legend().get_texts()]
     assert f"uldp_avg_w (subject ε) ({plotting.NO_BOUND} in some cells)" in legend
+
+
+def test_a_cell_charged_its_whole_plan_shows_the_charged_epsilon(tmp_path: Path, figures) -> None:
+    """A sweep cell stopped at round 2 of 3 is charged all 3: its curve ended at round 2's ε,
+    below the ε it reports, with no mark of the charge."""
+    rows = [{"round": r, "epsilon": {"record": 0.5 * r}, "adversary": "strongest"} for r in (1, 2)]
+    plotting.plot_epsilon(rows, tmp_path / "e.png", "cell", 1e-5, charged=(3, {"record": 1.6}))
+    ax = figures[0].axes[0]
+    assert "record: 1.6 charged (all 3 planned rounds)" in [t.get_text() for t in ax.texts]
+    starred = [line for line in ax.lines if line.get_marker() == "*"]
+    assert [(list(s.get_xdata()), list(s.get_ydata())) for s in starred] == [([3], [1.6])]

@@ -120,6 +120,12 @@ def test_mlflow_run_holds_the_rows_params_and_only_public_files(
     # no round's own time: how long a round took is silo-private (its sampled subjects)
     history = _client(store).get_metric_history(run.info.run_id, "test_accuracy")
     assert len(history) == 2 and len({m.timestamp for m in history}) == 1
+    # nor the run's: it ends, as MLflow records it, when it started
+    assert run.info.end_time == run.info.start_time
+    # ε against every adversary is logged beside the headline
+    for who, units in rows[-1]["epsilon_by_adversary"].items():
+        got = _history(store, run.info.run_id, f"epsilon_by_adversary/{who}/subject")
+        assert got[-1] == (2, pytest.approx(units["subject"])), who
 
 
 def test_tensorboard_holds_the_rows(tracked: tuple[Path, Path]) -> None:
@@ -132,7 +138,12 @@ def test_tensorboard_holds_the_rows(tracked: tuple[Path, Path]) -> None:
         assert [v for _, v in got] == pytest.approx([v for _, v in _expected(rows, key)], 1e-6)
     events = event_accumulator.EventAccumulator(str(directory))
     events.Reload()
-    assert len({e.wall_time for e in events.Scalars("test_accuracy")}) == 1  # not the rounds'
+    walls = {e.wall_time for e in events.Scalars("test_accuracy")}
+    assert len(walls) == 1  # not the rounds'
+    # nor the run's length: the event files' modification time is the run's start
+    (wall,) = walls
+    files = list(directory.glob("events.out.tfevents.*"))
+    assert files and all(f.stat().st_mtime == pytest.approx(wall, abs=1e-3) for f in files)
 
 
 def test_an_interrupted_run_is_killed_and_resuming_continues_it(
@@ -317,9 +328,15 @@ def test_round_metrics_keep_the_finite_numbers() -> None:
         "adversary": "strongest",
         "personalised_accuracy": 0.75,
     }
+    row["epsilon_by_adversary"] = {"released": {"subject": 2.0}, "silos": {"subject": None}}
+    # an ε without a finite bound is logged as such, never left out (it read as no ε at all)
     assert tracking.round_metrics(row) == {
         "test_accuracy": 0.5,
         "epsilon/record": 1.5,
+        "epsilon_unbounded/subject": 1.0,
+        "epsilon_unbounded/silo": 1.0,
+        "epsilon_by_adversary/released/subject": 2.0,
+        "epsilon_by_adversary_unbounded/silos/subject": 1.0,
         "personalised_accuracy": 0.75,
     }
 

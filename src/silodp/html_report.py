@@ -508,6 +508,10 @@ def _ledger_totals(path: Path, shared: bool = False) -> str:
             "ledger total": kind,
             "runs": len(total["runs"]),
             **{f"ε ({u})": _bound(total["epsilon"], u) for u in total["epsilon"]},
+            # the δ and adversary the total is composed at (the declared budget's, else the
+            # smallest δ of the runs and the first run's adversary): not this run's
+            "δ": total.get("delta"),
+            "against": total.get("adversary", "strongest") if not total.get("error") else None,
             # runs one accountant cannot compose (e.g. PriFedSync at another σ): no total
             **({"not composed": total["error"]} if total.get("error") else {}),
             # units some runs do not account: what they spent there has no bound
@@ -523,14 +527,20 @@ def _ledger_totals(path: Path, shared: bool = False) -> str:
         }
         for kind, total in report["total"].items()
     ]
-    columns = sorted({c for r in rows for c in r}, key=lambda c: (c != "ledger total", c))
+    every = {c for r in rows for c in r}
+    bounds = sorted(c for c in every if c.startswith("ε ("))
+    columns = ["ledger total", "runs", *bounds, "δ", "against"]
+    columns += sorted(every - set(columns))
     where = (
         f"Shared ledger {html.escape(str(path))}: the total of every run on it, this one and "
         "the others"
         if shared
         else "Ledger"
     )
-    return f"<p>{where} (events read back and composed):</p>" + _table(rows, columns)
+    return (
+        f"<p>{where} (events read back and composed, at the δ and against the adversary shown, "
+        "which may differ from a run's own):</p>" + _table(rows, columns)
+    )
 
 
 # --- a sweep ------------------------------------------------------------------------------------

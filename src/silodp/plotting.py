@@ -64,9 +64,17 @@ def plot_training(metrics: Metrics, path: Path, title: str) -> Path:
     return save_figure(fig, path)
 
 
-def plot_epsilon(metrics: Metrics, path: Path, title: str, delta: float) -> Path:
+def plot_epsilon(
+    metrics: Metrics,
+    path: Path,
+    title: str,
+    delta: float,
+    charged: tuple[int, Mapping[str, float | None]] | None = None,
+) -> Path:
     """ε per privacy unit against round: the headline ε (solid, against the run's
-    ``adversary``) and, dashed, the ε against each adversary whose ε differs from it."""
+    ``adversary``) and, dashed, the ε against each adversary whose ε differs from it.
+    ``charged``: (rounds, headline ε per unit) of a run stopped early but charged every
+    planned round (a sweep cell at its accuracy target), drawn as a marker at that round."""
     fig, ax = plt.subplots(figsize=(6.5, 4))
     units = sorted({u for m in metrics for u in m.get("epsilon", {})})
     adjacency = next((m["adjacency"] for m in metrics if "adjacency" in m), None)
@@ -96,6 +104,20 @@ def plot_epsilon(metrics: Metrics, path: Path, title: str, delta: float) -> Path
 
             label = f"{unit}, against {' and '.join(whom)}"
             _curve(ax, metrics, shared, label=label, linestyle="--")
+    if charged is not None:
+        rounds, epsilon = charged
+        for unit in units:
+            at_end = epsilon.get(unit)
+            if at_end is not None:
+                ax.plot([rounds], [at_end], marker="*", markersize=11, linestyle="none", color="k")
+                ax.annotate(
+                    f"{unit}: {display.upper(at_end)} charged (all {rounds} planned rounds)",
+                    (rounds, at_end),
+                    textcoords="offset points",
+                    xytext=(-6, 6),
+                    ha="right",
+                    fontsize=8,
+                )
     ax.set_xlabel("round")
     ax.set_ylabel(f"ε at δ={delta:g}")
     if units:
@@ -278,6 +300,23 @@ def plot_personalised(
     return save_figure(fig, path)
 
 
+def grid_epsilon(row: Mapping[str, Any], unit: str) -> float | None:
+    """A grid point's ε at ``unit``: the largest over its seeds (rows written before that was
+    kept: the mean)."""
+    value = row.get(f"epsilon_{unit}_max", row.get(f"epsilon_{unit}_mean"))
+    return None if value is None else float(value)
+
+
+def _held_at(runs: Sequence[Mapping[str, Any]]) -> str:
+    """``" at δ=1e-05, against strongest"`` when every run's ε is at one δ and against one
+    adversary, else a pointer to where each run says it."""
+    deltas = {r.get("delta") for r in runs}
+    against = {r.get("adversary") for r in runs}
+    if len(deltas) == 1 and len(against) == 1 and None not in deltas | against:
+        return f" at δ={deltas.pop():g}, against {against.pop()}"
+    return " (δ and adversary: each run's, see the table)"
+
+
 def plot_units(runs: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
     """Final ε at each unit, one group of bars per algorithm (log scale); ``None`` when no run
     is private."""
@@ -314,8 +353,12 @@ def plot_units(runs: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
                 )
     ax.set_xticks(range(len(private)), [r["algorithm"] for r in private], rotation=15)
     ax.set_xlim(-0.5, len(private) - 0.5)  # every group, also one with no bar drawn
-    ax.set_yscale("log")
-    ax.set_ylabel("final ε (inf: no guarantee at that unit)")
+    drawn = [v for r in private for v in r["epsilon"].values() if v is not None]
+    if drawn:
+        ax.set_yscale("log")
+    else:  # every ε is inf: nothing to scale, the annotations say it
+        ax.set_yticks([])
+    ax.set_ylabel(f"final ε{_held_at(private)} (inf: no guarantee at that unit)")
     ax.legend(title="unit")
     ax.grid(alpha=0.3, axis="y")
     return save_figure(fig, path)
@@ -345,15 +388,16 @@ def plot_data_distribution(data: Mapping[str, Any], path: Path) -> Path:
 
 
 def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
-    """Final accuracy against final ε (mean ± std over seeds) per algorithm, at the subject
-    unit where an algorithm reports it, else its other unit; the non-private baseline as a
-    dashed line. ``None`` when no row has an ε."""
+    """Final accuracy (mean ± std over seeds) against final ε (the largest over seeds: the
+    bound every seed's run meets) per algorithm, at the subject unit where an algorithm
+    reports it, else its other unit; the non-private baseline as a dashed line. ``None``
+    when no row has an ε."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series: dict[str, list[tuple[float, float, float, float]]] = {}
     unbounded: list[str] = []  # algorithms with no finite ε at their unit in some cell
     for row in rows:
         unit = next(
-            (u for u in ("subject", "record", "silo") if row.get(f"epsilon_{u}_mean") is not None),
+            (u for u in ("subject", "record", "silo") if grid_epsilon(row, u) is not None),
             None,
         )
         if unit is None:  # a unit with no finite mean: named in the legend
@@ -363,12 +407,13 @@ def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Pa
                     unbounded.append(label)
         if row.get("baseline") and row.get("accuracy_mean") is not None:
             ax.axhline(row["accuracy_mean"], color="grey", linestyle="--", linewidth=1)
-        if unit is None or row.get("accuracy_mean") is None:
+        bound = grid_epsilon(row, unit) if unit is not None else None
+        if bound is None or row.get("accuracy_mean") is None:
             continue
         series.setdefault(f"{row['algorithm']} ({unit} ε)", []).append(
             (
-                row[f"epsilon_{unit}_mean"],
-                row.get(f"epsilon_{unit}_std") or 0.0,
+                bound,
+                0.0,  # the largest over seeds: a bound, no spread
                 row["accuracy_mean"],
                 row.get("accuracy_std") or 0.0,
             )
@@ -395,7 +440,8 @@ def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Pa
     ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("final ε")
+    private = [r for r in rows if r.get("adversary") is not None]
+    ax.set_xlabel(f"final ε, largest over seeds{_held_at(private) if private else ''}")
     ax.set_ylabel("final test accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
@@ -406,13 +452,12 @@ def epsilon_spread(rows: Sequence[Mapping[str, Any]]) -> float:
     """The ratio of the largest to the smallest final ε among a sweep's rows (1.0 when every
     private cell ends at the same ε, as cells calibrated to one target do; then an accuracy
     against ε figure is a vertical line)."""
-    values = []
+    values: list[float] = []
     for row in rows:  # at the unit plot_utility_vs_epsilon draws for the row
-        unit = next(
-            (u for u in ("subject", "record", "silo") if row.get(f"epsilon_{u}_mean")), None
-        )
-        if unit is not None:
-            values.append(row[f"epsilon_{unit}_mean"])
+        found = (grid_epsilon(row, u) for u in ("subject", "record", "silo"))
+        bound = next((v for v in found if v), None)
+        if bound is not None:
+            values.append(bound)
     return max(values) / min(values) if values else 1.0
 
 

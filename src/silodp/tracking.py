@@ -207,7 +207,11 @@ def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def round_metrics(row: Row) -> dict[str, float]:
     """A released round row's numbers: every top-level number (``test_accuracy``,
-    ``test_loss``, ...) and ``epsilon/<unit>`` for each unit; ``None`` and ∞ left out."""
+    ``test_loss``, ...), ``epsilon/<unit>`` for each unit and
+    ``epsilon_by_adversary/<adversary>/<unit>``. An ε without a finite bound (``None`` in the
+    row: no guarantee) cannot be a metric's value: it is logged as
+    ``epsilon_unbounded/<unit>`` (or ``epsilon_by_adversary_unbounded/...``) = 1, never left
+    out; other ``None`` values are."""
     out: dict[str, float] = {}
 
     def add(key: str, value: Any) -> None:
@@ -215,12 +219,22 @@ def round_metrics(row: Row) -> dict[str, float]:
             if math.isfinite(value):
                 out[key] = float(value)
 
+    def epsilon(prefix: str, key: str, value: Any) -> None:
+        if value is None or (isinstance(value, float) and math.isinf(value)):
+            out[f"{prefix}_unbounded/{key}"] = 1.0
+        else:
+            add(f"{prefix}/{key}", value)
+
     for key, value in row.items():
         if key == "round":
             continue
         if key == "epsilon" and isinstance(value, Mapping):
-            for unit, epsilon in value.items():
-                add(f"epsilon/{unit}", epsilon)
+            for unit, eps in value.items():
+                epsilon("epsilon", unit, eps)
+        elif key == "epsilon_by_adversary" and isinstance(value, Mapping):
+            for who, units in value.items():
+                for unit, eps in (units or {}).items():
+                    epsilon("epsilon_by_adversary", f"{who}/{unit}", eps)
         else:
             add(key, value)
     return out
@@ -453,7 +467,11 @@ class _MlflowWriter:
         for path in public_files(run_dir) if run_dir is not None else ():
             self._client.log_artifact(self._run_id, str(path))
         self._client.set_tag(self._run_id, "silodp.status", status)
-        self._client.set_terminated(self._run_id, MLFLOW_STATUS.get(status, "FAILED"))
+        # ended when it started: the time between follows the sampled records and subjects
+        started = self._client.get_run(self._run_id).info.start_time
+        self._client.set_terminated(
+            self._run_id, MLFLOW_STATUS.get(status, "FAILED"), end_time=started
+        )
 
 
 # --- TensorBoard ----------------------------------------------------------------------------
@@ -535,3 +553,7 @@ class _TensorBoardWriter:
 
     def close(self, status: str, run_dir: Path | None = None) -> None:
         self._writer.close()
+        # the event files' times are those of the run's start, as their scalars' are (their
+        # modification time would say how long the run took)
+        for path in _event_files(Path(self._writer.log_dir)):
+            os.utime(path, (self._walltime, self._walltime))

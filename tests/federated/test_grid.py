@@ -146,6 +146,12 @@ def test_sweep_runs_resumes_and_tabulates(tmp_path: Path, monkeypatch: pytest.Mo
     assert row["accuracy_mean"] == pytest.approx(statistics.mean(accs))
     assert row["accuracy_std"] == pytest.approx(statistics.stdev(accs))
     assert row["epsilon_subject_mean"] > 0 and "epsilon_record_mean" not in row
+    eps = [
+        json.loads((out / "cells" / c.id / "summary.json").read_text())["runs"][0]["epsilon"]
+        for c in cells
+    ]
+    assert row["epsilon_subject_max"] == max(e["subject"] for e in eps)
+    assert row["delta"] == 1e-5 and row["adversary"] == "strongest"
     assert grid_rows(out) == rows
     table = (out / "results.md").read_text()
     assert "| fedavg (non-private baseline) |" in table.splitlines()[4]
@@ -175,8 +181,9 @@ def test_cli_sweep_refuses_bad_input_and_prints_the_table(tmp_path: Path) -> Non
 
 
 def test_sweep_table_rounds_epsilon_up_and_accuracy_to_nearest() -> None:
-    """results.md: an ε mean and spread 0.12341 ± 0.0301 read 0.13 ± 0.04 (rounded to
-    nearest, 0.12 ± 0.03, below the runs' ε); accuracy keeps ordinary rounding."""
+    """results.md: ε is the largest over seeds, rounded up (0.15341 reads 0.16; a mean of
+    0.12341 ± 0.0301 read below one seed's ε), at the δ and against the adversary shown;
+    accuracy keeps ordinary rounding."""
     spec = grid_module.GridSpec(name="s", base={}, axes={"algorithms": ("a",)}, seeds=(0, 1))
     row = {
         "algorithm": "uldp_avg",
@@ -186,6 +193,9 @@ def test_sweep_table_rounds_epsilon_up_and_accuracy_to_nearest() -> None:
         "accuracy_std": 0.0101,
         "epsilon_subject_mean": 0.12341,
         "epsilon_subject_std": 0.0301,
+        "epsilon_subject_max": 0.15341,
+        "delta": 1e-5,
+        "adversary": "strongest",
     }
     line = grid_module._markdown([row], spec).splitlines()[4]
-    assert line == "| uldp_avg | 2 | 0.812 ± 0.010 | 0.13 ± 0.04 |"
+    assert line == "| uldp_avg | 2 | 0.812 ± 0.010 | 0.16 | 1e-05 | strongest |"

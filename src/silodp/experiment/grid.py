@@ -370,9 +370,12 @@ def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
                     "personalised": [],
                     "epsilon": {},
                     "seeds": [],
+                    "held_at": set(),
                 },
             )
             group["seeds"].append(cell["seed"])
+            if run.get("epsilon"):  # the δ and adversary its ε holds at
+                group["held_at"].add((run.get("delta"), run.get("adversary")))
             group["accuracy"].append(run.get("test_accuracy"))
             group["personalised"].append(run.get("personalised_accuracy"))
             for unit, eps in (run.get("epsilon") or {}).items():
@@ -391,8 +394,17 @@ def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
             row["personalised_accuracy_mean"], row["personalised_accuracy_std"] = mean, std
         for unit, values in sorted(group["epsilon"].items()):
             row[f"epsilon_{unit}_mean"], row[f"epsilon_{unit}_std"] = _mean_std(values)
+            # the ε every seed's run meets (a mean could read below one of them)
+            row[f"epsilon_{unit}_max"] = (
+                None if any(v is None for v in values) else max(values, default=None)
+            )
             if any(v is None for v in values):  # null: no finite bound in some seed
                 row[f"epsilon_{unit}_unbounded"] = True
+        if group["held_at"]:
+            deltas = {d for d, _ in group["held_at"]}
+            against = {a for _, a in group["held_at"]}
+            row["delta"] = deltas.pop() if len(deltas) == 1 else None
+            row["adversary"] = against.pop() if len(against) == 1 else "mixed"
         rows.append(row)
     rows.sort(key=lambda r: not r["baseline"])  # stable: expansion order within each
     return rows
@@ -424,6 +436,7 @@ def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
     header = ["algorithm", *grid_keys, "seeds", "test accuracy"]
     header += ["personalised accuracy"] if personal else []
     header += [f"ε ({u})" for u in units]
+    header += ["δ", "against"] if units else []
     lines = [f"# {spec.name}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
 
     def pm(mean: float | None, std: float | None, text: Callable[[float], str]) -> str:
@@ -461,14 +474,17 @@ def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
         cells += [
             "inf"
             if row.get(f"epsilon_{u}_unbounded")
-            else pm(row.get(f"epsilon_{u}_mean"), std(f"epsilon_{u}_std"), epsilon)
+            else pm(row.get(f"epsilon_{u}_max", row.get(f"epsilon_{u}_mean")), None, epsilon)
             for u in units
         ]
+        if units:
+            delta = row.get("delta")
+            cells += ["-" if delta is None else f"{delta:g}", str(row.get("adversary") or "-")]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "Mean ± standard deviation over seeds; ε is each run's final ε against its "
-        'adversary ("-": not private at that unit; inf: no finite guarantee there in some '
-        "seed).",
+        "Accuracy: mean ± standard deviation over seeds. ε: each run's final ε at the δ and "
+        "against the adversary shown, the largest over seeds (the bound every seed's run "
+        'meets; "-": not private at that unit; inf: no finite guarantee there in some seed).',
     ]
     return "\n".join(lines) + "\n"

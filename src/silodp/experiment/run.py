@@ -327,7 +327,14 @@ def train_run(
             title = f"{config.name}: {run.name}"
             plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
             if any(r.get("epsilon") for r in rows):  # a run without noise has no ε to draw
-                plotting.plot_epsilon(rows, run_dir / "epsilon.png", title, run.privacy.delta)
+                plotting.plot_epsilon(
+                    rows,
+                    run_dir / "epsilon.png",
+                    title,
+                    run.privacy.delta,
+                    # a cell stopped at its target: the ε it was charged, at the plan's end
+                    (charged["rounds_charged"], charged["epsilon"]) if charged else None,
+                )
             if any(r.metrics.get("personalised_accuracy") is not None for r in results):
                 plotting.plot_personalised(
                     {run.name: rows},
