@@ -576,3 +576,20 @@ def test_a_report_written_before_the_generator_mark_is_replaced(
     result = CliRunner().invoke(app, ["report", str(experiment), "--out", str(out)])
     assert result.exit_code == 0, result.output
     _read(out)
+
+
+def test_a_sweep_rows_unbounded_epsilon_reads_inf_in_every_epsilon_column() -> None:
+    """The largest ε over seeds (the headline since it was added) read "-", the mark of a
+    unit not reported, where some seed had no finite bound."""
+    from silodp.html_report import _cell, _shown_row
+
+    row = {
+        "algorithm": "uldp_avg_w",
+        "epsilon_subject_mean": None,
+        "epsilon_subject_max": None,
+        "epsilon_subject_unbounded": True,
+    }
+    shown = _shown_row(row)
+    assert _cell(shown["epsilon_subject_max"], "epsilon_subject_max") == "inf"
+    assert _cell(shown["epsilon_subject_mean"], "epsilon_subject_mean") == "inf"
+    assert "epsilon_subject_unbounded" not in shown

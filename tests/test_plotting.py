@@ -167,6 +167,6 @@ def test_a_cell_charged_its_whole_plan_shows_the_charged_epsilon(tmp_path: Path,
     rows = [{"round": r, "epsilon": {"record": 0.5 * r}, "adversary": "strongest"} for r in (1, 2)]
     plotting.plot_epsilon(rows, tmp_path / "e.png", "cell", 1e-5, charged=(3, {"record": 1.6}))
     ax = figures[0].axes[0]
-    assert "record: 1.6 charged (all 3 planned rounds)" in [t.get_text() for t in ax.texts]
+    assert "record: 1.6 charged through round 3" in [t.get_text() for t in ax.texts]
     starred = [line for line in ax.lines if line.get_marker() == "*"]
     assert [(list(s.get_xdata()), list(s.get_ydata())) for s in starred] == [([3], [1.6])]

@@ -111,7 +111,7 @@ def plot_epsilon(
             if at_end is not None:
                 ax.plot([rounds], [at_end], marker="*", markersize=11, linestyle="none", color="k")
                 ax.annotate(
-                    f"{unit}: {display.upper(at_end)} charged (all {rounds} planned rounds)",
+                    f"{unit}: {display.upper(at_end)} charged through round {rounds}",
                     (rounds, at_end),
                     textcoords="offset points",
                     xytext=(-6, 6),
@@ -314,7 +314,7 @@ def _held_at(runs: Sequence[Mapping[str, Any]]) -> str:
     against = {r.get("adversary") for r in runs}
     if len(deltas) == 1 and len(against) == 1 and None not in deltas | against:
         return f" at δ={deltas.pop():g}, against {against.pop()}"
-    return " (δ and adversary: each run's, see the table)"
+    return " (δ and adversary differ between runs: see each run's summary)"
 
 
 def plot_units(runs: Sequence[Mapping[str, Any]], path: Path) -> Path | None:

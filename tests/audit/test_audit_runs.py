@@ -376,9 +376,15 @@ def test_cli_audit_says_the_shared_ledger_and_budget_are_not_charged(
     args = ["audit", str(path), "--out", str(tmp_path / "out"), "--quiet"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert f"shared ledger and budget ({ledger}; {{'subject': 1.0}}) are not charged" in (
-        result.stderr
+    assert (
+        f"local_item_dp's shared ledger and budget ({ledger}; {{'subject': 1.0}}) are not "
+        "charged" in result.stderr
     )
     plain = _config(tmp_path, ["local_item_dp"], "noise_multiplier = 1.0")[0]
     quiet = CliRunner().invoke(app, ["audit", str(plain), "--out", str(tmp_path / "o2")])
     assert "not charged" not in quiet.stderr
+    # an algorithm's own table may name them too
+    with plain.open("a") as handle:
+        handle.write(f'\n[algorithm.local_item_dp]\nledger = "{ledger}"\n')
+    own = CliRunner().invoke(app, ["audit", str(plain), "--out", str(tmp_path / "o3")])
+    assert f"local_item_dp's shared ledger and budget ({ledger}; -) are not charged" in (own.stderr)

@@ -326,7 +326,7 @@ def _replace_by_another_runs_ledger(ledger: Path) -> None:
         (_lose_all, "registered there as run 1"),
         (_empty, "registered there as run 1"),
         (_replace_by_a_new_ledger, r"record run 1 \('local_item_dp'\)"),
-        (_replace_by_another_runs_ledger, r"another run under that id"),
+        (_replace_by_another_runs_ledger, r"none of that name and config under that id"),
     ],
     ids=["deleted", "emptied", "replaced", "replaced-same-id"],
 )

@@ -115,16 +115,18 @@ def audit(
         check_output(out, names, overwrite)
         log = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
         log(f"silodp: auditing {', '.join(names)} from {config}")
-        if cfg.privacy.ledger is not None or cfg.privacy.budget:
-            # said whether or not --quiet: this spending stays off the consortium's ledger
-            typer.echo(
-                "silodp audit: the config's shared ledger and budget "
-                f"({cfg.privacy.ledger or '-'}; {dict(cfg.privacy.budget or {}) or '-'}) are not "
-                f"charged: each audited training is recorded in its own ledger under {out}/ "
-                "(and a many-runs audit's further trainings in none). Audit data whose privacy "
-                "you are willing to spend.",
-                err=True,
-            )
+        for name in names:  # the config's, or an [algorithm.X] table's own
+            privacy = cfg.for_algorithm(name)[1]
+            if privacy.ledger is not None or privacy.budget:
+                # said whether or not --quiet: this spending stays off the consortium's ledger
+                typer.echo(
+                    f"silodp audit: {name}'s shared ledger and budget "
+                    f"({privacy.ledger or '-'}; {dict(privacy.budget or {}) or '-'}) are not "
+                    f"charged: each audited training is recorded in its own ledger under "
+                    f"{out}/ (and a many-runs audit's further trainings in none). Audit data "
+                    "whose privacy you are willing to spend.",
+                    err=True,
+                )
         data = build_federated_data(cfg.data)
         with sigterm_interrupts():
             for name in names:

@@ -36,8 +36,8 @@ def sweep(
     are kept. Progress (unless --quiet): one view of the whole sweep on stderr, the cell
     running, rounds done of every round planned, time elapsed and left; a bar on a terminal,
     plain lines otherwise. Writes OUT/cells/<cell>/ (each an experiment), OUT/results.csv and
-    OUT/results.md (mean ± std over seeds). Exit codes: 0 done, 2 bad input, 130/143
-    interrupted."""
+    OUT/results.md (accuracy: mean ± std over seeds; ε: the largest over seeds). Exit codes:
+    0 done, 2 bad input, 130/143 interrupted."""
     from silodp.errors import OutputExistsError, SilodpError
     from silodp.experiment.grid import expand, load_grid, run_grid
     from silodp.io import check_writable_dir

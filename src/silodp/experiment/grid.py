@@ -347,7 +347,8 @@ def _cell_done(cell_dir: Path) -> bool:
 
 def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
     """Per algorithm and grid point (seeds pooled): mean and standard deviation of the final
-    test accuracy and of ε per unit, from every finished cell; the baseline rows first."""
+    test accuracy and of ε per unit, ε's largest over the seeds (``epsilon_<unit>_max``) and
+    the δ and adversary it holds at, from every finished cell; the baseline rows first."""
     out = Path(out_dir)
     manifest = json.loads((out / MANIFEST).read_text())
     groups: dict[tuple[str, str], dict[str, Any]] = {}

@@ -323,9 +323,10 @@ class RunLedger:
             if run_id is not None and not same:
                 raise LedgerError(
                     f"Expected {str(ledger.path)!r} to record run {run_id} ({name!r}), under "
-                    "which the run registered; it has no such run (none, or another run under "
-                    "that id), so what the run spent would go uncounted. Restore the ledger the "
-                    "run wrote (with its -wal file), or start the run afresh (--overwrite)."
+                    "which the run registered; it has none of that name and config under that "
+                    "id (another run, or none), so what the run spent would go uncounted. "
+                    "Restore the ledger the run wrote (with its -wal file), or start the run "
+                    "afresh (--overwrite)."
                 )
             if completed:
                 raise LedgerError(
