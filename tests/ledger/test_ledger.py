@@ -21,7 +21,7 @@ from silodp.cli import app
 from silodp.config import parse_config
 from silodp.experiment import run_experiment
 from silodp.ledger import SCHEMA_VERSION, BudgetExceededError, Ledger, LedgerError, RunLedger
-from silodp.ledger.report import ledger_report, verify_ledger
+from silodp.ledger.report import ledger_report, same_epsilon, verify_ledger
 from silodp.ledger.serialize import privacy_from_json, privacy_to_json
 from silodp.ledger.store import _SCHEMA_V1
 
@@ -146,6 +146,16 @@ def test_run_records_every_event_and_ledger_agrees_with_the_summary(tmp_path: Pa
     assert len(problems) == 1 and "round 2: subject" in problems[0]
     result = runner.invoke(app, ["ledger", "verify", str(path)])
     assert result.exit_code == 1 and "mismatch" in result.output
+
+
+def test_same_epsilon_treats_unbounded_alike_and_finite_to_tolerance() -> None:
+    assert (
+        same_epsilon(None, None) and same_epsilon(None, math.inf) and same_epsilon(None, math.nan)
+    )
+    assert not same_epsilon(None, 1.0) and not same_epsilon(1.0, None)
+    assert not same_epsilon(1.0, math.inf)
+    assert same_epsilon(2.0, 2.0 * (1 + 1e-12)) and not same_epsilon(2.0, 2.0 * (1 + 1e-6))
+    assert same_epsilon(0.0, 0.0)
 
 
 def test_shared_ledger_composes_runs_and_its_budget_stops_the_next(tmp_path: Path) -> None:

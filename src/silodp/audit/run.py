@@ -42,7 +42,7 @@ from silodp.experiment.run import ProgressFactory, engine_arguments, train_run
 from silodp.federated.simulator import Simulator
 from silodp.io import json_number, write_json
 from silodp.ledger import Ledger
-from silodp.ledger.report import verify_ledger
+from silodp.ledger.report import same_epsilon, verify_ledger
 from silodp.models import build_model
 
 __all__ = ["ATTACK", "DESIGNS", "audit_algorithm", "default_unit"]
@@ -134,12 +134,7 @@ def _claimed(summary: dict[str, Any], unit: str, run_dir: Path) -> dict[str, Any
         recomputed = {who: json_number(v[unit].epsilon) for who, v in replayed.items() if unit in v}
         for who, value in recomputed.items():
             said = by.get(who)
-            same = (said is None and value is None) or (
-                said is not None
-                and value is not None
-                and math.isclose(said, value, rel_tol=1e-9, abs_tol=1e-12)
-            )
-            if not same:
+            if not same_epsilon(said, value):
                 raise InvalidValueError(
                     f"Expected the audited run's summary to give the ε its ledger's events give "
                     f"at unit {unit!r} against {who!r}: the summary says {said!r}, the ledger "

@@ -20,10 +20,20 @@ from silodp.accounting.interface import accountant_from_spec
 from silodp.io import json_number
 from silodp.ledger.store import Ledger, LedgerError
 
-__all__ = ["ledger_report", "verify_ledger"]
+__all__ = ["ledger_report", "same_epsilon", "verify_ledger"]
 
 #: relative difference above which a written ε and the recomputed one disagree
 TOLERANCE = 1e-9
+
+
+def same_epsilon(written: float | None, value: float | None) -> bool:
+    """Whether an ε as written (``None``: unbounded) is the ε recomputed from the events
+    (``None`` or a non-finite value: unbounded), to :data:`TOLERANCE`."""
+    bounded = value is not None and math.isfinite(value)
+    if written is None or not bounded:
+        return written is None and not bounded
+    assert value is not None
+    return abs(value - written) <= TOLERANCE * max(abs(value), abs(written))
 
 
 @contextmanager
@@ -178,11 +188,7 @@ def verify_ledger(path: str | Path) -> list[str]:
                 got = {u: e.epsilon for u, e in accountant.estimates().items()}
                 for unit, written in row["written"].items():
                     value = got.get(unit, math.nan)
-                    same = (written is None and not math.isfinite(value)) or (
-                        written is not None
-                        and abs(value - written) <= TOLERANCE * max(abs(value), abs(written))
-                    )
-                    if not same:
+                    if not same_epsilon(written, value):
                         problems.append(
                             f"run {record.id} ({record.name}) round {row['round']}: {unit} "
                             f"ε written {written!r}, recomputed from the events {value!r}"
