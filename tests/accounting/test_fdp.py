@@ -303,3 +303,51 @@ def test_prifedsync_clt_mu_is_reported_as_an_estimate_not_as_gaussian_dp() -> No
     grid = np.geomspace(1e-12, 0.999, 20000)
     smallest = np.max(stats.norm.isf(grid) - stats.norm.ppf(subsampled_tradeoff(sigma, q, grid)))
     assert smallest > 3 * mu
+
+
+# ----------------------------------------------------------------------------- mixed rounds
+
+
+@pytest.mark.parametrize("rigorous_only", [False, True])
+@pytest.mark.parametrize("sampled_first", [False, True])
+def test_rounds_of_different_runs_compose_each_at_its_own_sigma_and_client_rate(
+    rigorous_only: bool, sampled_first: bool
+) -> None:
+    """A shared ledger replays several PriFedSync runs into one accountant: each run's rounds
+    count at that run's σ and client rate p (they counted at the replaying run's p)."""
+    from silodp.accounting.conversions import RDP_ORDERS, rdp_epsilon
+    from silodp.accounting.fdp import FdpAccountant, _step_pld, _step_rdp, step_events
+
+    cells = [(1.0, 1.0, 3), (2.0, 0.3, 4)]  # (σ, p, rounds); q = 0.05, 5 steps each
+    if sampled_first:
+        cells.reverse()
+    accountant = FdpAccountant(clients=4, client_rate=0.3, delta=1e-5, rigorous_only=rigorous_only)
+    for sigma, p, rounds in cells:
+        accountant.compose_round([step_events(sigma, 0.05, 5)] * 4, count=rounds, client_rate=p)
+    # independent: dp-accounting's composition of each cell's rounds, mixed at its own p
+    sampled = every = None
+    identity = pld_lib.identity(value_discretization_interval=1e-3)
+    for sigma, p, rounds in cells:
+        one = _step_pld(sigma, 0.05, "uniform", 1e-3).self_compose(5)
+        full = one.self_compose(rounds)
+        mixed = (one.compute_mixture(identity, p) if p < 1 else one).self_compose(rounds)
+        every = full if every is None else every.compose(full)
+        sampled = mixed if sampled is None else sampled.compose(mixed)
+    assert sampled is not None and every is not None
+    eps = accountant.estimates()
+    truth = sampled.get_epsilon_for_delta(1e-5)
+    assert eps["record"].epsilon == pytest.approx(truth, rel=1e-6)
+    # at the replaying accountant's p for every round it read lower: the bug this guards
+    wrong = FdpAccountant(clients=4, client_rate=0.3, delta=1e-5, rigorous_only=rigorous_only)
+    for sigma, _, rounds in cells:
+        wrong.compose_round([step_events(sigma, 0.05, 5)] * 4, count=rounds)
+    assert wrong.estimates()["record"].epsilon < 0.8 * truth
+    if rigorous_only:
+        assert "record_every_round" not in eps
+        return
+    rdp = sum(_step_rdp(s, 0.05, "uniform") * 5 * r for s, _, r in cells)
+    every_eps = min(every.get_epsilon_for_delta(1e-5), rdp_epsilon(RDP_ORDERS, rdp, 1e-5))
+    assert eps["record_every_round"].epsilon == pytest.approx(every_eps, rel=1e-6)
+    mu = math.sqrt(sum(clt_mu(s, 0.05, 5 * r) ** 2 for s, _, r in cells))
+    assert accountant.mu_estimates()["client_max"] == pytest.approx(mu, rel=1e-12)
+    assert "record_clt_weak_client_sampling" in accountant.labelled_estimates()

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
@@ -245,36 +246,47 @@ class FdpAccountant:
         self.discretization = discretization
         self.rigorous_only = rigorous_only
         self.rounds = 0
-        self._mechanism: tuple[float, float, int, str] | None = None
         self._all: pld_lib.PrivacyLossDistribution | None = None
+        self._all_complete = True
+        self._rdp: np.ndarray | None = np.zeros(len(RDP_ORDERS))
+        self._mu_squared = 0.0
+        self._variance = 0.0
         self._sampled: pld_lib.PrivacyLossDistribution | None = None
         self._paper: pld_lib.PrivacyLossDistribution | None = None
         self._report: FdpReport | None = None
 
-    def _set_mechanism(self, silos: Sequence[SiloPrivacy]) -> tuple[float, float, int, str]:
+    @staticmethod
+    def _mechanism_of(silos: Sequence[SiloPrivacy]) -> tuple[float, float, int, str]:
+        """(σ, largest sampling rate, steps, batch sampling) of a round's clients."""
         parsed = [_parse(s.events["record"]) for s in silos if "record" in s.events]
         if not parsed:
             raise ValueError("Expected each client's record-level events, got none.")
         if len({(sigma, k, b) for sigma, _, k, b in parsed}) > 1:
             raise ValueError("Expected every client to run the same σ, steps and batch sampling.")
         sigma, _, steps, sampling = parsed[0]
-        mechanism = (sigma, max(rate for _, rate, _, _ in parsed), steps, sampling)
-        if self._mechanism is not None and mechanism != self._mechanism:
-            raise ValueError(
-                f"Expected the same clients' mechanism every round: {self._mechanism} then "
-                f"{mechanism}."
-            )
-        self._mechanism = mechanism
-        return mechanism
+        return sigma, max(rate for _, rate, _, _ in parsed), steps, sampling
 
     def compose_round(
-        self, silos: Sequence[SiloPrivacy], *, count: int = 1, participants: int | None = None
+        self,
+        silos: Sequence[SiloPrivacy],
+        *,
+        count: int = 1,
+        participants: int | None = None,
+        client_rate: float | None = None,
     ) -> None:
-        """Adds ``count`` rounds of the most exposed client's events among ``silos``."""
+        """Adds ``count`` rounds of the most exposed client's events among ``silos``.
+
+        ``client_rate``: the rate ``p`` those rounds sampled clients at, when they belong to
+        another run than this accountant's (a shared ledger's replay); default
+        :attr:`client_rate`. Rounds at different rates compose each at its own rate."""
         check_int("count", count, 1)
-        sigma, q, steps, sampling = self._set_mechanism(silos)
+        p = self.client_rate
+        if client_rate is not None:
+            p = check_probability("client_rate", client_rate)
+        sigma, q, steps, sampling = self._mechanism_of(silos)
         _, step_variance = pld_loss_moments(_step_pld(sigma, q, sampling, self.discretization))
-        if not fits(step_variance * steps * (self.rounds + count), self.discretization):
+        variance = self._variance + step_variance * steps * count
+        if not fits(variance, self.discretization):
             raise InvalidValueError(
                 f"Expected a plan whose privacy loss distribution this machine can build: "
                 f"{steps} local steps x {self.rounds + count} rounds of the replace-one "
@@ -282,19 +294,40 @@ class FdpAccountant:
                 "grid points. Use fewer steps or rounds."
             )
         round_pld = _round_pld(sigma, q, steps, sampling, self.discretization)
-        p = self.client_rate
-        if p < 1.0:
+        # the rounds with client sampling: each at its own rate (kept from the first sampled
+        # round on; the rounds before it ran every client, which is what _all holds of them)
+        if p < 1.0 or self._sampled is not None:
+            if self._sampled is None and self.rounds:
+                self._sampled = self._all
             identity = pld_lib.identity(value_discretization_interval=self.discretization)
-            self._sampled = _advance(self._sampled, round_pld.compute_mixture(identity, p), count)
-        if not self.rigorous_only or p >= 1.0:
+            one = round_pld if p >= 1.0 else round_pld.compute_mixture(identity, p)
+            self._sampled = _advance(self._sampled, one, count)
+        # every round as if every client took part; calibration skips it when clients are
+        # sampled, and then it no longer holds every round
+        if self._all_complete and self.rigorous_only and p < 1.0:
+            self._all, self._all_complete = None, False
+        if self._all_complete:
             self._all = _advance(self._all, round_pld, count)
-        if not self.rigorous_only and p < 1.0:
+        if not self.rigorous_only and (p < 1.0 or self._paper is not None):
             mu_round = clt_mu(sigma, q, steps, batch_sampling=sampling)
             if mu_round <= MAX_ESTIMATE_MU:
-                paper = tradeoff_pld(mu_round, p=p, discretization=ESTIMATE_DISCRETIZATION)
-                self._paper = _advance(self._paper, paper, count)
+                if self._paper is None and self.rounds:  # the earlier rounds ran every client
+                    self._paper = _advance(None, self._paper_round(mu_round, 1.0), self.rounds)
+                self._paper = _advance(self._paper, self._paper_round(mu_round, p), count)
+        # the RDP route and the CLT μ add up over rounds (μ² is linear in the steps)
+        rdp = _step_rdp(sigma, q, sampling)
+        if rdp is None or self._rdp is None:
+            self._rdp = None
+        else:
+            self._rdp = self._rdp + rdp * (steps * count)
+        self._mu_squared += clt_mu(sigma, q, steps * count, batch_sampling=sampling) ** 2
+        self._variance = variance
         self.rounds += count
         self._report = None
+
+    @staticmethod
+    def _paper_round(mu_round: float, p: float) -> pld_lib.PrivacyLossDistribution:
+        return tradeoff_pld(mu_round, p=p, discretization=ESTIMATE_DISCRETIZATION)
 
     def spec(self) -> dict[str, Any]:
         """What rebuilds an empty accountant like this one."""
@@ -321,17 +354,15 @@ class FdpAccountant:
         return self._report
 
     def _compute_report(self) -> FdpReport:
-        if self._mechanism is None:
+        if self.rounds == 0:
             raise ValueError("Expected at least one composed round, got none.")
-        sigma, q, steps, sampling = self._mechanism
         r, delta = self.rounds, self.delta
         epsilon: dict[str, float] = {}
         route: dict[str, str] = {}
         if self._all is not None:
             every = {"pld": _epsilon(self._all, delta)}
-            rdp = _step_rdp(sigma, q, sampling)
-            if rdp is not None:
-                every["rdp"] = rdp_epsilon(RDP_ORDERS, rdp * steps * r, delta)
+            if self._rdp is not None:
+                every["rdp"] = rdp_epsilon(RDP_ORDERS, self._rdp, delta)
             best = min(every, key=lambda key: every[key])
             epsilon["record_every_round"], route["record_every_round"] = every[best], best
         sampled = _epsilon(self._sampled, delta) if self._sampled is not None else math.inf
@@ -344,7 +375,7 @@ class FdpAccountant:
             epsilon["record"], route["record"] = sampled, "pld-client-sampling"
         if self.rigorous_only:
             return FdpReport(round=r, mu={}, epsilon=epsilon, epsilon_route=route)
-        mu_max = clt_mu(sigma, q, steps * r, batch_sampling=sampling)
+        mu_max = math.sqrt(self._mu_squared)
         mu = {
             "client_max": mu_max,
             "weak": mu_max,

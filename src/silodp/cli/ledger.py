@@ -32,7 +32,10 @@ def print_ledger(report: dict[str, Any]) -> None:
             f"{run['rounds']} rounds, {run['events']} events, coins {run['noise'].get('mode')}"
         )
         against = run.get("adversary", "strongest")
-        typer.echo(f"      ε({eps or 'nothing spent'}) at δ={run['delta']:g} against {against}")
+        if run.get("error"):
+            typer.echo(f"      not composed, no bound ({run['error']})")
+        else:
+            typer.echo(f"      ε({eps or 'nothing spent'}) at δ={run['delta']:g} against {against}")
         if run["noise"].get("mode") == "none":
             typer.echo("      trained without noise: its model has no guarantee for any unit")
         if run["interrupted_rounds"]:

@@ -269,8 +269,7 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
             except ValueError as err:
                 raise LedgerError(
                     f"Expected the plan of {run.name} to compose with the runs before it on the "
-                    f"shared ledger {shared!r}: {err} (PriFedSync's accountant composes one "
-                    "mechanism; give runs of another σ, rate or steps their own ledger)."
+                    f"shared ledger {shared!r}: {err} Give it its own ledger."
                 ) from None
         if budget and would_be is not None:
             what = f"whole plan of {run.name}"

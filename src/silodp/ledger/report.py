@@ -65,7 +65,11 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
         for record in ledger.runs():
             rounds = ledger.rounds(record.id)
             spent = bool(rounds) or ledger.count_events(record.id) > 0  # a release alone too
-            totals = ledger.replay([record.id]).estimates() if spent else {}
+            problem = None
+            try:
+                totals = ledger.replay([record.id]).estimates() if spent else {}
+            except (ValueError, TypeError) as err:  # events its accountant cannot compose
+                totals, problem = {}, str(err)
             runs.append(
                 {
                     "id": record.id,
@@ -89,6 +93,7 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
                     ),
                     "epsilon": {u: json_number(e.epsilon) for u, e in totals.items()},
                     "routes": {u: e.route for u, e in totals.items()},
+                    **({"error": problem} if problem is not None else {}),
                 }
             )
         kinds: dict[str, list[int]] = {}

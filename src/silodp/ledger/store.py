@@ -29,6 +29,7 @@ from typing import Any
 
 from silodp import locking
 from silodp.accounting import FederatedAccountant, SiloPrivacy
+from silodp.accounting.fdp import FdpAccountant
 from silodp.accounting.interface import Accountant, accountant_from_spec
 from silodp.errors import SilodpError
 from silodp.ledger.serialize import privacy_from_json, privacy_to_json
@@ -713,16 +714,27 @@ class Ledger:
         attempt counts in full). Default: a fresh accountant of the first run's kind.
 
         Each run's events compose with that run's own span (the silos one subject's records
-        occupied in its data), whatever the span of ``accountant``."""
+        occupied in its data) and, for PriFedSync, its own client rate, whatever those of
+        ``accountant``."""
         if accountant is None:
             accountant = accountant_from_spec(self.run(run_ids[0]).accountant)
         for run_id in run_ids:
             events = self.events(run_id)
-            # a federated accountant composes a subject over the span of the run's own data
-            own: dict[str, int] = {}
+            spec = self.run(run_id).accountant
+            own: dict[str, Any] = {}
             if isinstance(accountant, FederatedAccountant):
-                span = self.run(run_id).accountant.get("span")
+                # a subject composes over the span of the run's own data
+                span = spec.get("span")
                 own = {"span": span} if isinstance(span, int) else {}
+            elif isinstance(accountant, FdpAccountant):
+                # a client is in a round's sample at the rate the run drew its samples at
+                rate = spec.get("client_rate")
+                if not isinstance(rate, int | float) or isinstance(rate, bool):
+                    raise LedgerError(
+                        f"Expected run {run_id}'s accountant to record its client rate, got "
+                        f"{rate!r}: its rounds cannot be composed at the rate they ran at."
+                    )
+                own = {"client_rate": float(rate)}
             releases = [p for _, _, _, kind, p in events if kind == "release"]
             if releases:  # the releases before training: composed together, as one release
                 accountant.compose_release(releases, **own)
