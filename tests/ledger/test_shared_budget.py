@@ -364,3 +364,34 @@ def test_ledger_show_totals_at_the_smallest_delta_or_the_budgets(tmp_path: Path)
     with Ledger(ledger, read_only=True) as held:
         replayed = held.replay([1, 2], accountant_from_spec({**held.run(1).accountant}))
     assert replayed.estimates()["record"].epsilon < total["epsilon"]["record"]
+
+
+def test_a_budget_beside_fedavg_and_runs_of_other_units_binds_each_run_at_its_own(
+    tmp_path: Path,
+) -> None:
+    """A budget on ``subject`` and ``silo`` with fedavg listed (a sweep's baseline too): each
+    run's written config keeps the budget on the units it accounts. fedavg's kept the whole
+    budget, which no algorithm of its own reports, and the run was refused after calibrating."""
+    import tomllib
+
+    raw = json.loads(json.dumps(BASE))
+    raw.update(name="mixed", algorithms=["fedavg", NAME, "user_ldp"])
+    raw["privacy"]["budget"] = {"subject": 100.0, "silo": 50.0}
+    path = tmp_path / "mixed.toml"
+    path.write_text(tomli_w.dumps(raw))
+    runs = _run(path, tmp_path / "out")["runs"]
+    assert [r["status"] for r in runs] == ["complete"] * 3
+    written = {
+        r["algorithm"]: tomllib.loads(
+            (tmp_path / "out" / r["algorithm"] / "config.toml").read_text()
+        )
+        for r in runs
+    }
+    assert "budget" not in written["fedavg"]["privacy"]
+    assert written[NAME]["privacy"]["budget"] == {"subject": 100.0}
+    assert written["user_ldp"]["privacy"]["budget"] == {"subject": 100.0, "silo": 50.0}
+    # each run still refuses a plan over its own budget
+    raw["privacy"]["budget"] = {"subject": 0.01, "silo": 50.0}
+    path.write_text(tomli_w.dumps(raw))
+    with pytest.raises(BudgetExceededError, match="subject"):
+        _run(path, tmp_path / "refused")

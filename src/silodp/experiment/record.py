@@ -118,6 +118,9 @@ def resolved_config(run: PreparedRun) -> dict[str, Any]:
         epsilon=None if run.cell is not None else run.privacy.epsilon,
         group_size=run.group_size,
         span=run.span,
+        # the units this run accounts: a budget elsewhere binds the experiment's other runs
+        budget={u: v for u, v in (run.privacy.budget or {}).items() if u in algorithm.units}
+        or None,
     )
     resolved = dataclasses.replace(
         run.config,
