@@ -54,21 +54,42 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, stopping a run as Ctrl-C does (every ``finally`` runs, children included)."""
 
 
+def _stop(signum: int, frame: object) -> None:
+    """Ctrl-C or SIGTERM: deferred to the end of the round in progress while rounds run
+    (:mod:`silodp.stopping`), else (or the second time) raised at once."""
+    from silodp import stopping
+
+    stop: KeyboardInterrupt = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    if stopping.defer(stop):
+        again = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        typer.echo(
+            f"\nstopping once the round in progress is recorded and checkpointed ({again} "
+            "again stops now; that round's recorded spending then counts in full and the "
+            "round runs again on resume)",
+            err=True,
+        )
+        return
+    raise stop
+
+
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`Terminated` in the main thread."""
+    """Within the block, SIGTERM raises :class:`Terminated` in the main thread, as Ctrl-C
+    raises ``KeyboardInterrupt``; while a run's rounds are running, the first of either waits
+    for the round in progress to be checkpointed (:mod:`silodp.stopping`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def terminate(signum: int, frame: object) -> None:
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminate)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # SIGINT ignored (a background job's): left so
+    handled = [s for s, h in previous.items() if s == signal.SIGTERM or h is not signal.SIG_IGN]
+    for sig in handled:
+        signal.signal(sig, _stop)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig in handled:
+            signal.signal(sig, previous[sig])
 
 
 #: how each adversary is named in printed output

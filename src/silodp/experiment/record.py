@@ -8,13 +8,14 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from silodp import faults
+from silodp import faults, stopping
 from silodp.config import to_toml_dict
 from silodp.errors import OutputExistsError
 from silodp.experiment.prepare import PreparedRun
@@ -360,6 +361,7 @@ def record_rounds(
     checkpoint: Callable[[int, list[Row], list[Row]], None] | None = None,
     start: int = 1,
     previous: tuple[list[Row], list[Row]] = ([], []),
+    defer_stops: bool = False,
 ) -> tuple[list[RoundResult], list[Row], list[Row], str]:
     """Runs ``engine`` from round ``start`` with a callback that rewrites ``metrics.jsonl``
     (released) and ``silo_private/diagnostics.jsonl`` (not covered by ε) after every round,
@@ -370,7 +372,8 @@ def record_rounds(
     then renamed). ``extra`` adds fields to a round's released record. A round the privacy
     budget does not allow ends the run cleanly with what it has (status ``budget_exhausted``).
     Rounds before ``start`` are ``previous`` (their released and silo-private rows, from the
-    checkpoint).
+    checkpoint). ``defer_stops``: a first Ctrl-C or SIGTERM while the rounds run stops the run
+    once the round in progress is recorded (:mod:`silodp.stopping`).
     Returns the results, the released and the silo-private rows and the status."""
     rows, private_rows = list(previous[0]), list(previous[1])
     private_by_round = {r["round"]: r for r in private_rows}
@@ -394,16 +397,21 @@ def record_rounds(
         faults.reached("round_written", result.round)
         if bar is not None:
             bar(public)
+        stopping.check()  # a stop that waited for this round
 
     write_json(run_dir / "summary.json", summary_of("running", results))
     status = "complete"
     try:
-        try:
-            if start <= rounds:
-                engine.run(rounds, [record], stop=stop, start=start)
-        except BudgetExceededError as err:
-            status = "budget_exhausted"
-            logger.warning("%s", err)
+        deferring: AbstractContextManager[None] = (
+            stopping.rounds_running() if defer_stops else nullcontext()
+        )
+        with deferring:
+            try:
+                if start <= rounds:
+                    engine.run(rounds, [record], stop=stop, start=start)
+            except BudgetExceededError as err:
+                status = "budget_exhausted"
+                logger.warning("%s", err)
         atomic_write(run_dir / "model.pt", lambda tmp: torch.save(engine.params, tmp))
     except BaseException:
         # a stop between appending a round's result and writing its row: the summary and

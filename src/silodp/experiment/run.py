@@ -290,6 +290,9 @@ def train_run(
                 ),
                 start=start,
                 previous=previous,
+                # in process, a stop waits for the round in progress (a Flower engine's
+                # processes receive Ctrl-C themselves)
+                defer_stops=engine_factory is None,
             )
             stopped = int(rows[-1]["round"]) if rows else 0
             if status == "complete" and accountant is not None and stopped < run.training.rounds:

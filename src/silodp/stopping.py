@@ -1,0 +1,70 @@
+"""A stop asked for while a run's rounds are running takes effect once the round in progress
+is recorded and checkpointed.
+
+A round records its silos' spending in the ledger before their messages are aggregated, so a
+round cut short is composed in full and then runs again on resume: a calibrated run whose
+budget is its target ε would end one round short. The command line's Ctrl-C and SIGTERM
+handlers therefore :func:`defer` the first stop that arrives inside :func:`rounds_running`;
+the round loop :func:`check`\\ s after each recorded round and raises it there. A second stop,
+or one outside the rounds (calibrating, writing figures), is raised at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+__all__ = ["check", "defer", "pending", "rounds_running"]
+
+_lock = threading.Lock()
+_running = 0
+_pending: BaseException | None = None
+
+
+@contextlib.contextmanager
+def rounds_running() -> Iterator[None]:
+    """Within the block, a first stop is deferred to the end of the round in progress."""
+    global _running, _pending
+    with _lock:
+        _running += 1
+    try:
+        yield
+    except BaseException:
+        with _lock:
+            _running -= 1
+            if _running == 0:  # an error (or the stop itself) ends the rounds anyway
+                _pending = None
+        raise
+    with _lock:
+        _running -= 1
+        stop = _pending if _running == 0 else None
+        if _running == 0:
+            _pending = None
+    if stop is not None:  # the rounds ended (the last one, or a stop at a target) before it
+        raise stop
+
+
+def defer(stop: BaseException) -> bool:
+    """Keeps ``stop`` for the end of the round in progress if rounds are running and no stop
+    is kept yet; ``False``: raise it now."""
+    global _pending
+    with _lock:
+        if _running == 0 or _pending is not None:
+            return False
+        _pending = stop
+        return True
+
+
+def pending() -> bool:
+    """Whether a deferred stop waits for the round in progress."""
+    return _pending is not None
+
+
+def check() -> None:
+    """Raises the deferred stop, if there is one (called once a round is recorded)."""
+    global _pending
+    with _lock:
+        stop, _pending = _pending, None
+    if stop is not None:
+        raise stop

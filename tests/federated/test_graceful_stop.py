@@ -1,0 +1,93 @@
+"""Ctrl-C or SIGTERM while a run's rounds are running: the round in progress is recorded and
+checkpointed before the run stops, so a calibrated run whose budget is its target ε resumes to
+the end (it stopped one round short: the cut round counted in full, then ran again). A second
+signal stops at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from silodp import faults
+from silodp.cli.common import Terminated, sigterm_interrupts
+from silodp.config import parse_config
+from silodp.experiment import resume_experiment, run_experiment
+from silodp.ledger.report import ledger_report, verify_ledger
+
+RAW = {
+    "name": "graceful",
+    "algorithms": ["local_item_dp"],
+    "data": {"source": "digits", "num_silos": 3, "num_subjects": 40, "max_records": 300},
+    "model": {"name": "mlp"},
+    "training": {"rounds": 4, "local_steps": 2, "batch_size": 16, "lr": 0.5},
+    # calibrated to ε = 2 with no budget: the target is the budget, with no room to spare
+    "privacy": {"epsilon": 2.0, "group_size": 3, "noise": "seeded"},
+}
+
+
+def _signal_at_silo_recorded(
+    monkeypatch: pytest.MonkeyPatch, round_index: int, signals: int, signum: int
+) -> None:
+    """Sends this process ``signals`` × ``signum`` once a silo's events of ``round_index``
+    are in the ledger (its message not yet aggregated)."""
+    reached = faults.reached
+    sent = [False]
+
+    def send(point: str, index: int) -> None:
+        if point == "silo_recorded" and index == round_index and not sent[0]:
+            sent[0] = True
+            for _ in range(signals):
+                os.kill(os.getpid(), signum)
+        reached(point, index)
+
+    monkeypatch.setattr(faults, "reached", send)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_inside_a_round_waits_for_its_checkpoint_and_the_run_resumes_to_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int
+) -> None:
+    whole = run_experiment(parse_config(RAW), tmp_path / "whole")["runs"][0]
+    out = tmp_path / "out"
+    _signal_at_silo_recorded(monkeypatch, 2, 1, signum)
+    stop = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    with pytest.raises(stop), sigterm_interrupts():
+        run_experiment(parse_config(RAW), out)
+    summary = json.loads((out / "local_item_dp" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds_completed"] == 2
+    (entry,) = ledger_report(out / "local_item_dp" / "ledger.sqlite")["runs"]
+    assert entry["interrupted_rounds"] == [] and entry["rounds"] == 2
+    monkeypatch.undo()
+    resumed = resume_experiment(out)["runs"][0]
+    assert resumed["status"] == "complete" and resumed["rounds_completed"] == 4
+    assert resumed["epsilon"] == pytest.approx(whole["epsilon"], rel=1e-12)
+    (entry,) = ledger_report(out / "local_item_dp" / "ledger.sqlite")["runs"]
+    assert entry["interrupted_rounds"] == [] and entry["rounds_run_again"] == []
+    assert verify_ledger(out / "local_item_dp" / "ledger.sqlite") == []
+
+
+def test_a_second_stop_stops_at_once_and_the_cut_round_counts_in_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    _signal_at_silo_recorded(monkeypatch, 2, 2, signal.SIGTERM)
+    with pytest.raises(Terminated), sigterm_interrupts():
+        run_experiment(parse_config(RAW), out)
+    summary = json.loads((out / "local_item_dp" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds_completed"] == 1
+    (entry,) = ledger_report(out / "local_item_dp" / "ledger.sqlite")["runs"]
+    assert entry["interrupted_rounds"] == [2]
+    monkeypatch.undo()
+    # the target is the budget: the cut round leaves no room for the last one
+    resumed = resume_experiment(out)["runs"][0]
+    assert resumed["status"] == "budget_exhausted" and resumed["rounds_completed"] == 3
+
+
+def test_a_stop_outside_the_rounds_is_raised_at_once(tmp_path: Path) -> None:
+    with pytest.raises(Terminated), sigterm_interrupts():
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("not stopped")  # pragma: no cover
