@@ -488,3 +488,32 @@ def test_an_experiment_written_by_an_older_version_resumes(tmp_path: Path) -> No
     with pytest.raises(Exception, match="Expected num_features unset"):
         load_config(path)
     assert load_config(path, written=True).data.num_classes is None
+
+
+@pytest.mark.parametrize("damage", ["removed", "truncated"])
+def test_a_lost_or_unreadable_checkpoint_is_refused_before_anything_trains(
+    tmp_path: Path, damage: str
+) -> None:
+    """A checkpoint removed while the ledger held rounds 1-2 complete: the resume started again
+    at round 1 and spent on those rounds twice, saying nothing. A truncated one ended in a
+    traceback."""
+    config = _config(tmp_path, INTEGRITY)
+    out = tmp_path / "out"
+    proc = _silodp("run", str(config), "--out", str(out), kill_at="checkpoint_written:2")
+    assert proc.returncode < 0, proc.stderr[-500:]
+    checkpoint = out / INTEGRITY / "silo_private" / "checkpoint.pt"
+    if damage == "removed":
+        checkpoint.unlink()
+    else:
+        checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+    ledger = out / INTEGRITY / "ledger.sqlite"
+    before = ledger_report(ledger)["runs"][0]
+    resumed = _silodp("run", "--resume", str(out))
+    assert resumed.returncode == 2, resumed.stderr[-2000:]
+    assert "Traceback" not in resumed.stderr
+    if damage == "removed":
+        assert "Expected a checkpoint" in resumed.stderr and "up to round 2" in resumed.stderr
+    else:
+        assert "cannot be read" in resumed.stderr and str(checkpoint) in resumed.stderr
+    after = ledger_report(ledger)["runs"][0]
+    assert after["events"] == before["events"] and after["rounds"] == before["rounds"] == 2

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import pickle
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,16 @@ def load_checkpoint(run_dir: Path, config_hash: str) -> dict[str, Any] | None:
     path = checkpoint_path(run_dir)
     if path is None:
         return None
-    state: dict[str, Any] = torch.load(path, weights_only=False)
+    try:
+        state: dict[str, Any] = torch.load(path, weights_only=False)
+        if not isinstance(state, dict) or not {"config_hash", "version"} <= set(state):
+            raise ValueError("not a checkpoint of a silodp run")
+    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as err:
+        raise InvalidValueError(
+            f"Expected {str(path)!r} to be the run's checkpoint, but it cannot be read "
+            f"({str(err).splitlines()[0] if str(err) else type(err).__name__}). Restore it, or "
+            "start the run afresh (--overwrite; what its rounds spent stays in its ledger)."
+        ) from None
     if state["config_hash"] != config_hash:
         raise InvalidValueError(
             f"Expected the checkpoint {str(path)!r} to be of this run's config; the config "

@@ -337,7 +337,17 @@ class RunLedger:
                 )
             return None
         record = found[-1]
-        missing = sorted(set(range(1, completed + 1)) - done(record.id))
+        closed = done(record.id)
+        if completed == 0 and len(closed) > 1:
+            # only the first round can be closed in the ledger before any checkpoint is written
+            raise LedgerError(
+                f"Expected a checkpoint of run {name!r}: {str(ledger.path)!r} holds "
+                f"{len(closed)} of its rounds complete (up to round {max(closed)}) and the run "
+                "has none, so resuming would train those rounds again and spend on them twice. "
+                "Restore the run's checkpoint (silo_private/checkpoint.pt), or start the run "
+                "afresh (--overwrite; that spends again too)."
+            )
+        missing = sorted(set(range(1, completed + 1)) - closed)
         if missing:
             raise LedgerError(
                 f"Expected {str(ledger.path)!r} to hold rounds 1-{completed} of run {name!r} "
