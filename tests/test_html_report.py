@@ -213,6 +213,17 @@ def test_sweep_report_has_its_table_and_utility_against_epsilon(tmp_path: Path) 
     assert (tmp_path / "s_files" / "utility_vs_epsilon.png").read_bytes().startswith(PNG)
     assert (tmp_path / "s_files" / "accuracy_by_grid_point.png").read_bytes().startswith(PNG)
     assert re.search(r"^algorithm,baseline,", (tmp_path / "s_files" / "results.csv").read_text())
+    # an unfinished sweep (a cell cut short) is refused with the command that continues it; its
+    # report said "exit 0" with an empty table
+    cut = sorted((tmp_path / "sweep" / "cells").glob("*noise_multiplier=3.0-seed1"))[0]
+    summary = json.loads((cut / "summary.json").read_text())
+    summary["runs"][0]["status"] = "interrupted"
+    (cut / "summary.json").write_text(json.dumps(summary))
+    again = CliRunner().invoke(
+        app, ["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "t.html")]
+    )
+    assert again.exit_code == 2 and "1 of its cells" in again.output and cut.name in again.output
+    assert "silodp sweep SWEEP_FILE --out" in again.output and not (tmp_path / "t.html").exists()
 
 
 def test_cells_at_one_epsilon_get_no_accuracy_against_epsilon_figure(tmp_path: Path) -> None:
@@ -593,3 +604,20 @@ def test_a_sweep_rows_unbounded_epsilon_reads_inf_in_every_epsilon_column() -> N
     assert _cell(shown["epsilon_subject_max"], "epsilon_subject_max") == "inf"
     assert _cell(shown["epsilon_subject_mean"], "epsilon_subject_mean") == "inf"
     assert "epsilon_subject_unbounded" not in shown
+
+
+@pytest.mark.parametrize(
+    ("summary", "said"),
+    [('{"runs": [', "to be a JSON file silodp wrote"), ('{"runs": "nope"}', "its runs are str")],
+)
+def test_a_damaged_summary_is_an_error_naming_the_file(
+    tmp_path: Path, summary: str, said: str
+) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "summary.json").write_text(summary)
+    result = CliRunner().invoke(
+        app, ["report", str(tmp_path / "out"), "--out", str(tmp_path / "r.html")]
+    )
+    assert result.exit_code == 2 and said in result.output
+    assert "summary.json" in result.output and "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)

@@ -80,11 +80,33 @@ def write_report(results_dir: str | Path, out: str | Path, *, public: bool = Fal
         )
     _check_replaceable(out, files, own=out.resolve() == (src / "report.html").resolve())
     if (src / "grid.json").is_file():
+        from silodp.experiment.grid import unfinished_cells
+
+        unfinished = unfinished_cells(src)
+        if unfinished or not (src / "summary.json").is_file():
+            raise InvalidValueError(
+                f"Expected {str(src)!r} to hold a finished sweep; "
+                + (
+                    f"{len(unfinished)} of its cells ({', '.join(unfinished[:3])}"
+                    + (", ..." if len(unfinished) > 3 else "")
+                    + ") have not finished"
+                    if unfinished
+                    else "its tables were not written"
+                )
+                + ". Run the same `silodp sweep SWEEP_FILE --out "
+                f"{src}` again to continue it (finished cells are kept), then write its report."
+            )
         if public:  # every cell is an experiment
             for cell in sorted((src / "cells").glob("*/summary.json")):
                 _check_public(_json(cell))
         build = _sweep
     elif (src / "summary.json").is_file() and "runs" in _json(src / "summary.json"):
+        runs = _json(src / "summary.json")["runs"]
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            raise InvalidValueError(
+                f"Expected {str(src / 'summary.json')!r} to list its runs as silodp writes "
+                f"them (a list of objects); its runs are {type(runs).__name__}."
+            )
         if public:
             _check_public(_json(src / "summary.json"))
         build = functools.partial(_experiment, public=public)
@@ -188,7 +210,13 @@ def _is_output(path: Path) -> bool:
 
 
 def _json(path: Path) -> Any:
-    return json.loads(path.read_text())
+    """The JSON file at ``path``; one that cannot be read is an error naming it."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InvalidValueError(
+            f"Expected {str(path)!r} to be a JSON file silodp wrote; it cannot be read ({err})."
+        ) from None
 
 
 def _figure(path: Path, caption: str, files: Path | None = None, name: str = "") -> str:
@@ -462,7 +490,13 @@ def _sampling_section(
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InvalidValueError(
+            f"Expected {str(path)!r} to hold one JSON object per line, as silodp writes it; it "
+            f"cannot be read ({err})."
+        ) from None
 
 
 def _personalised(src: Path, runs: Sequence[Mapping[str, Any]], files: Path) -> list[str]:

@@ -199,3 +199,22 @@ def test_sweep_table_rounds_epsilon_up_and_accuracy_to_nearest() -> None:
     }
     line = grid_module._markdown([row], spec).splitlines()[4]
     assert line == "| uldp_avg | 2 | 0.812 ± 0.010 | 0.16 | 1e-05 | strongest |"
+
+
+def test_a_base_listing_fedavg_beside_the_baseline_counts_each_seed_once(tmp_path: Path) -> None:
+    """With ``baseline = true`` and fedavg in the base's algorithms, every cell trained fedavg
+    again and the table pooled it with the baseline's: one seed read as 2."""
+    (tmp_path / "base.toml").write_text(
+        BASE.replace('algorithms = ["local_item_dp"]', 'algorithms = ["fedavg", "local_item_dp"]')
+    )
+    path = tmp_path / "sweep.toml"
+    path.write_text('name = "dup"\nbase = "base.toml"\nseeds = [0]\n[grid]\n')
+    spec = load_grid(path)
+    cells = expand(spec)
+    assert [c.baseline for c in cells] == [True, False]
+    assert cell_config(spec, cells[1]).algorithms == ("local_item_dp",)
+    run_grid(spec, tmp_path / "out", log=lambda m: None)
+    rows = {r["algorithm"]: r for r in grid_rows(tmp_path / "out")}
+    assert sorted(rows) == ["fedavg", "local_item_dp"]
+    assert rows["fedavg"]["baseline"] and rows["fedavg"]["seeds"] == 1
+    assert rows["local_item_dp"]["seeds"] == 1

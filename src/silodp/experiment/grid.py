@@ -54,6 +54,7 @@ __all__ = [
     "load_grid",
     "planned_rounds",
     "run_grid",
+    "unfinished_cells",
 ]
 
 #: the manifest of a sweep's results directory: the cells it expanded into
@@ -222,6 +223,9 @@ def cell_config(spec: GridSpec, cell: Cell) -> Any:
     raw["name"] = f"{spec.name}/{cell.id}"
     if cell.baseline:
         raw[ALGORITHMS] = ["fedavg"]
+    elif spec.baseline and len(set(raw.get(ALGORITHMS) or ())) > 1:
+        # the baseline cell of this point and seed trains fedavg: not twice (nor pooled twice)
+        raw[ALGORITHMS] = [a for a in raw[ALGORITHMS] if a != "fedavg"]
     sections = raw.get("algorithm")
     if isinstance(sections, dict):  # the base's sections of algorithms this cell does not run
         listed = set(raw.get(ALGORITHMS) or ())
@@ -337,6 +341,13 @@ def _run_grid(
     return summary
 
 
+def unfinished_cells(out_dir: str | Path) -> list[str]:
+    """The cells of the sweep in ``out_dir`` (its :data:`MANIFEST`) that have not finished."""
+    out = Path(out_dir)
+    cells = json.loads((out / MANIFEST).read_text())["cells"]
+    return [c["id"] for c in cells if not _cell_done(out / "cells" / c["id"])]
+
+
 def _cell_done(cell_dir: Path) -> bool:
     path = cell_dir / "summary.json"
     if not path.is_file():
@@ -352,6 +363,7 @@ def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
     out = Path(out_dir)
     manifest = json.loads((out / MANIFEST).read_text())
     groups: dict[tuple[str, str], dict[str, Any]] = {}
+    baselines = any(cell["baseline"] for cell in manifest["cells"])
     for cell in manifest["cells"]:
         path = out / "cells" / cell["id"] / "summary.json"
         if not path.is_file():
@@ -360,6 +372,8 @@ def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
         for run in json.loads(path.read_text()).get("runs", []):
             if run.get("status") not in ("complete", "budget_exhausted"):
                 continue
+            if baselines and run["algorithm"] == "fedavg" and not cell["baseline"]:
+                continue  # the same fedavg as the baseline cell's: one seed counted once
             key = (run["algorithm"], json.dumps(values, sort_keys=True))
             group = groups.setdefault(
                 key,
