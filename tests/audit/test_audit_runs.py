@@ -232,6 +232,10 @@ def test_cli_audit_writes_reports_and_refuses_bad_input(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "--unit" in bad.output and not out.exists()
     bad = runner.invoke(app, ["audit", str(path), "--algorithm", "uldp_avg", "--out", str(out)])
     assert bad.exit_code == 2 and "uldp_avg" in bad.output and not out.exists()
+    # canaries whose widened data would not fit in memory (it ended in a MemoryError)
+    args = ["audit", str(path), "--canaries", "100000000", "--out", str(out)]
+    bad = runner.invoke(app, args)
+    assert bad.exit_code == 2 and "Use fewer canaries" in bad.output and not out.exists()
     result = runner.invoke(
         app,
         [

@@ -111,6 +111,29 @@ def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:
     return params
 
 
+#: the most memory the audited data (records widened by a feature per canary) may take
+MAX_AUDIT_BYTES = 8 * 2**30
+
+
+def _check_fits(data: FederatedData, train: Any, canaries: int, unit: str) -> None:
+    """Refuses, before anything is drawn, a number of canaries whose audited data would not
+    fit in memory: every record (the canaries' own too) gets one more feature per canary."""
+    per_canary = 1.0
+    if unit != "record":
+        counts = train.histogram().sum(axis=0)
+        per_canary = float(counts[counts > 0].mean()) if (counts > 0).any() else 1.0
+    records = len(data.train) + len(data.test) + canaries * per_canary
+    features = int(np.prod(data.train.feature_shape)) + canaries
+    size = records * features * data.train.x.dtype.itemsize
+    if size > MAX_AUDIT_BYTES:
+        raise InvalidValueError(
+            f"Expected --canaries small enough for the audited data to fit in memory: "
+            f"{canaries} canaries add about {canaries * per_canary:,.0f} records and widen "
+            f"every record by {canaries} features, about {size / 2**30:,.1f} GB (at most "
+            f"{MAX_AUDIT_BYTES / 2**30:.0f} GB). Use fewer canaries."
+        )
+
+
 def _claimed(summary: dict[str, Any], unit: str, run_dir: Path) -> dict[str, Any]:
     """The audited run's claim at ``unit``: its ε against each adversary recomputed from the
     events of its verified ledger, which must agree with its summary."""
@@ -197,6 +220,7 @@ def audit_algorithm(
     run_dir = out / name
     if design == "one-run":
         check_int("canaries", canaries, 2)
+        _check_fits(data, probe.train, canaries, unit)
         # shaped after the data as training sees it (capped to the run's public bounds)
         drawn = draw_canaries(probe.train, canaries, unit, rng, amplitude=amplitude)
         audited = add_canaries(data, drawn)
