@@ -255,7 +255,7 @@ def run(
         Path | None,
         typer.Option(
             help="Privacy ledger shared with other runs on the same data (default: one in each "
-            "run's directory); overrides [privacy] ledger."
+            "run's directory); overrides \\[privacy] ledger."
         ),
     ] = None,
     engine: Annotated[
@@ -523,7 +523,7 @@ def _print_summary(summary: dict[str, Any], out: Path, report: Path | None = Non
 
 @app.command()
 def describe(
-    config: Annotated[Path, typer.Argument(help="Experiment TOML whose [data] to describe.")],
+    config: Annotated[Path, typer.Argument(help="Experiment TOML whose \\[data] to describe.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Describe a config's federated data: records per silo and subject, span, subjects."""

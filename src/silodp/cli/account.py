@@ -288,7 +288,7 @@ def account(  # noqa: PLR0913 - the command's options
         float | None,
         typer.Option(
             help="σ of the DP feature statistics each silo released before round 1 "
-            "([data] scaling = 'dp'), composed into every ε."
+            "(\\[data] scaling = 'dp'), composed into every ε."
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,

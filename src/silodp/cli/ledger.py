@@ -105,7 +105,8 @@ def show(
 @ledger_app.command()
 def verify(path: Annotated[Path, typer.Argument(help="The ledger file.")]) -> None:
     """Recompute every ε from the recorded events and compare it with what the runs wrote;
-    exit code 1 on any difference or a failed integrity check."""
+    exit code 1 on any difference or a failed integrity check, 2 if the file cannot be read as
+    a ledger at all (not a ledger, or too damaged for SQLite to open)."""
     from silodp.ledger.report import verify_ledger
 
     try:

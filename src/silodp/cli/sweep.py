@@ -20,7 +20,7 @@ __all__ = ["sweep"]
 
 
 def sweep(
-    sweep_file: Annotated[Path, typer.Argument(help="Sweep TOML: base config, [grid], seeds.")],
+    sweep_file: Annotated[Path, typer.Argument(help="Sweep TOML: base config, \\[grid], seeds.")],
     out: Annotated[Path, typer.Option(help="Results directory of the sweep.")] = Path("runs/sweep"),
     overwrite: Annotated[
         bool, typer.Option(help="Run every cell again, replacing another sweep's results.")
@@ -29,7 +29,7 @@ def sweep(
 ) -> None:
     """Run a sweep: every combination of a grid of config values and seeds, each an experiment.
 
-    SWEEP_FILE names a base config (relative to it) and a [grid] of keys (``algorithms``,
+    SWEEP_FILE names a base config (relative to it) and a \\[grid] of keys (``algorithms``,
     ``privacy.epsilon``, ``data.num_silos``, any config key) with their values; ``seeds``
     repeats every cell; ``baseline = true`` (the default) adds a non-private ``fedavg`` cell per
     grid point. Run the same command again to continue an interrupted sweep: finished cells
