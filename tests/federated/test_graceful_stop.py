@@ -68,6 +68,7 @@ def test_a_stop_inside_a_round_waits_for_its_checkpoint_and_the_run_resumes_to_t
     (entry,) = ledger_report(out / "local_item_dp" / "ledger.sqlite")["runs"]
     assert entry["interrupted_rounds"] == [] and entry["rounds_run_again"] == []
     assert verify_ledger(out / "local_item_dp" / "ledger.sqlite") == []
+    assert not any("cut short" in note for note in resumed["notes"])
 
 
 def test_a_second_stop_stops_at_once_and_the_cut_round_counts_in_full(
@@ -85,6 +86,10 @@ def test_a_second_stop_stops_at_once_and_the_cut_round_counts_in_full(
     # the target is the budget: the cut round leaves no room for the last one
     resumed = resume_experiment(out)["runs"][0]
     assert resumed["status"] == "budget_exhausted" and resumed["rounds_completed"] == 3
+    # the summary says why its ε is above its account_command's (the plan's)
+    assert any("1 round(s) were cut short" in note for note in resumed["notes"])
+    written = json.loads((out / "local_item_dp" / "summary.json").read_text())
+    assert written["notes"] == resumed["notes"]
 
 
 def test_a_stop_outside_the_rounds_is_raised_at_once(tmp_path: Path) -> None:

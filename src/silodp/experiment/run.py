@@ -262,6 +262,14 @@ def train_run(
             out["epsilon_by_adversary_at_stop"] = out["epsilon_by_adversary"]
             out.update(charged)
             out["notes"] = [*out["notes"], _charged_note(out, run.training.rounds)]
+        repeated = ledger.repeated_attempts() if ledger is not None else 0
+        if repeated:
+            out["notes"] = [
+                *out["notes"],
+                f"{repeated} round(s) were cut short and run again on resume: the ledger "
+                "composes each attempt in full, so ε is larger than account_command's (the "
+                "plan's); silodp ledger show lists them",
+            ]
         return out
 
     #: ε of every planned round, once a run stopped at its accuracy target is charged them

@@ -414,6 +414,17 @@ class RunLedger:
         executions = [(f"silo:{silo}", privacy) for silo, privacy in enumerate(planned)]
         self.ledger.record_many(self.run_id, round_index, executions, attempt=self.attempt)
 
+    def repeated_attempts(self) -> int:
+        """Round attempts this run recorded beyond one per round (a round cut short and run
+        again): each composes in full, so the run's ε exceeds its plan's by them. Still
+        answered once the ledger is closed (as it was then)."""
+        closed = getattr(self, "_repeated_at_close", None)
+        if closed is not None:
+            return int(closed)
+        groups = self.ledger.round_groups(self.run_id)
+        rounds = {row["round"] for row, _, _ in groups if row is not None}
+        return sum(1 for row, _, _ in groups if row is not None) - len(rounds)
+
     def recorded_rounds(self) -> set[int]:
         """The rounds of this run with events in the ledger (in any attempt, complete or
         cut short: a resumed run's accountant holds every one of them, in full)."""
@@ -449,4 +460,8 @@ class RunLedger:
 
     def close(self) -> None:
         """Closes the ledger (and releases its write lock); the run records nothing more."""
+        try:
+            self._repeated_at_close = self.repeated_attempts()
+        except Exception:  # closing after an error: the note is left out, the error stands
+            self._repeated_at_close = 0
         self.ledger.close()
