@@ -29,9 +29,10 @@ from silodp._validation import (
     check_positive,
 )
 from silodp.accounting.accountant import TARGETS, UNITS
+from silodp.accounting.calibrate import check_target_epsilon
 from silodp.algorithms import ALGORITHMS, AlgorithmConfig, hyperparameter_tables
 from silodp.data.build import DataConfig
-from silodp.errors import ConfigError
+from silodp.errors import ConfigError, InvalidValueError
 from silodp.models import MODELS
 from silodp.privacy.randomness import MODES
 
@@ -143,6 +144,10 @@ class PrivacyConfig:
         check_choice("privacy.adversary", self.adversary, TARGETS)
         if self.epsilon is not None:
             check_positive("privacy.epsilon", self.epsilon)
+            try:  # the range calibration accepts, found before anything loads
+                check_target_epsilon(self.epsilon, "privacy.epsilon")
+            except InvalidValueError as err:
+                raise ConfigError(str(err)) from None
         check_in_range("privacy.delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
         if self.noise_multiplier is not None:
             check_in_range(
@@ -482,6 +487,10 @@ def _build(cls: type, table: Any, section: str) -> Any:
         return cls(**values)
     except TypeError as err:
         raise ConfigError(f"Bad value in [{section}]: {err}") from err
+    except ConfigError:
+        raise
+    except InvalidValueError as err:  # a check of the table's class: say which table
+        raise ConfigError(f"[{section}] {err}") from None
 
 
 def _check_integers(value: Any, where: str) -> None:

@@ -114,7 +114,8 @@ def write_report(results_dir: str | Path, out: str | Path, *, public: bool = Fal
         stopped = (src / EXPERIMENT_FILE).is_file()
         raise InvalidValueError(
             f"Expected {str(src)!r} to hold the results of silodp run (summary.json with its "
-            "runs) or silodp sweep (grid.json)."
+            "runs) or silodp sweep (grid.json)"
+            + ("; it does not exist." if not src.exists() else ".")
             + (
                 f" It holds an experiment that has not finished: continue it with "
                 f"`silodp run --resume {src}`, then write its report."

@@ -484,7 +484,7 @@ def test_describe_names_the_feature_columns_and_checks_dp_scaling_bounds(tmp_pat
 
 
 def test_first_subjects_of_a_table_without_subject_column_keeps_its_first_records(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Each record is its own subject there; first_subjects was silently ignored."""
     path = tmp_path / "t.csv"
@@ -495,6 +495,11 @@ def test_first_subjects_of_a_table_without_subject_column_keeps_its_first_record
     assert sorted([*data.train.x[:, 0].tolist(), *data.test.x[:, 0].tolist()]) == list(
         map(float, range(10))
     )
+    # more subjects asked for than the data holds: all kept, and said
+    with caplog.at_level("WARNING", logger="silodp.data.build"):
+        more = build_federated_data(DataConfig(source="table", path=str(path), first_subjects=99))
+    assert len(more.train) + len(more.test) == 40
+    assert "first_subjects = 99, but the data holds 40 subjects" in caplog.text
     (tmp_path / "hard.csv").hardlink_to(path)  # a hard link is the same file too
     with pytest.raises(InvalidValueError, match="to be separate from data.path"):
         build_federated_data(

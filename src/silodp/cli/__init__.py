@@ -239,7 +239,9 @@ def run(
     out: Annotated[
         Path | None,
         typer.Option(
-            "--out", help="Results directory (default: runs/<config name>, runs/demo for the demo)."
+            "--out",
+            help="Results directory (default: runs/<CONFIG's file name without .toml>, "
+            "runs/demo for the demo).",
         ),
     ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace results already in --out.")] = False,

@@ -78,6 +78,13 @@ def _first_subjects(cfg: DataConfig, raw: _Raw) -> _Raw:
     keep = np.flatnonzero(raw.subject < cfg.first_subjects)
     if len(keep) == 0:  # pragma: no cover - subject ids are dense from 0
         raise InvalidValueError(f"No records belong to the first {cfg.first_subjects} subjects.")
+    present = int(raw.subject.max()) + 1 if len(raw.subject) else 0
+    if present < cfg.first_subjects:
+        logger.warning(
+            "first_subjects = %d, but the data holds %d subjects: all of them are kept",
+            cfg.first_subjects,
+            present,
+        )
     return raw.take(keep)
 
 
