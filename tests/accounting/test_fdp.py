@@ -350,4 +350,30 @@ def test_rounds_of_different_runs_compose_each_at_its_own_sigma_and_client_rate(
     assert eps["record_every_round"].epsilon == pytest.approx(every_eps, rel=1e-6)
     mu = math.sqrt(sum(clt_mu(s, 0.05, 5 * r) ** 2 for s, _, r in cells))
     assert accountant.mu_estimates()["client_max"] == pytest.approx(mu, rel=1e-12)
+    # the paper's client-sampled estimate: each round at its own CLT μ and p
+    from silodp.accounting.tradeoff import ESTIMATE_DISCRETIZATION
+
+    paper = None
+    for sigma, p, rounds in cells:
+        one = tradeoff_pld(clt_mu(sigma, 0.05, 5), p=p, discretization=ESTIMATE_DISCRETIZATION)
+        paper = (
+            one.self_compose(rounds) if paper is None else paper.compose(one.self_compose(rounds))
+        )
+    assert paper is not None
+    assert accountant.labelled_estimates()["record_clt_weak_client_sampling"] == pytest.approx(
+        paper.get_epsilon_for_delta(1e-5), rel=1e-6
+    )
+
+
+def test_a_round_beyond_the_estimates_range_drops_the_client_sampled_estimate() -> None:
+    """A round whose CLT μ is beyond the estimate's range was left out of it while the others
+    stayed: the estimate read as if that round had not happened."""
+    from silodp.accounting.fdp import FdpAccountant, step_events
+
+    accountant = FdpAccountant(clients=4, client_rate=0.5, delta=1e-5)
+    accountant.compose_round([step_events(1.0, 0.05, 5)] * 4, count=3)
     assert "record_clt_weak_client_sampling" in accountant.labelled_estimates()
+    accountant.compose_round([step_events(0.25, 1.0, 1)] * 4)  # μ of the round ~ 4,000
+    estimates = accountant.labelled_estimates()
+    assert "record_clt_weak_client_sampling" not in estimates
+    assert estimates["record_clt_weak"] == math.inf

@@ -371,6 +371,65 @@ def test_cells_of_another_sigma_and_client_rate_on_one_shared_ledger_compose(
     )
 
 
+def test_a_sweeps_cells_at_other_client_rates_are_checked_against_a_budget_up_front(
+    tmp_path: Path,
+) -> None:
+    """The check before anything is written composed the earlier cells at the later cell's
+    client rate: a budget between the first cell's ε and the two cells' total let the first
+    cell train, then refused the second."""
+    from silodp.ledger import BudgetExceededError
+    from silodp.ledger.report import ledger_report
+
+    raw = _raw(training__rounds=3)
+    raw["sweep"].update(client_rate=[1.0, 0.2], noise_multiplier=[1.0], batch_size=[8])
+    raw["sweep"].update(local_steps=[3], target_accuracy=1.0)
+    raw["privacy"]["ledger"] = str(tmp_path / "free.sqlite")
+    first = run_experiment(parse_config(raw), tmp_path / "free")["runs"][0]
+    total = ledger_report(tmp_path / "free.sqlite")["total"]["fdp"]["epsilon"]["record"]
+    assert first["epsilon"]["record"] < total
+    raw["privacy"]["ledger"] = str(tmp_path / "l.sqlite")
+    raw["privacy"]["budget"] = {"record": (first["epsilon"]["record"] + total) / 2}
+    with pytest.raises(BudgetExceededError, match="p0.2"):
+        run_experiment(parse_config(raw), tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "l.sqlite").exists()
+
+
+def test_a_cell_that_never_started_resumes_beside_the_same_cell_of_another_directory(
+    tmp_path: Path,
+) -> None:
+    """Two result directories on one shared ledger: the first cut its p = 0.5 cell after 3
+    rounds, the second was cut in its p = 1 cell before its p = 0.5 cell began. Resuming the
+    second took the first's p = 0.5 run for its own (matched by name and config) and refused
+    it for want of a checkpoint; a cell that never registered starts afresh."""
+    from silodp.experiment import resume_experiment
+    from silodp.ledger.report import ledger_report
+
+    def stop_at(round_index: int):  # type: ignore[no-untyped-def]
+        def progress(name: str, rounds: int):  # type: ignore[no-untyped-def]
+            def update(row: dict) -> None:
+                if row["round"] == round_index:
+                    raise KeyboardInterrupt
+
+            return update
+
+        return progress
+
+    raw = _raw(training__rounds=4)
+    raw["privacy"]["ledger"] = str(tmp_path / "shared.sqlite")
+    raw["sweep"].update(noise_multiplier=[1.0], batch_size=[8], local_steps=[3])
+    raw["sweep"].update(target_accuracy=1.0, client_rate=[0.5])
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(parse_config(raw), tmp_path / "one", progress=stop_at(3))
+    raw["sweep"]["client_rate"] = [1.0, 0.5]
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(parse_config(raw), tmp_path / "two", progress=stop_at(1))
+    runs = resume_experiment(tmp_path / "two")["runs"]
+    assert [r["status"] for r in runs] == ["complete", "complete"]
+    assert [r["rounds_completed"] for r in runs] == [4, 4]
+    names = [r["name"] for r in ledger_report(tmp_path / "shared.sqlite")["runs"]]
+    assert len(names) == 3 and names.count(names[0]) == 2  # the first's cell kept as it was
+
+
 def test_ledger_show_reports_a_total_it_cannot_compose(tmp_path: Path) -> None:
     """A ledger whose runs one accountant cannot compose (here a hand-recorded PriFedSync
     round whose clients ran different σ) made `ledger show` end in a traceback."""

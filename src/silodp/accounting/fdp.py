@@ -248,6 +248,8 @@ class FdpAccountant:
         self.rounds = 0
         self._all: pld_lib.PrivacyLossDistribution | None = None
         self._all_complete = True
+        self._paper_before: list[tuple[float, int]] = []
+        self._paper_void = False
         self._rdp: np.ndarray | None = np.zeros(len(RDP_ORDERS))
         self._mu_squared = 0.0
         self._variance = 0.0
@@ -308,12 +310,8 @@ class FdpAccountant:
             self._all, self._all_complete = None, False
         if self._all_complete:
             self._all = _advance(self._all, round_pld, count)
-        if not self.rigorous_only and (p < 1.0 or self._paper is not None):
-            mu_round = clt_mu(sigma, q, steps, batch_sampling=sampling)
-            if mu_round <= MAX_ESTIMATE_MU:
-                if self._paper is None and self.rounds:  # the earlier rounds ran every client
-                    self._paper = _advance(None, self._paper_round(mu_round, 1.0), self.rounds)
-                self._paper = _advance(self._paper, self._paper_round(mu_round, p), count)
+        if not self.rigorous_only:
+            self._estimate_round(clt_mu(sigma, q, steps, batch_sampling=sampling), p, count)
         # the RDP route and the CLT μ add up over rounds (μ² is linear in the steps)
         rdp = _step_rdp(sigma, q, sampling)
         if rdp is None or self._rdp is None:
@@ -324,6 +322,21 @@ class FdpAccountant:
         self._variance = variance
         self.rounds += count
         self._report = None
+
+    def _estimate_round(self, mu_round: float, p: float, count: int) -> None:
+        """Adds ``count`` rounds of CLT μ ``mu_round`` at client rate ``p`` to the paper's
+        client-sampled estimate (kept from the first sampled round on, each round at its own μ
+        and p; none once a round's μ is beyond :data:`MAX_ESTIMATE_MU`)."""
+        if self._paper_void or mu_round > MAX_ESTIMATE_MU:
+            self._paper_void, self._paper, self._paper_before = True, None, []
+            return
+        if p >= 1.0 and self._paper is None:  # no client sampled yet: kept for later
+            self._paper_before.append((mu_round, count))
+            return
+        for mu_before, count_before in self._paper_before:  # rounds that ran every client
+            self._paper = _advance(self._paper, self._paper_round(mu_before, 1.0), count_before)
+        self._paper_before = []
+        self._paper = _advance(self._paper, self._paper_round(mu_round, p), count)
 
     @staticmethod
     def _paper_round(mu_round: float, p: float) -> pld_lib.PrivacyLossDistribution:

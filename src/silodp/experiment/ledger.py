@@ -17,6 +17,7 @@ from typing import Any
 from dp_accounting import dp_event
 
 from silodp.accounting import UNITS, FederatedAccountant, SiloPrivacy
+from silodp.accounting.fdp import FdpAccountant
 from silodp.accounting.interface import Accountant
 from silodp.experiment.prepare import PreparedRun
 from silodp.io import check_writable_dir, write_json
@@ -110,6 +111,10 @@ def resume_run_ledger(
                 "or empty, so what the run spent would go uncounted. Restore it (with its -wal "
                 "file), or start the run afresh (--overwrite)."
             )
+        return None
+    if registered is None and completed == 0 and run.privacy.ledger is not None:
+        # on a shared ledger, a run that never registered recorded nothing: a run of the same
+        # config there is another directory's
         return None
     problems = verify_ledger(path)
     if problems:
@@ -416,9 +421,11 @@ def open_no_noise_ledger(
 
 
 def _compose_plan(run: PreparedRun, total: Accountant) -> None:
-    """Composes ``run``'s whole plan onto ``total`` (over the run's own span, as a ledger
-    replays it)."""
-    own = {"span": run.span} if isinstance(total, FederatedAccountant) else {}
+    """Composes ``run``'s whole plan onto ``total`` (over the run's own span, and at its own
+    client rate for PriFedSync, as a ledger replays it)."""
+    own: dict[str, Any] = {"span": run.span} if isinstance(total, FederatedAccountant) else {}
+    if isinstance(total, FdpAccountant) and run.plan is not None:
+        own = {"client_rate": accountant_of(run).spec()["client_rate"]}
     if run.plan is None:  # no noise: its model is a release without a guarantee
         total.compose_release(no_noise_release(), **own)
         return
