@@ -218,3 +218,19 @@ def test_a_base_listing_fedavg_beside_the_baseline_counts_each_seed_once(tmp_pat
     assert sorted(rows) == ["fedavg", "local_item_dp"]
     assert rows["fedavg"]["baseline"] and rows["fedavg"]["seeds"] == 1
     assert rows["local_item_dp"]["seeds"] == 1
+
+
+def test_a_grid_key_of_fedavgs_own_settings_keeps_fedavg_in_its_cells(tmp_path: Path) -> None:
+    """The baseline cells do not vary ``algorithm.fedavg.*``: a cell whose grid sets them
+    keeps its fedavg (it was dropped, and the grid's fedavg values trained nowhere)."""
+    (tmp_path / "base.toml").write_text(
+        BASE.replace('algorithms = ["local_item_dp"]', 'algorithms = ["fedavg", "local_item_dp"]')
+    )
+    path = tmp_path / "sweep.toml"
+    path.write_text(
+        'name = "own"\nbase = "base.toml"\nseeds = [0]\n'
+        '[grid]\n"algorithm.fedavg.lr" = [0.05, 0.5]\n'
+    )
+    spec = load_grid(path)
+    configs = [cell_config(spec, c) for c in expand(spec)]
+    assert [c.algorithms for c in configs] == [("fedavg",)] + [("fedavg", "local_item_dp")] * 2

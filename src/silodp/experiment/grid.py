@@ -35,7 +35,7 @@ from typing import Any
 
 from silodp import display
 from silodp.config import parse_config
-from silodp.errors import ConfigError, OutputExistsError
+from silodp.errors import ConfigError, InvalidValueError, OutputExistsError
 from silodp.experiment.run import (
     EXPERIMENT_FILE,
     ProgressFactory,
@@ -193,6 +193,14 @@ def expand(spec: GridSpec) -> list[Cell]:
     return cells
 
 
+def _baseline_repeats(values: Mapping[str, Any], algorithms: Sequence[str]) -> bool:
+    """Whether a cell's fedavg is its grid point's baseline again: it lists other algorithms
+    too (a cell of fedavg alone was asked for as such) and no grid key sets fedavg's own
+    settings (``algorithm.fedavg.*``, which the baseline cells do not vary)."""
+    own = any(k.startswith("algorithm.fedavg.") for k in values)
+    return "fedavg" in algorithms and len(set(algorithms)) > 1 and not own
+
+
 def _cell_id(index: int, values: Mapping[str, Any], seed: int, baseline: bool) -> str:
     def short(value: Any) -> str:
         text = "+".join(map(str, value)) if isinstance(value, list) else str(value)
@@ -223,8 +231,8 @@ def cell_config(spec: GridSpec, cell: Cell) -> Any:
     raw["name"] = f"{spec.name}/{cell.id}"
     if cell.baseline:
         raw[ALGORITHMS] = ["fedavg"]
-    elif spec.baseline and len(set(raw.get(ALGORITHMS) or ())) > 1:
-        # the baseline cell of this point and seed trains fedavg: not twice (nor pooled twice)
+    elif spec.baseline and _baseline_repeats(cell.values, raw.get(ALGORITHMS) or ()):
+        # the baseline cell of this point and seed trains the same fedavg: not twice
         raw[ALGORITHMS] = [a for a in raw[ALGORITHMS] if a != "fedavg"]
     sections = raw.get("algorithm")
     if isinstance(sections, dict):  # the base's sections of algorithms this cell does not run
@@ -344,16 +352,32 @@ def _run_grid(
 def unfinished_cells(out_dir: str | Path) -> list[str]:
     """The cells of the sweep in ``out_dir`` (its :data:`MANIFEST`) that have not finished."""
     out = Path(out_dir)
-    cells = json.loads((out / MANIFEST).read_text())["cells"]
-    return [c["id"] for c in cells if not _cell_done(out / "cells" / c["id"])]
+    path = out / MANIFEST
+    try:
+        cells = json.loads(path.read_text())["cells"]
+        ids = [c["id"] for c in cells]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise InvalidValueError(
+            f"Expected {str(path)!r} to list the sweep's cells as silodp writes it; it cannot be "
+            f"read ({err})."
+        ) from None
+    return [i for i in ids if not _cell_done(out / "cells" / str(i))]
 
 
 def _cell_done(cell_dir: Path) -> bool:
     path = cell_dir / "summary.json"
     if not path.is_file():
         return False
-    runs = json.loads(path.read_text()).get("runs", [])
-    return bool(runs) and all(r.get("status") in ("complete", "budget_exhausted") for r in runs)
+    try:  # one cut short while written (or damaged) is not done: the cell runs again
+        runs = json.loads(path.read_text()).get("runs", [])
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (
+        isinstance(runs, list)
+        and bool(runs)
+        and all(isinstance(r, dict) for r in runs)
+        and all(r.get("status") in ("complete", "budget_exhausted") for r in runs)
+    )
 
 
 def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
@@ -369,10 +393,17 @@ def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
         if not path.is_file():
             continue
         values = {k: v for k, v in cell["values"].items() if k != ALGORITHMS}
-        for run in json.loads(path.read_text()).get("runs", []):
+        runs = json.loads(path.read_text()).get("runs", [])
+        for run in runs:
             if run.get("status") not in ("complete", "budget_exhausted"):
                 continue
-            if baselines and run["algorithm"] == "fedavg" and not cell["baseline"]:
+            listed = [r.get("algorithm") for r in runs]
+            if (
+                baselines
+                and not cell["baseline"]
+                and run["algorithm"] == "fedavg"
+                and _baseline_repeats(cell["values"], listed)
+            ):
                 continue  # the same fedavg as the baseline cell's: one seed counted once
             key = (run["algorithm"], json.dumps(values, sort_keys=True))
             group = groups.setdefault(
