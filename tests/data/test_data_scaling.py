@@ -509,3 +509,53 @@ def test_standard_scaling_that_overflows_names_the_constants_not_the_data(
         )
     raw = build_federated_data(_table(path))
     np.testing.assert_allclose(data.train.x, raw.train.x.astype(np.float64) * 1e30, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("span_cap", "federation_cap"), [(False, False), (True, False), (False, True), (True, True)]
+)
+def test_one_added_record_changes_no_more_silos_statistics_than_are_charged(
+    span_cap: bool, federation_cap: bool
+) -> None:
+    """The record-level events of the DP statistics count the silos whose sums one added
+    record can change. With a federation-wide cap and a span cap together, three silos could
+    change (the added record's, the one whose record it pushed out, and one leaving the kept
+    silos) while two were charged."""
+    from silodp.accounting.plan import feature_statistics_releases
+    from silodp.data.partition import assemble, cap_records, cap_span
+    from silodp.data.scaling import silo_moment_sums
+
+    silos, k, span = 5, 3, 2
+    event = feature_statistics_releases(
+        1.0, silos, span_cap=span_cap, federation_cap=federation_cap
+    )[0].events["record"]
+    charged = getattr(event, "count", 1)
+
+    def sums(x, silo, subject):  # type: ignore[no-untyped-def]
+        y = np.zeros(len(x), dtype=np.int64)
+        d = assemble(x, y, silo=silo, subject=subject, num_classes=2, num_silos=silos)
+        if federation_cap:
+            d = cap_records(d, total=k, seed=0)
+        if span_cap:
+            d = cap_span(d, span=span, seed=0)
+        return silo_moment_sums(d, bounds=[-1.0, 1.0])
+
+    rng = np.random.default_rng(1)
+    worst = 0
+    for _ in range(1500):
+        n = int(rng.integers(7, 12))
+        x = rng.uniform(-1, 1, (n, 1)).astype(np.float32)
+        silo = rng.integers(0, silos, n)
+        silo[:silos] = np.arange(silos)  # every silo holds a record of another subject
+        subject = np.zeros(n, dtype=np.int64)
+        subject[:silos] = np.arange(1, silos + 1)
+        added = int(rng.integers(0, silos))
+        before = sums(x, silo, subject)
+        after = sums(
+            np.vstack([x, rng.uniform(-1, 1, (1, 1)).astype(np.float32)]),
+            np.r_[silo, added],
+            np.r_[subject, 0],
+        )
+        worst = max(worst, int((np.abs(before - after).sum(axis=1) > 1e-12).sum()))
+    assert worst <= charged
+    assert worst == (3 if span_cap and federation_cap else 2 if span_cap or federation_cap else 1)

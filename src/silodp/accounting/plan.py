@@ -33,14 +33,24 @@ CALIBRATION_DISCRETIZATION = 5e-3
 
 
 def feature_statistics_releases(
-    noise_multiplier: float, silos: int, *, across: bool
+    noise_multiplier: float, silos: int, *, span_cap: bool, federation_cap: bool
 ) -> tuple[SiloPrivacy, ...]:
     """The per-silo events of the DP feature statistics (``[data] scaling = "dp"``): each
-    silo's statistics through the Gaussian mechanism at ``noise_multiplier``. ``across``: a
-    span cap or a federation-wide cap can move one added record's subject from one silo to
-    another, so two silos' statistics change at the record level."""
+    silo's statistics through the Gaussian mechanism at ``noise_multiplier``, each changed by
+    at most one subject's contribution.
+
+    At the record level, one added record changes its own silo's statistics; with a span cap
+    (its silo can enter the subject's kept silos and push one out) or a federation-wide cap
+    of the subject's records (it can push one of them out of another silo), two silos'; with
+    both, the kept silos can change on both sides, so every silo is counted."""
+    check_int("silos", silos, 1)
+    changed = 1
+    if span_cap and federation_cap:
+        changed = silos
+    elif span_cap or federation_cap:
+        changed = min(2, silos)
     event = dp_event.GaussianDpEvent(noise_multiplier)
-    record = dp_event.SelfComposedDpEvent(event, 2) if across else event
+    record = dp_event.SelfComposedDpEvent(event, changed) if changed > 1 else event
     return tuple(SiloPrivacy({"record": record, "subject": event}) for _ in range(silos))
 
 

@@ -103,7 +103,6 @@ def account_report(
         raise InvalidValueError(
             str(err).replace("training.silos_per_round", "--silos-per-round")
         ) from None
-    across = (span is not None and span < silos) or bool((settings or {}).get("cross_silo_cap"))
     plan = PrivacyPlan(
         sampling_rates=(sample_rate,) * silos,
         rounds=rounds,
@@ -113,7 +112,12 @@ def account_report(
         adversary=adversary,
         releases=()
         if scaling_noise_multiplier is None
-        else feature_statistics_releases(scaling_noise_multiplier, silos, across=across),
+        else feature_statistics_releases(
+            scaling_noise_multiplier,
+            silos,
+            span_cap=span is not None and span < silos,
+            federation_cap=bool((settings or {}).get("cross_silo_cap")),
+        ),
     )
     method = "given"
     if target_epsilon is not None:

@@ -499,11 +499,15 @@ def dp_scaling(
     stats = dp_feature_stats(
         capped, bounds=config.data.feature_bounds, noise_multiplier=sigma, coins=coins
     )
-    # with a span cap (or a federation-wide cap of the data), one added record can move its
-    # subject's records from one silo to another: two silos' statistics change, each by at
+    # with a span cap or a federation-wide cap of the data, one added record can move its
+    # subject's records from one silo to others: more silos' statistics change, each by at
     # most one subject's contribution
-    across = span < data.train.num_silos or config.data.records_per_subject is not None
-    releases = feature_statistics_releases(sigma, data.train.num_silos, across=across)
+    releases = feature_statistics_releases(
+        sigma,
+        data.train.num_silos,
+        span_cap=span < data.train.num_silos,
+        federation_cap=config.data.records_per_subject is not None,
+    )
     summary = {
         "method": "dp",
         "noise_multiplier": sigma,
