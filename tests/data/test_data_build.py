@@ -218,6 +218,42 @@ def test_table_column_allocation(tmp_path: Path) -> None:
     assert train.subject_count is None and train.num_subjects == int(train.subject.max()) + 1
 
 
+def test_a_tables_test_file_with_the_subject_column_counts_and_keeps_its_subjects(
+    tmp_path: Path,
+) -> None:
+    """A table's test file was read without its subject column: with first_subjects, every
+    test row was kept (mostly people outside the training population) and the subjects on
+    both sides were never counted."""
+    train = pd.DataFrame(
+        {"f": np.arange(40.0), "label": np.arange(40) % 2, "pid": [f"p{i % 10}" for i in range(40)]}
+    )
+    test = pd.DataFrame(
+        {"f": np.arange(12.0), "label": np.arange(12) % 2, "pid": [f"p{i}" for i in range(12)]}
+    )
+    train.to_csv(tmp_path / "train.csv", index=False)
+    test.to_csv(tmp_path / "test.csv", index=False)
+    base = {
+        "source": "table",
+        "path": str(tmp_path / "train.csv"),
+        "test_path": str(tmp_path / "test.csv"),
+        "subject_column": "pid",
+        "label_values": (0, 1),
+    }
+    data = build_federated_data(DataConfig(**base))  # type: ignore[arg-type]
+    assert len(data.test) == 12
+    split = describe(data)["split"]
+    assert split["test_subjects"] == 12 and split["shared_subjects"] == 10
+    kept = build_federated_data(DataConfig(**base, first_subjects=3))  # type: ignore[arg-type]
+    assert len(kept.test) == 3 and describe(kept)["split"]["shared_subjects"] == 3
+    with pytest.raises(InvalidValueError, match="holds none of them"):
+        pd.DataFrame({"f": [1.0], "label": [0], "pid": ["zz"]}).to_csv(
+            tmp_path / "other.csv", index=False
+        )
+        build_federated_data(
+            DataConfig(**{**base, "test_path": str(tmp_path / "other.csv")}, first_subjects=3)  # type: ignore[arg-type]
+        )
+
+
 def test_a_test_file_that_is_also_training_data_is_refused(tmp_path: Path) -> None:
     """test_path = path was accepted and described as a separate test set (every test record
     a training record); so was a LEAF test file inside the training directory."""

@@ -169,13 +169,36 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
         if cfg.subjects_from in ("column", "records"):  # records: each its own subject
             raw = _first_subjects(cfg, raw)
         if cfg.test_path is not None:
+            # a test file with the subject column: its subjects are known
+            by_subject = cfg.subjects_from == "column" and cfg.subject_column in (
+                loaders.table_columns(cfg.test_path)
+            )
             test_table = loaders.load_table(
                 cfg.test_path,
                 feature_columns=table.feature_columns,
                 label_column=cfg.label_column,
+                subject_column=cfg.subject_column if by_subject else None,
                 label_values=table.label_values,
             )
-            return replace(raw, test=TestSplit(x=test_table.x, y=test_table.y), split=file_split)
+            if not by_subject or test_table.subject is None or test_table.subject_names is None:
+                test = TestSplit(x=test_table.x, y=test_table.y)
+                return replace(raw, test=test, split=file_split)
+            # the test file's subjects, by id as written: counted on both sides, and with
+            # first_subjects only those kept for training are tested
+            people = [test_table.subject_names[s] for s in test_table.subject]
+            keep = np.arange(len(people))
+            if cfg.first_subjects is not None:
+                kept = set(raw.subject_names or ())
+                keep = np.asarray([i for i, u in enumerate(people) if u in kept], dtype=np.int64)
+                if len(keep) == 0:
+                    raise InvalidValueError(
+                        f"Expected data.test_path={cfg.test_path!r} to hold records of the "
+                        f"first_subjects={cfg.first_subjects} subjects kept for training (column "
+                        f"{cfg.subject_column!r}); it holds none of them."
+                    )
+            test = TestSplit(x=test_table.x[keep], y=test_table.y[keep])
+            names = frozenset(people[i] for i in keep)
+            return replace(raw, test=test, split=file_split, test_subject_names=names)
     return _split(raw, cfg, split_rng)
 
 

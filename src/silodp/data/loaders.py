@@ -41,6 +41,7 @@ __all__ = [
     "load_leaf_json",
     "load_table",
     "make_synthetic",
+    "table_columns",
 ]
 
 FASHION_MNIST_ENV = "SILODP_FASHION_MNIST"
@@ -567,6 +568,21 @@ def _csv_header(path: Path) -> list[str]:
             return next(csv.reader(fh), [])
     except (OSError, EOFError, ValueError, csv.Error, zlib.error):
         return []  # pandas has read it already; nothing more to learn here
+
+
+def table_columns(path: str | Path) -> list[str]:
+    """The column names of the CSV or Parquet table at ``path`` (its header or schema; empty
+    if it cannot be read: loading it then says why)."""
+    path = Path(path)
+    name = path.name.lower()
+    if name.endswith(".parquet") or name.endswith(".pq"):
+        try:
+            import pyarrow.parquet as pq
+
+            return [str(c) for c in pq.read_schema(path).names]
+        except (ImportError, OSError, ValueError):
+            return []
+    return _csv_header(path)
 
 
 def _read_frame(path: Path) -> Any:
