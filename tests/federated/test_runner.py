@@ -336,10 +336,15 @@ def test_account_command_reproduces_the_plans_epsilon_against_every_adversary(
             assert shown == pytest.approx(estimate.epsilon, rel=1e-9), (adversary, unit, command)
 
 
+@pytest.mark.parametrize("algorithm", ["local_group_dp", "uldp_group"])
 @pytest.mark.parametrize("span", [None, 2])
-def test_account_command_includes_the_dp_feature_statistics(dp_scaled_table: dict, span) -> None:
+def test_account_command_includes_the_dp_feature_statistics(
+    dp_scaled_table: dict, span, algorithm: str
+) -> None:
     """With [data] scaling = "dp" the statistics are released before round 1 and every ε
-    includes them; the command left them out (subject 1.87 against the run's 1.99)."""
+    includes them; the command left them out (subject 1.87 against the run's 1.99). For
+    uldp_group, which caps no span itself, the statistics are still computed on span-capped
+    data: the command charged them on fewer silos than the run (record 0.254 against 0.296)."""
     import math
 
     from typer.testing import CliRunner
@@ -351,11 +356,11 @@ def test_account_command_includes_the_dp_feature_statistics(dp_scaled_table: dic
     from silodp.experiment.prepare import dp_scaling
 
     raw = _tiny(noise_multiplier=None, epsilon=2.0, span=span)
-    raw["algorithms"] = ["local_group_dp"]
+    raw["algorithms"] = [algorithm]
     raw["data"] = dp_scaled_table
     config = parse_config(raw)
     data, releases, _ = dp_scaling(config, build_federated_data(config.data))
-    run = prepare_run("local_group_dp", config, data, releases=releases)
+    run = prepare_run(algorithm, config, data, releases=releases)
     assert run.plan is not None and run.plan.releases
     command = run.account_command()
     assert command is not None and "--scaling-noise-multiplier" in command

@@ -70,6 +70,8 @@ def account_report(
         raise InvalidValueError("Expected exactly one of --noise-multiplier and --target-epsilon.")
     values = {"local_steps": steps, "batch_size": 1, "num_silos": silos, **(settings or {})}
     probe = make_algorithm(algorithm, {**values, "noise_multiplier": noise_multiplier or 0.0})
+    # the DP feature statistics are computed on data capped to --span, whichever algorithm
+    statistics_span_cap = span is not None and span < silos
     if span is not None and span < silos:
         if probe.uses_span():
             # a run caps the data to this span: the record and silo units cover it
@@ -115,7 +117,7 @@ def account_report(
         else feature_statistics_releases(
             scaling_noise_multiplier,
             silos,
-            span_cap=span is not None and span < silos,
+            span_cap=statistics_span_cap,
             federation_cap=bool((settings or {}).get("cross_silo_cap")),
         ),
     )

@@ -90,8 +90,13 @@ class PreparedRun:
         # --silos-per-round)
         if self.silos_per_round != self.train.num_silos:
             args += ["--silos-per-round", str(self.silos_per_round)]
-        if self.span != self.train.num_silos:
-            args += ["--span", str(self.span)]
+        span = self.span
+        if self.plan.releases and span == self.train.num_silos:
+            # the DP feature statistics were computed on span-capped data even for an
+            # algorithm that caps no span itself: --span says so (the statistics' events)
+            span = statistics_span(self.config, self.train.num_silos)
+        if span != self.train.num_silos:
+            args += ["--span", str(span)]
         for option, value in self.algorithm.account_options().items():
             flag = option.replace("_", "-")
             if isinstance(value, bool):  # a switch: --name or --no-name
@@ -447,6 +452,12 @@ def prepare_run(
     )
 
 
+def statistics_span(config: ExperimentConfig, num_silos: int) -> int:
+    """The span cap of the data the DP feature statistics are computed on: ``privacy.span``
+    (at most the silos), for every algorithm of the config alike."""
+    return min(config.privacy.span or num_silos, num_silos)
+
+
 def dp_scaling(
     config: ExperimentConfig, data: FederatedData
 ) -> tuple[FederatedData, tuple[SiloPrivacy, ...], dict[str, Any]]:
@@ -490,7 +501,7 @@ def dp_scaling(
             "Expected privacy.epsilon with [data] scaling = 'dp': its budget is a share "
             "(data.scaling_budget) of that ε."
         )
-    span = min(privacy.span or data.train.num_silos, data.train.num_silos)
+    span = statistics_span(config, data.train.num_silos)
     share = config.data.scaling_budget * privacy.epsilon
     sigma = find_sigma(lambda s: conversions.gdp_epsilon(math.sqrt(span) / s, privacy.delta), share)
     coins = run_coins(privacy.noise, config.training.seed, SCALING_STREAM)
