@@ -395,3 +395,41 @@ def test_a_budget_beside_fedavg_and_runs_of_other_units_binds_each_run_at_its_ow
     path.write_text(tomli_w.dumps(raw))
     with pytest.raises(BudgetExceededError, match="subject"):
         _run(path, tmp_path / "refused")
+
+
+@pytest.mark.parametrize(
+    "algorithms",
+    [["local_item_dp", "prifedsync"], ["fedavg", "prifedsync"], ["prifedsync", "local_item_dp"]],
+)
+def test_runs_of_two_accounting_kinds_on_one_shared_ledger_are_checked_each_with_its_own(
+    tmp_path: Path, algorithms: list[str]
+) -> None:
+    """The check before anything is written composed every earlier run of the experiment
+    onto a run's total, whatever its accounting kind: a KeyError or ValueError from the other
+    kind's accountant (a ledger's totals are per kind)."""
+    from silodp.config import parse_config
+    from silodp.data.build import build_federated_data
+    from silodp.experiment import prepare_run
+    from silodp.experiment.ledger import check_plans_fit
+
+    raw = {
+        "name": "mix",
+        "algorithms": algorithms,
+        "data": {
+            "source": "digits",
+            "num_silos": 4,
+            "allocation": "shards",
+            "shards_per_client": 2,
+            "test_per_client": 20,
+        },
+        "model": {"name": "mlp"},
+        "training": {"rounds": 2, "local_steps": 2, "batch_size": 8, "lr": 0.01},
+        "privacy": {
+            "noise_multiplier": 1.0,
+            "group_size": 4,
+            "ledger": str(tmp_path / "shared.sqlite"),
+        },
+    }
+    config = parse_config(raw)
+    data = build_federated_data(config.data)
+    check_plans_fit([prepare_run(name, config, data) for name in config.algorithms])

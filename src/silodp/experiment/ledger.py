@@ -252,9 +252,11 @@ def check_plans_fit(runs: Sequence[PreparedRun]) -> None:
             check_accounted(budget, accounted.get(key, {}), where=where)
             accounted.setdefault(key, {})[f"{run.name} (planned)"] = spec.get("units")
             planned = before.setdefault(key, [])
-            if planned:
+            # the experiment's earlier runs of this accounting kind, as a total replays them
+            same_kind = [r for r in planned if accountant_of(r).spec()["kind"] == spec["kind"]]
+            if same_kind:
                 total = copy.deepcopy(total)
-                for earlier in planned:
+                for earlier in same_kind:
                     _compose_plan(earlier, total)
                 spent = {unit: est.epsilon for unit, est in total.estimates().items()}
             planned.append(run)
