@@ -220,17 +220,52 @@ def test_a_base_listing_fedavg_beside_the_baseline_counts_each_seed_once(tmp_pat
     assert rows["local_item_dp"]["seeds"] == 1
 
 
-def test_a_grid_key_of_fedavgs_own_settings_keeps_fedavg_in_its_cells(tmp_path: Path) -> None:
-    """The baseline cells do not vary ``algorithm.fedavg.*``: a cell whose grid sets them
-    keeps its fedavg (it was dropped, and the grid's fedavg values trained nowhere)."""
+@pytest.mark.parametrize("key", ['"algorithm.fedavg.lr" = [0.05, 0.5]', '"privacy.span" = [1, 3]'])
+def test_a_grid_key_that_changes_fedavg_keeps_fedavg_in_its_cells(tmp_path: Path, key: str) -> None:
+    """The baseline cells do not vary ``algorithm.fedavg.*`` nor the span cap of fedavg's
+    data: a cell whose grid sets them keeps its fedavg (it was dropped, and those values
+    trained fedavg nowhere)."""
     (tmp_path / "base.toml").write_text(
         BASE.replace('algorithms = ["local_item_dp"]', 'algorithms = ["fedavg", "local_item_dp"]')
     )
     path = tmp_path / "sweep.toml"
-    path.write_text(
-        'name = "own"\nbase = "base.toml"\nseeds = [0]\n'
-        '[grid]\n"algorithm.fedavg.lr" = [0.05, 0.5]\n'
-    )
+    path.write_text(f'name = "own"\nbase = "base.toml"\nseeds = [0]\n[grid]\n{key}\n')
     spec = load_grid(path)
     configs = [cell_config(spec, c) for c in expand(spec)]
     assert [c.algorithms for c in configs] == [("fedavg",)] + [("fedavg", "local_item_dp")] * 2
+
+
+def test_a_cell_of_fedavg_alone_beside_the_baseline_counts_one_seed_once(tmp_path: Path) -> None:
+    """``algorithms = ["fedavg", ...]`` in the grid: its fedavg cell is the baseline's run
+    again, and the table pooled both as two seeds."""
+    (tmp_path / "base.toml").write_text(BASE)
+    path = tmp_path / "sweep.toml"
+    path.write_text(
+        'name = "alone"\nbase = "base.toml"\nseeds = [0]\n'
+        '[grid]\nalgorithms = ["fedavg", "local_item_dp"]\n'
+    )
+    spec = load_grid(path)
+    run_grid(spec, tmp_path / "out", log=lambda m: None)
+    rows = {r["algorithm"]: r for r in grid_rows(tmp_path / "out")}
+    assert rows["fedavg"]["baseline"] and rows["fedavg"]["seeds"] == 1
+
+
+@pytest.mark.parametrize("damage", ['{"runs": [', '{"runs": []}'])
+def test_a_cell_with_a_damaged_summary_runs_again_when_the_sweep_continues(
+    tmp_path: Path, damage: str
+) -> None:
+    """A cell's summary cut short while written (or listing no runs) counted as unfinished,
+    yet continuing the sweep stopped on it (a JSONDecodeError) or left it as it was."""
+    (tmp_path / "base.toml").write_text(BASE)
+    path = tmp_path / "sweep.toml"
+    path.write_text('name = "d"\nbase = "base.toml"\nseeds = [0]\nbaseline = false\n[grid]\n')
+    spec = load_grid(path)
+    run_grid(spec, tmp_path / "out", log=lambda m: None)
+    (cell,) = (tmp_path / "out" / "cells").iterdir()
+    (cell / "summary.json").write_text(damage)
+    (cell / "local_item_dp" / "summary.json").write_text(damage)
+    assert grid_module.unfinished_cells(tmp_path / "out") == [cell.name]
+    run_grid(spec, tmp_path / "out", log=lambda m: None)
+    assert grid_module.unfinished_cells(tmp_path / "out") == []
+    (row,) = grid_rows(tmp_path / "out")
+    assert row["algorithm"] == "local_item_dp" and row["seeds"] == 1

@@ -193,12 +193,15 @@ def expand(spec: GridSpec) -> list[Cell]:
     return cells
 
 
-def _baseline_repeats(values: Mapping[str, Any], algorithms: Sequence[str]) -> bool:
-    """Whether a cell's fedavg is its grid point's baseline again: it lists other algorithms
-    too (a cell of fedavg alone was asked for as such) and no grid key sets fedavg's own
-    settings (``algorithm.fedavg.*``, which the baseline cells do not vary)."""
-    own = any(k.startswith("algorithm.fedavg.") for k in values)
-    return "fedavg" in algorithms and len(set(algorithms)) > 1 and not own
+#: grid keys that change what fedavg trains on or with although the baseline cells do not vary
+#: them (they leave out private keys): its own settings, and the span cap of its data
+_FEDAVG_OWN = ("algorithm.fedavg.", "privacy.span")
+
+
+def _baseline_repeats(values: Mapping[str, Any]) -> bool:
+    """Whether a cell's fedavg is its grid point's baseline again: no grid key of the cell
+    changes fedavg from the baseline's (:data:`_FEDAVG_OWN`)."""
+    return not any(k.startswith(_FEDAVG_OWN) for k in values)
 
 
 def _cell_id(index: int, values: Mapping[str, Any], seed: int, baseline: bool) -> str:
@@ -231,9 +234,12 @@ def cell_config(spec: GridSpec, cell: Cell) -> Any:
     raw["name"] = f"{spec.name}/{cell.id}"
     if cell.baseline:
         raw[ALGORITHMS] = ["fedavg"]
-    elif spec.baseline and _baseline_repeats(cell.values, raw.get(ALGORITHMS) or ()):
-        # the baseline cell of this point and seed trains the same fedavg: not twice
-        raw[ALGORITHMS] = [a for a in raw[ALGORITHMS] if a != "fedavg"]
+    elif spec.baseline and _baseline_repeats(cell.values):
+        # the baseline cell of this point and seed trains the same fedavg: not twice (a cell
+        # of fedavg alone trains it, and the table counts the baseline's)
+        names = list(raw.get(ALGORITHMS) or ())
+        if "fedavg" in names and len(set(names)) > 1:
+            raw[ALGORITHMS] = [a for a in names if a != "fedavg"]
     sections = raw.get("algorithm")
     if isinstance(sections, dict):  # the base's sections of algorithms this cell does not run
         listed = set(raw.get(ALGORITHMS) or ())
@@ -307,7 +313,14 @@ def _run_grid(
     manifest = {"name": spec.name, "cells": [c.to_json() for c in cells]}
     existing = out / MANIFEST
     if existing.is_file() and not overwrite:
-        if json.loads(existing.read_text()) != json.loads(json.dumps(manifest)):
+        try:
+            recorded = json.loads(existing.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise OutputExistsError(
+                f"{str(existing)!r} cannot be read ({err}), so whether {str(out)!r} holds this "
+                "sweep is unknown; choose another --out or pass --overwrite."
+            ) from None
+        if recorded != json.loads(json.dumps(manifest)):
             raise OutputExistsError(
                 f"{str(out)!r} holds another sweep (its {MANIFEST} differs: the sweep file or "
                 "its grid changed); choose another --out or pass --overwrite."
@@ -361,7 +374,7 @@ def unfinished_cells(out_dir: str | Path) -> list[str]:
             f"Expected {str(path)!r} to list the sweep's cells as silodp writes it; it cannot be "
             f"read ({err})."
         ) from None
-    return [i for i in ids if not _cell_done(out / "cells" / str(i))]
+    return [str(i) for i in ids if not _cell_done(out / "cells" / str(i))]
 
 
 def _cell_done(cell_dir: Path) -> bool:
@@ -397,12 +410,11 @@ def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
         for run in runs:
             if run.get("status") not in ("complete", "budget_exhausted"):
                 continue
-            listed = [r.get("algorithm") for r in runs]
             if (
                 baselines
                 and not cell["baseline"]
                 and run["algorithm"] == "fedavg"
-                and _baseline_repeats(cell["values"], listed)
+                and _baseline_repeats(cell["values"])
             ):
                 continue  # the same fedavg as the baseline cell's: one seed counted once
             key = (run["algorithm"], json.dumps(values, sort_keys=True))

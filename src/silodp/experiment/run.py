@@ -698,11 +698,20 @@ def replace_previous(out: Path, config: ExperimentConfig, log: Callable[[str], N
 
 def finished(run_dir: Path) -> dict[str, Any] | None:
     """The summary of a run that ended (completed, or stopped by its budget), else ``None``."""
-    path = run_dir / "summary.json"
-    if not path.is_file():
+    summary = _readable_summary(run_dir / "summary.json")
+    if summary is None:
         return None
-    summary: dict[str, Any] = json.loads(path.read_text())
     return summary if summary.get("status") in ("complete", "budget_exhausted") else None
+
+
+def _readable_summary(path: Path) -> dict[str, Any] | None:
+    """The summary at ``path``, or ``None`` if there is none or it cannot be read (cut short
+    while written, or damaged: the run or experiment it belongs to resumes and writes it)."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return summary if isinstance(summary, dict) else None
 
 
 def resume_experiment(
@@ -729,10 +738,13 @@ def resume_experiment(
     if out.is_dir():
         check_writable_dir(out, name="the results directory")
     path = out / EXPERIMENT_FILE
-    summary_path = out / "summary.json"
-    if summary_path.is_file():
-        done: dict[str, Any] = json.loads(summary_path.read_text())
-        if all(r.get("status") in ("complete", "budget_exhausted") for r in done.get("runs", [])):
+    done = _readable_summary(out / "summary.json")
+    runs = done.get("runs") if done is not None else None
+    if done is not None and isinstance(runs, list) and runs:
+        if all(
+            isinstance(r, dict) and r.get("status") in ("complete", "budget_exhausted")
+            for r in runs
+        ):
             log(f"{out}: every run already finished; nothing to resume")
             return done
     if not path.is_file():
