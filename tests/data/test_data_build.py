@@ -254,6 +254,28 @@ def test_a_tables_test_file_with_the_subject_column_counts_and_keeps_its_subject
         )
 
 
+def test_one_subject_id_written_two_ways_across_train_and_test_files_is_refused(
+    tmp_path: Path,
+) -> None:
+    """ "7" in the training file and "07" in the test file were two people: the subjects on
+    both sides were undercounted, and with first_subjects the person's test rows dropped."""
+    pd.DataFrame({"f": np.arange(8.0), "label": np.arange(8) % 2, "pid": ["7", "8"] * 4}).to_csv(
+        tmp_path / "train.csv", index=False
+    )
+    pd.DataFrame({"f": [1.0, 2.0], "label": [0, 1], "pid": ["07", "8"]}).to_csv(
+        tmp_path / "test.csv", index=False
+    )
+    cfg = DataConfig(
+        source="table",
+        path=str(tmp_path / "train.csv"),
+        test_path=str(tmp_path / "test.csv"),
+        subject_column="pid",
+        label_values=(0, 1),
+    )
+    with pytest.raises(InvalidValueError, match=r"\['07', '7'\] are one number"):
+        build_federated_data(cfg)
+
+
 def test_a_test_file_that_is_also_training_data_is_refused(tmp_path: Path) -> None:
     """test_path = path was accepted and described as a separate test set (every test record
     a training record); so was a LEAF test file inside the training directory."""

@@ -186,6 +186,12 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
             # the test file's subjects, by id as written: counted on both sides, and with
             # first_subjects only those kept for training are tested
             people = [test_table.subject_names[s] for s in test_table.subject]
+            # one person written one way in both files ("7" and "07" would be two people)
+            loaders.check_one_spelling(
+                sorted(set(raw.subject_names or ()) | set(people)),
+                str(cfg.subject_column),
+                f"{cfg.path} and {cfg.test_path}",
+            )
             keep = np.arange(len(people))
             if cfg.first_subjects is not None:
                 kept = set(raw.subject_names or ())

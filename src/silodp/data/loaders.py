@@ -35,6 +35,7 @@ __all__ = [
     "LeafArrays",
     "TableArrays",
     "check_label_columns",
+    "check_one_spelling",
     "find_fashion_mnist",
     "load_digits_arrays",
     "load_fashion_mnist",
@@ -837,7 +838,7 @@ def _id_name(value: Any) -> str:
     return str(value)
 
 
-def _check_one_spelling(names: list[str], column: str, path: Path) -> None:
+def check_one_spelling(names: list[str], column: str, path: str | Path) -> None:
     """Refuses ids written as different text for one number ("7", "07", "7.0"): as text they
     are different people, as numbers one, and splitting one person in two would understate
     what a subject-level ε must cover."""
@@ -893,7 +894,7 @@ def _id_column(
                     f"Expected non-blank ids without surrounding spaces in column {column!r} "
                     f"of {str(path)!r}; got {what}, {name!r}, in {_row(first)}."
                 )
-        _check_one_spelling(names, column, path)
+        check_one_spelling(names, column, path)
         numeric = all(_INTEGER.fullmatch(n) for n in names)
         keys: list[Any] = [(int(n), n) for n in names] if numeric else names
         order = sorted(range(len(names)), key=keys.__getitem__)
