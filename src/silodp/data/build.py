@@ -129,19 +129,7 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
                     f"of data.path's, {leaf.x.shape[1:]}; got {test_leaf.x.shape[1:]}."
                 )
             users = [test_leaf.subject_names[s] for s in test_leaf.subject]
-            keep = np.arange(len(users))
-            if cfg.first_subjects is not None:  # the test records of the writers kept
-                kept = set(raw.subject_names or ())
-                keep = np.asarray([i for i, u in enumerate(users) if u in kept], dtype=np.int64)
-                if len(keep) == 0:
-                    raise InvalidValueError(
-                        f"Expected data.test_path={cfg.test_path!r} to hold records of the "
-                        f"first_subjects={cfg.first_subjects} users kept for training; it holds "
-                        "none of them."
-                    )
-            test = TestSplit(x=test_leaf.x[keep], y=test_leaf.y[keep])
-            names = frozenset(users[i] for i in keep)
-            return replace(raw, test=test, split=file_split, test_subject_names=names)
+            return _with_test_file(raw, cfg, test_leaf.x, test_leaf.y, users, "users")
     else:
         table = loaders.load_table(
             str(cfg.path),
@@ -192,20 +180,31 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
                 str(cfg.subject_column),
                 f"{cfg.path} and {cfg.test_path}",
             )
-            keep = np.arange(len(people))
-            if cfg.first_subjects is not None:
-                kept = set(raw.subject_names or ())
-                keep = np.asarray([i for i, u in enumerate(people) if u in kept], dtype=np.int64)
-                if len(keep) == 0:
-                    raise InvalidValueError(
-                        f"Expected data.test_path={cfg.test_path!r} to hold records of the "
-                        f"first_subjects={cfg.first_subjects} subjects kept for training (column "
-                        f"{cfg.subject_column!r}); it holds none of them."
-                    )
-            test = TestSplit(x=test_table.x[keep], y=test_table.y[keep])
-            names = frozenset(people[i] for i in keep)
-            return replace(raw, test=test, split=file_split, test_subject_names=names)
+            what = f"subjects (column {cfg.subject_column!r})"
+            return _with_test_file(raw, cfg, test_table.x, test_table.y, people, what)
     return _split(raw, cfg, split_rng)
+
+
+def _with_test_file(
+    raw: _Raw, cfg: DataConfig, x: np.ndarray, y: np.ndarray, people: list[str], what: str
+) -> _Raw:
+    """``raw`` with the test file's records (``people``: each record's subject as written):
+    with ``first_subjects``, only those of the subjects kept for training; their names count
+    the subjects on both sides."""
+    keep = np.arange(len(people))
+    if cfg.first_subjects is not None:
+        kept = set(raw.subject_names or ())
+        keep = np.asarray([i for i, u in enumerate(people) if u in kept], dtype=np.int64)
+        if len(keep) == 0:
+            raise InvalidValueError(
+                f"Expected data.test_path={cfg.test_path!r} to hold records of the "
+                f"first_subjects={cfg.first_subjects} {what} kept for training; it holds none "
+                "of them."
+            )
+    test = TestSplit(x=x[keep], y=y[keep])
+    names = frozenset(people[i] for i in keep)
+    split = SplitSummary(kind="file", fraction=None)
+    return replace(raw, test=test, split=split, test_subject_names=names)
 
 
 def _check_sizes(cfg: DataConfig, raw: _Raw) -> None:
