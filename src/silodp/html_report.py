@@ -547,7 +547,7 @@ def _ledger_totals(path: Path, shared: bool = False) -> str:
             # smallest δ of the runs and the first run's adversary): not this run's
             "δ": total.get("delta"),
             "against": total.get("adversary", "strongest") if not total.get("error") else None,
-            # runs one accountant cannot compose (e.g. PriFedSync at another σ): no total
+            # runs one accountant cannot compose (clients of a round at two σ): no total
             **({"not composed": total["error"]} if total.get("error") else {}),
             # units some runs do not account: what they spent there has no bound
             **(

@@ -117,7 +117,7 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
                 first["delta"] = min((d for d in deltas if d is not None), default=None)
             try:
                 replayed = ledger.replay(ids, accountant_from_spec(first))
-            except (ValueError, TypeError) as err:  # e.g. PriFedSync runs of different σ
+            except (ValueError, TypeError) as err:  # e.g. a round whose clients ran different σ
                 total[kind] = {"runs": ids, "delta": None, "epsilon": {}, "error": str(err)}
                 continue
             # a run that does not account a unit adds nothing to its total there, yet it
