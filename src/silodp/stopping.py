@@ -15,9 +15,11 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-__all__ = ["check", "defer", "pending", "rounds_running"]
+__all__ = ["check", "defer", "rounds_running"]
 
-_lock = threading.Lock()
+#: re-entrant: the signal handler (:func:`defer`) runs in the main thread, possibly while that
+#: thread is inside one of the sections below
+_lock = threading.RLock()
 _running = 0
 _pending: BaseException | None = None
 
@@ -54,11 +56,6 @@ def defer(stop: BaseException) -> bool:
             return False
         _pending = stop
         return True
-
-
-def pending() -> bool:
-    """Whether a deferred stop waits for the round in progress."""
-    return _pending is not None
 
 
 def check() -> None:
