@@ -16,7 +16,7 @@ from silodp.crypto.paillier import (
     generate_keypair,
 )
 from silodp.crypto.prg import ChaCha20Prg
-from silodp.crypto.rerandomize import FixedBaseRerandomizer, FullRerandomizer
+from silodp.crypto.rerandomize import FullRerandomizer
 
 KEYS = generate_keypair(source=ChaCha20Prg(bytes([1]) * 32), insecure_test_key_bits=512)
 PK, SK = KEYS.public_key, KEYS.private_key
@@ -118,9 +118,8 @@ def test_fixed_base_table_matches_powmod() -> None:
     assert choose_window(35, 10**6, element_bytes=10**6, memory_budget=10**9) < 12
 
 
-@pytest.mark.parametrize("kind", ["fixed-base", "full"])
-def test_rerandomizers_yield_encryptions_of_zero(kind: str) -> None:
-    rer = FixedBaseRerandomizer.create(PK, RNG) if kind == "fixed-base" else FullRerandomizer(PK)
+def test_rerandomizer_yields_encryptions_of_zero() -> None:
+    rer = FullRerandomizer(PK)
     secrets = rer.draw(RNG, 5)
     factors = [rer.factor(s) for s in secrets]
     assert len(set(factors)) == 5
@@ -128,3 +127,30 @@ def test_rerandomizers_yield_encryptions_of_zero(kind: str) -> None:
     for f in factors:
         assert SK.decrypt(f) == 0
         assert SK.decrypt(c * f % PK.n_squared) == 42
+
+
+def _two_part(x: int, prime: int) -> tuple[int, int]:
+    """(2-adic valuation of ``prime - 1``, projection of ``x`` onto the 2-Sylow subgroup of
+    ``Z_prime^*``), which the key holder can compute for any ciphertext."""
+    a, odd = 0, prime - 1
+    while odd % 2 == 0:
+        odd, a = odd // 2, a + 1
+    return a, int(gmpy2.powmod(x, odd, prime))
+
+
+def test_rerandomizer_covers_the_subgroups_the_key_holder_can_project_onto() -> None:
+    # Both primes = 1 mod 4, so the 2-parts of Z_p^* and Z_q^* are cyclic of order 2^a, 2^b
+    # and their product is not cyclic: a randomiser made of powers of one secret base (with a
+    # sign) reaches at most half of it, and the key holder reads the silo's data-dependent
+    # factor through the rest (e.g. its Legendre symbols). Fresh uniform r^n reach all of it.
+    keys = generate_keypair(source=ChaCha20Prg(bytes([10]) * 32), insecure_test_key_bits=512)
+    pk, sk = keys.public_key, keys.private_key
+    p, q = int(sk.p), int(sk.q)
+    (a, _), (b, _) = _two_part(1, p), _two_part(1, q)
+    assert a >= 2 and b >= 2  # the case where a single base leaks
+    rer = FullRerandomizer(pk)
+    factors = [int(rer.factor(s)) for s in rer.draw(ChaCha20Prg(bytes([11]) * 32), 400)]
+    seen = {(_two_part(f % p, p)[1], _two_part(f % q, q)[1]) for f in factors}
+    assert len(seen) == 2 ** (a + b)
+    legendre = {(gmpy2.legendre(f, p), gmpy2.legendre(f, q)) for f in factors}
+    assert legendre == {(1, 1), (1, -1), (-1, 1), (-1, -1)}

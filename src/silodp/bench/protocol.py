@@ -311,7 +311,9 @@ def _paillier_cpu_seconds(silos: int, subjects: int, pairs: int, dim: int, n_max
     except EncodingOverflowError:
         return {"paillier_slots": None, "paillier_cpu_s": None}
     slots = config.slots_for(encoding, dim)
-    products = modelled_round_products(encoding, dim, pairs, slots, key_bits=n.bit_length())
+    products = modelled_round_products(
+        encoding, dim, pairs, slots, key_bits=n.bit_length(), silos=silos
+    )
     return {"paillier_slots": slots, "paillier_cpu_s": products * product_seconds(n * n)}
 
 

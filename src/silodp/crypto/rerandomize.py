@@ -4,44 +4,33 @@ The server holds the Paillier secret key, so it could read the randomness ``rho`
 ciphertext it receives (``rho = c^(n^-1 mod phi) mod n``). A silo's weighted sum is computed
 from the server's own weight ciphertexts; without fresh randomness its ``rho`` is a product of
 powers of values the server chose, with exponents derived from the silo's data. Every ciphertext
-a silo sends is therefore multiplied by a fresh ``n``-th residue ``R`` (an encryption of zero):
+a silo sends is therefore multiplied by ``R = r^n`` for a fresh ``r`` uniform in ``Z_n^*`` (an
+encryption of zero): ``rho * r`` is uniform in ``Z_n^*`` whatever ``rho`` was, so the
+ciphertext is a fresh encryption of its plaintext and says nothing beyond it (perfect hiding,
+given ``r``). One full exponentiation per ciphertext.
 
-* :class:`FullRerandomizer` - ``R = r^n`` with ``r`` uniform in ``Z_n^*``: the randomness of the
-  result is uniform whatever it was before (statistical hiding). One full exponentiation each.
-* :class:`FixedBaseRerandomizer` (default) - ``R = (-1)^b * H^x`` with ``H = h^n`` for a
-  silo-secret uniform ``h`` of Jacobi symbol ``-1`` (so the Jacobi symbol of the result, the
-  one property anyone can compute, is uniform), a random sign and a random 256-bit ``x``,
-  evaluated with a precomputed window table: ~33 modular products instead of ~3700. This is the
-  short-exponent randomiser of Damgard-Jurik-Nielsen; its hiding against the key holder is
-  computational (discrete logarithms in the large prime-order parts of ``Z_p^*``, ``Z_q^*``
-  with an unknown base and exponent), not statistical. Choose ``"full"`` when that matters more
-  than speed.
+Cheaper randomisers that raise a fixed secret ``h^n`` to a short exponent do not hide against
+the key holder: knowing ``p`` and ``q``, it can project any ciphertext onto the small-order
+subgroups of ``Z_p^*`` and ``Z_q^*`` (the Legendre symbol mod ``p`` is one such projection),
+where powers of one base cover at most a cyclic part of a non-cyclic group, so the projection of
+the silo's data-dependent factor shows through (``tests/crypto/test_crypto_paillier.py``
+checks that the factors drawn here cover the 2-parts of both groups).
 
 The *plaintext* of each silo's ciphertext is masked information-theoretically by the pairwise
-additive masks in either case.
+additive masks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import gmpy2
 
-from silodp.crypto.fixedbase import FixedBaseTable
 from silodp.crypto.paillier import PaillierPublicKey
-from silodp.crypto.randomness import RandomSource, randbits, random_unit
+from silodp.crypto.randomness import RandomSource, random_unit
 
-__all__ = [
-    "FixedBaseRerandomizer",
-    "FullRerandomizer",
-    "RerandomizationMode",
-    "Rerandomizer",
-    "make_rerandomizer",
-]
-
-RerandomizationMode = Literal["fixed-base", "full"]
-SHORT_EXPONENT_BITS = 256
+__all__ = ["FullRerandomizer", "Rerandomizer"]
 
 
 class Rerandomizer(Protocol):
@@ -56,6 +45,8 @@ class Rerandomizer(Protocol):
 
 @dataclass(frozen=True, repr=False)
 class FullRerandomizer:
+    """``R = r^n mod n^2`` for ``r`` uniform in ``Z_n^*``."""
+
     public_key: PaillierPublicKey
 
     def draw(self, source: RandomSource, count: int) -> list[int]:
@@ -67,45 +58,3 @@ class FullRerandomizer:
 
     def __repr__(self) -> str:
         return "FullRerandomizer()"
-
-
-@dataclass(frozen=True, repr=False)
-class FixedBaseRerandomizer:
-    public_key: PaillierPublicKey
-    table: FixedBaseTable = field(repr=False)
-    exponent_bits: int = SHORT_EXPONENT_BITS
-
-    @classmethod
-    def create(
-        cls, public_key: PaillierPublicKey, source: RandomSource, *, window_bits: int = 8
-    ) -> FixedBaseRerandomizer:
-        n = public_key.n
-        while True:  # Jacobi symbol -1: the parity of x makes the result's symbol uniform
-            h = random_unit(source, n)
-            if gmpy2.jacobi(h, n) == -1:
-                break
-        base = gmpy2.powmod(h, public_key.n_mpz, public_key.n_squared)
-        table = FixedBaseTable.build(base, public_key.n_squared, SHORT_EXPONENT_BITS, window_bits)
-        return cls(public_key, table)
-
-    def draw(self, source: RandomSource, count: int) -> list[int]:
-        return [randbits(source, self.exponent_bits + 1) for _ in range(count)]
-
-    def factor(self, secret: int) -> Any:
-        value = self.table.pow(secret >> 1)
-        if secret & 1:  # (-1)^n = -1: multiplying by -1 adds another n-th residue
-            value = self.public_key.n_squared - value
-        return value
-
-    def __repr__(self) -> str:
-        return "FixedBaseRerandomizer()"
-
-
-def make_rerandomizer(
-    mode: RerandomizationMode, public_key: PaillierPublicKey, source: RandomSource
-) -> Rerandomizer:
-    if mode == "full":
-        return FullRerandomizer(public_key)
-    if mode == "fixed-base":
-        return FixedBaseRerandomizer.create(public_key, source)
-    raise ValueError(f"Expected rerandomization in ('fixed-base', 'full'), got {mode!r}.")

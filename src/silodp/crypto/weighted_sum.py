@@ -1,17 +1,18 @@
 """The heavy arithmetic of a round: a silo's per-parameter ciphertexts and the server's
 decryption, sequential or over worker processes (chunks of parameters).
 
-Silo ``s``, parameter ``j``: with ``c_a = Enc(w'_a)^(r_a n_{s,a} M) * R_a`` (``M = L S``)
-lifted once per subject and round (one full exponentiation each),
+Silo ``s``, parameter ``j``: with ``c_a = Enc(w'_a)^(r_a n_{s,a} M)`` (``M = L S``) lifted
+once per subject and round (one full exponentiation each),
 
-    C_j = prod_a c_a^(e_{a,j}) * Enc(e_noise_j + mask_j)
+    C_j = prod_a c_a^(e_{a,j}) * Enc(e_noise_j + mask_j) * r_j^n
 
 where ``e_{a,j}`` is the short signed fixed-point encoding of ``Delta_{s,a,j}`` (about
 ``log2(10^d * delta_bound)`` bits). Signs are handled by an offset: ``u = e + B >= 0`` with
 ``B = max |e|``, and the constant ``prod_a c_a^(-B)`` (one inversion and one short power per
 round) cancels it. Each ``c_a^u`` is read from a fixed-base window table, so a parameter costs
-about ``A * ceil(bits / w)`` modular products plus one re-randomisation, instead of ``A`` full
-3072-bit exponentiations. The plaintext noise (integers on the aggregate's grid ``M 10^d``,
+about ``A * ceil(bits / w)`` modular products plus one re-randomisation ``r_j^n`` (a fresh
+uniform ``r_j``: one full exponentiation, :mod:`~silodp.crypto.rerandomize`), instead of ``A``
+full 3072-bit exponentiations. The plaintext noise (integers on the aggregate's grid ``M 10^d``,
 drawn there by the silo) and mask enter as ``1 + t n`` (one product).
 
 Packing (see :mod:`~silodp.crypto.encoding`): with ``K`` slots, ciphertext ``J`` carries
@@ -127,29 +128,39 @@ def _products_per_value(exponent_bits: int, uses: int) -> float:
 #: half-size, constant-time exponentiations (CRT) of half-length exponents (OpenSSL: 3.6 ms
 #: each at 3072 bits where a 6144-bit product takes 10.4 us); half decryption is one of them
 DECRYPTION_PRODUCTS_PER_BIT = 0.23
-#: re-randomisation, noise and mask of one ciphertext, per silo (about 35 products)
-PER_CIPHERTEXT_PRODUCTS = 40
+#: a full exponentiation by an exponent of ``key_bits`` bits costs about this many products
+#: per bit (a lift, a re-randomisation ``r^n``)
+FULL_POWER_PRODUCTS_PER_BIT = 1.2
+#: noise, mask and start constant of one ciphertext, per silo
+PER_CIPHERTEXT_PRODUCTS = 5
 
 
-def _ciphertext_products(encoding: WeightingEncoding, slots: int, key_bits: int) -> float:
-    """Modelled products of one ciphertext's decryption, re-randomisation, noise and mask."""
+def _ciphertext_products(
+    encoding: WeightingEncoding, slots: int, key_bits: int, silos: int
+) -> float:
+    """Modelled products of one ciphertext: its decryption, and in each silo its
+    re-randomisation, noise and mask."""
     half = (2 * encoding.packed_bound(slots)).bit_length() + HALF_DECRYPTION_MARGIN_BITS
     decrypt_bits = key_bits / 2 if half < key_bits // 2 - 1 else key_bits
-    return DECRYPTION_PRODUCTS_PER_BIT * decrypt_bits + PER_CIPHERTEXT_PRODUCTS
+    per_silo = FULL_POWER_PRODUCTS_PER_BIT * key_bits + PER_CIPHERTEXT_PRODUCTS
+    return DECRYPTION_PRODUCTS_PER_BIT * decrypt_bits + silos * per_silo
 
 
 def modelled_round_products(
-    encoding: WeightingEncoding, dim: int, pairs: int, slots: int, *, key_bits: int
+    encoding: WeightingEncoding, dim: int, pairs: int, slots: int, *, key_bits: int, silos: int
 ) -> float:
     """Modular products (mod ``n^2``) of one round: ``pairs`` lifts (one full exponentiation
-    each), ``pairs * dim`` table exponentiations and one decryption per ciphertext."""
+    each), ``pairs * dim`` table exponentiations, and per ciphertext one decryption and, in
+    each of ``silos`` silos, one re-randomisation (a full exponentiation)."""
+    if isinstance(silos, bool) or not isinstance(silos, int) or silos < 1:
+        raise ValueError(f"Expected silos={silos!r} to be a positive int.")
     bits = max(1, (2 * encoding.max_encoded_delta).bit_length())
     count = -(-dim // slots)
-    lifts = pairs * 1.2 * key_bits
+    lifts = pairs * FULL_POWER_PRODUCTS_PER_BIT * key_bits
     return (
         lifts
         + pairs * dim * _products_per_value(bits, count)
-        + count * _ciphertext_products(encoding, slots, key_bits)
+        + count * _ciphertext_products(encoding, slots, key_bits, silos)
     )
 
 
@@ -163,17 +174,19 @@ def product_seconds(modulus_squared: int, repeats: int = 400) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def choose_slots(encoding: WeightingEncoding, dim: int, pairs: int, *, key_bits: int) -> int:
+def choose_slots(
+    encoding: WeightingEncoding, dim: int, pairs: int, *, key_bits: int, silos: int
+) -> int:
     """Coordinates per ciphertext for a ``dim``-parameter round, from public values only (so
     every party computes the same): the ``K <= max_slots`` minimising the modelled work of
-    ``pairs`` (silo, subject) exponentiations per coordinate plus one decryption per
-    ciphertext. More slots divide decryptions by ``K`` but give each window table
-    ``dim / K`` uses, so building tables costs more per coordinate."""
+    ``pairs`` (silo, subject) exponentiations per coordinate plus, per ciphertext, one
+    decryption and ``silos`` re-randomisations. More slots divide those by ``K`` but give
+    each window table ``dim / K`` uses, so building tables costs more per coordinate."""
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
         raise ValueError(f"Expected dim={dim!r} to be a positive int.")
     best, best_cost = 1, math.inf
     for slots in range(1, min(encoding.max_slots, dim) + 1):
-        cost = modelled_round_products(encoding, dim, pairs, slots, key_bits=key_bits)
+        cost = modelled_round_products(encoding, dim, pairs, slots, key_bits=key_bits, silos=silos)
         if cost < best_cost:
             best, best_cost = slots, cost
     return best

@@ -39,7 +39,7 @@ __all__ = ["MODES", "Coins", "NoiseMode"]
 NoiseMode = Literal["secure", "seeded"]
 MODES: tuple[str, ...] = ("secure", "seeded")
 
-#: Bytes drawn under one ChaCha20 key before a fresh key is read from ``os.urandom``.
+#: Bytes drawn under one AES-256 key before a fresh key is read from ``os.urandom``.
 REKEY_BYTES = 2**36
 
 

@@ -13,7 +13,6 @@ from silodp.crypto.errors import InsecureKeyError, StageError
 from silodp.crypto.identity import IDENTITY_PUBLIC_BYTES
 from silodp.crypto.messages import SiloId, SubjectId
 from silodp.crypto.paillier import DEFAULT_KEY_BITS, MIN_KEY_BITS, PaillierPublicKey, check_key_bits
-from silodp.crypto.rerandomize import RerandomizationMode
 from silodp.crypto.weighted_sum import choose_slots, resolve_workers
 
 __all__ = ["ProtocolConfig"]
@@ -36,7 +35,6 @@ class ProtocolConfig:
     precision: float = 1e-10
     key_bits: int = DEFAULT_KEY_BITS
     insecure_test_key_bits: int | None = None
-    rerandomization: RerandomizationMode = "fixed-base"
     workers: int | None = None
     packing: bool = True
     identity_keys: tuple[tuple[SiloId, bytes], ...] | None = None
@@ -61,10 +59,6 @@ class ProtocolConfig:
         for name in ("delta_bound", "noise_bound"):
             check_bound(name, getattr(self, name))
         check_key_bits(self.key_bits, insecure_test_key_bits=self.insecure_test_key_bits)
-        if self.rerandomization not in ("fixed-base", "full"):
-            raise ValueError(
-                f"Expected rerandomization in ('fixed-base', 'full'), got {self.rerandomization!r}."
-            )
         if self.workers is not None:
             resolve_workers(self.workers, 0)
         if self.identity_keys is not None:
@@ -111,7 +105,9 @@ class ProtocolConfig:
         if not self.packing:
             return 1
         pairs = len(self.subject_ids) * len(self.silo_ids)
-        return choose_slots(encoding, dim, pairs, key_bits=encoding.modulus.bit_length())
+        return choose_slots(
+            encoding, dim, pairs, key_bits=encoding.modulus.bit_length(), silos=len(self.silo_ids)
+        )
 
     def check_public_key(self, public_key: PaillierPublicKey) -> None:
         """Refuses a modulus smaller than configured (never below 2048 bits unless the config

@@ -34,6 +34,8 @@ def estimate_round(
     of :func:`~silodp.crypto.weighted_sum.choose_slots` times a measured modular product."""
     slots = config.slots_for(encoding, dim)
     key_bits = encoding.modulus.bit_length()
-    products = modelled_round_products(encoding, dim, pairs, slots, key_bits=key_bits)
+    products = modelled_round_products(
+        encoding, dim, pairs, slots, key_bits=key_bits, silos=len(config.silo_ids)
+    )
     seconds = products * product_seconds(encoding.modulus**2)
     return RoundEstimate(pairs=pairs, dim=dim, slots=slots, cpu_seconds=seconds)

@@ -72,7 +72,6 @@ from silodp.crypto.protocol.estimate import RoundEstimate, estimate_round
 from silodp.crypto.protocol.server import RoundResult, Server
 from silodp.crypto.protocol.silo import Silo
 from silodp.crypto.randomness import RandomSource, SystemRandomSource
-from silodp.crypto.rerandomize import RerandomizationMode
 
 __all__ = [
     "Parties",
@@ -303,7 +302,6 @@ def run_weighting_round(
     precision: float = 1e-10,
     key_bits: int = DEFAULT_KEY_BITS,
     insecure_test_key_bits: int | None = None,
-    rerandomization: RerandomizationMode = "fixed-base",
     workers: int | None = None,
     subject_ids: Sequence[SubjectId] | None = None,
     source: RandomSource | None = None,
@@ -324,7 +322,6 @@ def run_weighting_round(
         precision=precision,
         key_bits=key_bits,
         insecure_test_key_bits=insecure_test_key_bits,
-        rerandomization=rerandomization,
         workers=workers,
     )
     session = WeightingSession(config, histograms, source=source)

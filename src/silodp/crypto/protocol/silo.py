@@ -38,7 +38,7 @@ from silodp.crypto.paillier import PaillierPublicKey
 from silodp.crypto.prg import ChaCha20Prg, MaskStream, derive_key
 from silodp.crypto.protocol.config import ProtocolConfig, _expect_stage
 from silodp.crypto.randomness import RandomSource, SystemRandomSource, random_unit
-from silodp.crypto.rerandomize import Rerandomizer, make_rerandomizer
+from silodp.crypto.rerandomize import FullRerandomizer, Rerandomizer
 from silodp.crypto.sampling import SharedSampleKey
 from silodp.crypto.weighted_sum import compute_silo_ciphertexts, prepare_silo_round, resolve_workers
 
@@ -162,7 +162,7 @@ class Silo:
         self._pk = pk
         self._session = msg.session_id
         self._dh = generate_dh_keypair(self._rng)
-        self._rerandomizer = make_rerandomizer(self.config.rerandomization, pk, self._rng)
+        self._rerandomizer = FullRerandomizer(pk)
         self._stage = SiloStage.AWAITING_DIRECTORY
         public = self._dh.public_bytes
         signature = b""
@@ -439,7 +439,7 @@ class Silo:
         pk, encoding = self._keys_ready()
         rerand = self._rerandomizer
         assert rerand is not None
-        lifted = self._lift_weights(weights, included, rerand)
+        lifted = self._lift_weights(weights, included)
         masks = _pair_masks(
             self.silo_id, self._pairs, b"round|%d" % round_index, self._session, int(pk.n_mpz)
         )
@@ -451,19 +451,15 @@ class Silo:
         workers = resolve_workers(self.config.workers, count * len(included) // 4 + count)
         return compute_silo_ciphertexts(job, matrix, noise_ints, secrets, workers=workers)
 
-    def _lift_weights(
-        self, weights: Sequence[Any], included: Sequence[SubjectId], rerand: Rerandomizer
-    ) -> list[Any]:
-        """``c_a = Enc(w_a)^(r_a n_{s,a} M) * R_a`` (``M = L S``) for each included subject
-        ``a``, re-randomised with one secret drawn per subject, in order."""
+    def _lift_weights(self, weights: Sequence[Any], included: Sequence[SubjectId]) -> list[Any]:
+        """``c_a = Enc(w_a)^(r_a n_{s,a} M)`` (``M = L S``) for each included subject ``a``, in
+        order. They never leave the silo; each outgoing ciphertext is re-randomised."""
         pk, encoding = self._keys_ready()
         n, n2 = pk.n_mpz, pk.n_squared
         index = {a: i for i, a in enumerate(self.config.subject_ids)}
         lifted = []
-        lift_secrets = rerand.draw(self._rng, len(included))
-        for a, secret in zip(included, lift_secrets, strict=True):
+        for a in included:
             i = index[a]
             exponent = self._blinds[i] * self._counts[i] * encoding.multiplier % n
-            c = gmpy2.powmod(weights[i], exponent, n2)
-            lifted.append(c * rerand.factor(secret) % n2)
+            lifted.append(gmpy2.powmod(weights[i], exponent, n2))
         return lifted
