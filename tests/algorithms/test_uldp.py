@@ -1082,3 +1082,20 @@ def test_run_notes_say_which_epsilon_holds_against_whom() -> None:
     assert not any("subject sample" in n for n in full.run_notes())
     for algo in (silos, server, protocol, full):
         assert any("own share" in n for n in algo.run_notes())
+
+
+def test_protocol_refuses_a_clip_its_encoding_cannot_keep() -> None:
+    """The encoding moves a delta by up to sqrt(P) h / 2; a clip below that would turn the
+    encoding's clip negative and rescale deltas to a norm above the accounted C."""
+    train = _federation(n=30, silos=2, subjects=4, seed=5)
+    params = _params(3)
+    dim = sum(int(v.numel()) for v in params.values())
+    floor = math.sqrt(dim) * 1e-10 / 2
+    algo = _protocol(dict(noise_multiplier=1.0, clip=floor / 2, n_max=30), train)
+    with pytest.raises(ValueError, match=r"clip=.* above sqrt\(parameters\)"):
+        algo.initial_state(params)
+    with pytest.raises(ValueError, match=r"clip=.* above sqrt\(parameters\)"):
+        instructions = algo.configure_round(1, Coins.seeded(1))
+        algo.local_update(_MODEL, params, silo_tensors(train)[0], Coins.seeded(0), instructions)
+    fine = _protocol(dict(noise_multiplier=1.0, clip=floor * 4, n_max=30), train)
+    fine.initial_state(params)

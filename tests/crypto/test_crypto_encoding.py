@@ -212,3 +212,10 @@ def test_vectorised_rounding_equals_the_exact_scalar_rounding() -> None:
         round_scaled_array(np.zeros(1), 14)
     with pytest.raises(ValueError, match="below 2"):
         round_scaled_array(np.array([1e10]), 10)
+
+
+def test_zero_bounds_pack_finitely_many_slots() -> None:
+    enc = _enc(delta_bound=0.0, noise_bound=0.0)
+    assert enc.aggregate_bound == 0
+    assert 1 <= enc.max_slots <= enc.modulus.bit_length()
+    assert enc.unpack(0, enc.max_slots) == [0] * enc.max_slots

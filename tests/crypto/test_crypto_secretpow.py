@@ -71,14 +71,25 @@ def test_pickled_and_forked_copies_rebuild_their_state() -> None:
     assert child.exitcode == 0 and got == want
 
 
-def test_paillier_decryption_uses_it_and_round_trips() -> None:
+def test_paillier_decryption_uses_it_and_round_trips(monkeypatch: pytest.MonkeyPatch) -> None:
     keys = generate_keypair(insecure_test_key_bits=512)
     pk, sk = keys.public_key, keys.private_key
+    calls: list[str] = []
+    real = SecretPower.__call__
+
+    def counted(self: SecretPower, base: object) -> object:
+        calls.append(self.backend)
+        return real(self, base)
+
+    monkeypatch.setattr(SecretPower, "__call__", counted)
     for m in (0, 1, 12345, pk.n - 1):
         c = pk.encrypt(m)
         assert sk.decrypt(c) == m
         assert sk.decrypt_mod_p(c) == m % sk.p
+    # every exponentiation by p - 1 or q - 1 went through the constant-time OpenSSL path
+    assert calls == ["openssl"] * 12
     assert pickle.loads(pickle.dumps(sk)).decrypt(pk.encrypt(99)) == 99
+    assert len(calls) == 14
 
 
 def test_missing_libcrypto_falls_back_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:

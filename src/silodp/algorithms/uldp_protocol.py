@@ -199,10 +199,27 @@ class UldpAvgW(UldpAvg):
     def initial_state(self, params: Params) -> Any:
         """None; with the BFV protocol, first sets it up for the model's parameter count
         (public: every party knows the model's architecture)."""
+        dim = sum(int(v.numel()) for v in params.values())
+        if self.protocol is not None:
+            self._encoding_clip(dim)  # refuses a clip the encoding cannot keep
         start = getattr(self.protocol, "start", None)
         if start is not None:
-            start(sum(int(v.numel()) for v in params.values()))
+            start(dim)
         return super().initial_state(params)
+
+    def _encoding_clip(self, dim: int) -> float:
+        """``C - sqrt(dim) h / 2``: the clip that keeps a delta's fixed-point encoding (each
+        coordinate rounded to the grid ``h``) within the accounted norm ``C``."""
+        clip = self.config.clip - math.sqrt(dim) * PROTOCOL_PRECISION / 2
+        if not clip > 0:
+            raise ValueError(
+                f"Expected {self.config.key('clip')}={self.config.clip!r} above "
+                f"sqrt(parameters) * {PROTOCOL_PRECISION} / 2 = "
+                f"{math.sqrt(dim) * PROTOCOL_PRECISION / 2:.3g} for a {dim}-parameter model "
+                "with weighting = 'protocol' (its fixed-point encoding moves each delta by up "
+                "to that much)."
+            )
+        return clip
 
     @staticmethod
     def protocol_config(
@@ -360,7 +377,7 @@ class UldpAvgW(UldpAvg):
         party: Any = self.protocol.silos[silo.silo]  # Paillier's or BFV's silo party
         names = list(params)
         dim = sum(int(params[k].numel()) for k in names)
-        clip = cfg.clip - math.sqrt(dim) * PROTOCOL_PRECISION / 2
+        clip = self._encoding_clip(dim)
         present = torch.unique(silo.subject)
         at_silos = self._samples_at_silos()
         if at_silos:

@@ -309,7 +309,8 @@ class WeightingEncoding:
         slot_bits = (2 * bound + 1).bit_length()
         slots = 1
         if self.packing:
-            while 2 * bound * sum(1 << (slot_bits * k) for k in range(slots + 1)) < n:
+            room = max(bound, 1)  # bound 0 (all values 0) still packs finitely many slots
+            while 2 * room * sum(1 << (slot_bits * k) for k in range(slots + 1)) < n:
                 slots += 1
         object.__setattr__(self, "slot_bits", slot_bits)
         object.__setattr__(self, "max_slots", slots)
