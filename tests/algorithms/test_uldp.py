@@ -1072,11 +1072,20 @@ def test_run_notes_say_which_epsilon_holds_against_whom() -> None:
     assert "known-sample ε" in note
     server = make_algorithm("uldp_avg", dict(subject_rate=0.3, subject_sampler="server"), train)
     (note,) = [n for n in server.run_notes() if "subject sample" in n]
-    assert "only for the released model" in note
+    assert "for the released model only" in note
     protocol = _protocol(dict(subject_rate=0.3, n_max=30), train)
     notes = " ".join(protocol.run_notes())
     assert "learns nothing about the sample" in notes
     assert "the server learns which subjects were sampled" not in notes
+    # exact weights leave the server no guarantee: no note may give it a sub-sampled ε
+    (note,) = [n for n in protocol.run_notes() if "subject sample" in n]
+    assert "released model only" in note and "against the server, no subject-level" in note
+    assert protocol.weights_seen_by() == ("server",)
+    clear = make_algorithm("uldp_avg_w", dict(subject_rate=0.3, weighting="clear"), train)
+    (note,) = [n for n in clear.run_notes() if "subject sample" in n]
+    assert "known-sample" not in note and "the server and the silos, no subject-level" in note
+    assert not any("one curious silo" in n for n in clear.run_notes())
+    assert any("one curious silo" in n for n in silos.run_notes())
     assert "rounded on the aggregate's grid" not in notes and "exactly" in notes
     full = make_algorithm("uldp_avg", dict(), train)
     assert not any("subject sample" in n for n in full.run_notes())

@@ -97,7 +97,15 @@ class UldpAvg(Algorithm):
 
     def run_notes(self) -> list[str]:
         notes = [] if self.weights_private else [WEIGHTS_IN_CLEAR_NOTE]
-        return notes + self._sampling_notes() + [SIMULATED_AGGREGATION_NOTE, OWN_NOISE_NOTE]
+        return notes + self._sampling_notes() + [SIMULATED_AGGREGATION_NOTE, *self._own_noise()]
+
+    def weights_seen_by(self) -> tuple[str, ...]:
+        """The adversaries with no subject-level guarantee because they see the weights
+        (none: ``uldp_avg``'s weights are uniform and public)."""
+        return ()
+
+    def _own_noise(self) -> list[str]:
+        return [] if "silos" in self.weights_seen_by() else [OWN_NOISE_NOTE]
 
     def _sampling_notes(self) -> list[str]:
         cfg = self.config
@@ -105,6 +113,7 @@ class UldpAvg(Algorithm):
             rate=cfg.subject_rate,
             sampler=cfg.subject_sampler,
             protocol=self._server_sample_hidden_from_silos,
+            no_guarantee=self.weights_seen_by(),
         )
         return [] if note is None else [note]
 

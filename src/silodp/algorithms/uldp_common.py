@@ -208,38 +208,49 @@ ZERO_TOTALS_NOTE = (
 )
 
 
-def sampling_note(*, rate: float, sampler: str, protocol: bool) -> str | None:
-    """Which ε holds against whom, given who draws the subject sample (None when ``rate`` is 1:
-    no sub-sampling, every adversary has the same ε)."""
+def sampling_note(
+    *, rate: float, sampler: str, protocol: bool, no_guarantee: tuple[str, ...] = ()
+) -> str | None:
+    """Which ε holds against whom, given who draws the subject sample and which adversaries
+    (``no_guarantee``: ``"server"``, ``"silos"``) see the weights and so have no subject-level
+    guarantee at all (None when ``rate`` is 1: no sub-sampling)."""
     if rate >= 1.0:
         return None
     head = f"subject sample (rate {rate:g})"
     if sampler == "silos" and protocol:
-        return (
-            f"{head} drawn by the silos from a key derived from the protocol's shared seed: "
-            "the server encrypts a weight for every subject and learns nothing about the "
-            "sample, so the sub-sampled ε holds for the released model and against the "
-            "server; against the silos, who know the sample, the known-sample ε (no "
-            "amplification)"
+        how = (
+            "drawn by the silos from a key derived from the protocol's shared seed: the "
+            "server encrypts a weight for every subject and learns nothing about the sample"
         )
-    if sampler == "silos":
-        return (
-            f"{head} drawn by the silos from a key they share and the server never sees: "
-            "the server's messages do not depend on it, so the sub-sampled ε holds for the "
-            "released model and against the server; against the silos, who know the "
-            "sample, the known-sample ε (no amplification)"
+        knows = {"server": False, "silos": True}
+    elif sampler == "silos":
+        how = (
+            "drawn by the silos from a key they share and the server never sees: the "
+            "server's messages do not depend on it"
         )
-    if protocol:
-        return (
-            f"{head} drawn by the server, hidden from the silos by Enc(0) weights: the "
-            "sub-sampled ε holds for the released model and against the silos; against the "
-            "server, which knows the sample, the known-sample ε (no amplification)"
-        )
-    return (
-        f"{head} drawn by the server and sent as zero weights: the sub-sampled ε holds "
-        "only for the released model; against the server and the silos, who know the "
-        "sample, the known-sample ε (no amplification)"
-    )
+        knows = {"server": False, "silos": True}
+    elif protocol:
+        how = "drawn by the server, hidden from the silos by Enc(0) weights"
+        knows = {"server": True, "silos": False}
+    else:
+        how = "drawn by the server and sent as zero weights"
+        knows = {"server": True, "silos": True}
+    names = {"server": "the server", "silos": "the silos"}
+    amplified = [names[w] for w in ("server", "silos") if w not in no_guarantee and not knows[w]]
+    known = [names[w] for w in ("server", "silos") if w not in no_guarantee and knows[w]]
+    blind = [names[w] for w in ("server", "silos") if w in no_guarantee]
+    parts = [
+        "the sub-sampled ε holds for the released model"
+        + ("".join(f" and against {w}" for w in amplified) if amplified else " only")
+    ]
+    if known:
+        who = " and ".join(known)
+        verb = "knows" if len(known) == 1 and known[0] == "the server" else "know"
+        parts.append(f"against {who}, who {verb} the sample, the known-sample ε (no amplification)")
+    if blind:
+        who = " and ".join(blind)
+        parts.append(f"against {who}, no subject-level guarantee (ε = inf: see the weights' note)")
+    return f"{head} {how}; " + "; ".join(parts)
 
 
 def deltas_method(cfg: UldpConfig) -> str:

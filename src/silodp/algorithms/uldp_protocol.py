@@ -27,7 +27,6 @@ from silodp.algorithms.uldp_avg import UldpAvg
 from silodp.algorithms.uldp_common import (
     BFV_ENCRYPTION,
     FIXED_POINT_WEIGHTS,
-    OWN_NOISE_NOTE,
     PROTOCOL_AGGREGATION_NOTE,
     WEIGHTS_IN_CLEAR_NOTE,
     ZERO_TOTALS_NOTE,
@@ -336,7 +335,7 @@ class UldpAvgW(UldpAvg):
             note = note.replace(
                 "weights n_{s,a}/n_a, per-subject weighting", FIXED_POINT_WEIGHTS
             ).replace("with blinded histograms and pairwise masks", "with pairwise masks")
-        return [note, *leak, *self._sampling_notes(), OWN_NOISE_NOTE]
+        return [note, *leak, *self._sampling_notes(), *self._own_noise()]
 
     def silo_sample(self, round_index: int) -> torch.Tensor:
         """Silo side: round ``round_index``'s subject sample (through the protocol, from the
