@@ -232,9 +232,29 @@ def test_account_target_epsilon_returns_a_sigma_meeting_it() -> None:
     ],
 )
 def test_account_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
-    result = runner.invoke(app, ["account", *args])
+    silos = [] if "--silos" in args else ["--silos", "2"]
+    result = runner.invoke(app, ["account", *args, *silos])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_account_needs_the_silo_count_and_refuses_options_the_algorithm_does_not_read() -> None:
+    # S = 1 was the best case: uldp_avg's σ for ε = 4 read 1.15 instead of 3.34 at S = 5
+    base = ["account", "--algorithm", "uldp_avg", "--target-epsilon", "4", "--sample-rate", "0.1"]
+    result = runner.invoke(app, [*base, "--rounds", "50"])
+    assert result.exit_code == 2 and "Expected --silos S" in result.output
+    five = runner.invoke(app, [*base, "--rounds", "50", "--silos", "5", "--json"])
+    one = runner.invoke(app, [*base, "--rounds", "50", "--silos", "1", "--json"])
+    assert five.exit_code == one.exit_code == 0, five.output + one.output
+    assert (
+        json.loads(five.output)["noise_multiplier"] > 2 * json.loads(one.output)["noise_multiplier"]
+    )
+    # uldp_avg has no weighting: the option used to be accepted and change nothing
+    result = runner.invoke(app, [*base, "--silos", "3", "--weighting", "clear"])
+    assert result.exit_code == 2
+    assert "does not read --weighting" in result.output and "--subject-sampler" in result.output
+    w = ["account", "--algorithm", "uldp_avg_w", "--noise-multiplier", "1", "--silos", "3"]
+    assert runner.invoke(app, [*w, "--weighting", "clear", "--json"]).exit_code == 0
 
 
 def test_describe_prints_the_data_view(tmp_path: Path) -> None:

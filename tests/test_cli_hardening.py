@@ -522,7 +522,8 @@ def test_account_answers_a_tiny_sigma_within_bounded_memory() -> None:
 
     args = ["--algorithm", "local_item_dp", "--noise-multiplier", "0.001", "--sample-rate", "1"]
     done = subprocess.run(
-        [sys.executable, "-m", "silodp.cli", "account", *args, "--group-size", "3", "--json"],
+        [sys.executable, "-m", "silodp.cli", "account", *args, "--group-size", "3", "--silos", "1"]
+        + ["--json"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -67,7 +67,8 @@ def test_cli_names_the_absurd_target_and_the_range() -> None:
 
     result = CliRunner().invoke(
         app,
-        ["account", "--algorithm", "local_item_dp", "--target-epsilon", "1e6", "--group-size", "1"],
+        ["account", "--algorithm", "local_item_dp", "--target-epsilon", "1e6", "--group-size", "1"]
+        + ["--silos", "1"],
     )
     assert result.exit_code == 2
     assert "target_epsilon=1000000.0" in result.output

@@ -123,7 +123,7 @@ ACCOUNT_OPTIONS: list[tuple[str, bool, float | None, bool, list[str]]] = [
         False,
         1.0,
         False,
-        ["account", "--algorithm", "prifedsync", "--noise-multiplier", "1"],
+        ["account", "--algorithm", "prifedsync", "--noise-multiplier", "1", "--clients", "4"],
     ),
 ]
 

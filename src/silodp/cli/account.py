@@ -268,7 +268,10 @@ def account(  # noqa: PLR0913 - the command's options
     ] = 1.0,
     steps: Annotated[int, typer.Option(help="Local steps per round T (K for prifedsync).")] = 1,
     rounds: Annotated[int, typer.Option(help="Rounds R.")] = 1,
-    silos: Annotated[int, typer.Option(help="Silos S.")] = 1,
+    silos: Annotated[
+        int | None,
+        typer.Option(help="Silos S (required: the subject-level ε and a silo's depend on it)."),
+    ] = None,
     clients: Annotated[
         int | None, typer.Option(help="prifedsync: clients m (an alias of --silos).")
     ] = None,
@@ -309,6 +312,13 @@ def account(  # noqa: PLR0913 - the command's options
     try:
         if clients is not None:
             silos = check_int("--clients", clients, 1, MAX_COUNT)
+        if silos is None:
+            raise InvalidValueError(
+                "Expected --silos S (--clients for prifedsync): the subject-level ε and the ε "
+                "against a curious silo depend on the number of silos, and S = 1 would be the "
+                "best case."
+            )
+        _check_unread_options(algorithm, settings)
         _check_options(
             delta=delta,
             noise_multiplier=noise_multiplier,
@@ -362,6 +372,22 @@ def account(  # noqa: PLR0913 - the command's options
         typer.echo(json.dumps(result))
     else:
         print_report(result)
+
+
+def _check_unread_options(algorithm: str, settings: dict[str, Any]) -> None:
+    """Refuses a generated option the algorithm's accounting does not read (it would change
+    nothing, while the output looks as if it had)."""
+    if algorithm not in ALGORITHMS:
+        return  # make_algorithm names the algorithms
+    reads = ALGORITHMS[algorithm].Config.accounting_fields()
+    unread = sorted(k for k, v in settings.items() if v is not None and k not in reads)
+    if unread:
+        names = ", ".join(f"--{k.replace('_', '-')}" for k in unread)
+        own = ", ".join(f"--{k.replace('_', '-')}" for k in sorted(reads)) or "none"
+        raise InvalidValueError(
+            f"Expected only options {algorithm}'s accounting reads; it does not read {names} "
+            f"(its own: {own})."
+        )
 
 
 def _shown(settings: dict[str, Any]) -> str:
