@@ -269,3 +269,34 @@ def test_a_cell_with_a_damaged_summary_runs_again_when_the_sweep_continues(
     assert grid_module.unfinished_cells(tmp_path / "out") == []
     (row,) = grid_rows(tmp_path / "out")
     assert row["algorithm"] == "local_item_dp" and row["seeds"] == 1
+
+
+def test_run_and_sweep_refuse_each_others_results(tmp_path: Path) -> None:
+    """``silodp run`` checked only its own run directories, ``silodp sweep`` only grid.json:
+    each replaced the other's summary.json, and a run of other algorithms the experiment's."""
+    runner = CliRunner()
+    sweep = 'base = "base.toml"\nseeds = [0]\nbaseline = false\n'
+    sweep += '[grid]\n"privacy.noise_multiplier" = [1.5]'
+    path = _files(tmp_path, sweep)
+    swept, ran = tmp_path / "swept", tmp_path / "ran"
+    assert runner.invoke(app, ["sweep", str(path), "--out", str(swept), "--quiet"]).exit_code == 0
+    before = (swept / "summary.json").read_bytes()
+    into_sweep = runner.invoke(app, ["run", str(tmp_path / "base.toml"), "--out", str(swept)])
+    assert into_sweep.exit_code == 2 and "holds a sweep's results" in into_sweep.output
+    assert (swept / "summary.json").read_bytes() == before
+    assert (
+        runner.invoke(app, ["run", str(tmp_path / "base.toml"), "--out", str(ran)]).exit_code == 0
+    )
+    before = (ran / "summary.json").read_bytes()
+    into_run = runner.invoke(app, ["sweep", str(path), "--out", str(ran), "--quiet"])
+    assert into_run.exit_code == 2 and "holds an experiment's results" in into_run.output
+    assert "local_item_dp" in into_run.output and not (ran / "grid.json").exists()
+    other = tmp_path / "other.toml"
+    other.write_text(BASE.replace('["local_item_dp"]', '["higradavg_dp"]'))
+    again = runner.invoke(app, ["run", str(other), "--out", str(ran)])
+    assert again.exit_code == 2 and "holds another experiment's results" in again.output
+    assert (ran / "summary.json").read_bytes() == before
+    replaced = runner.invoke(app, ["run", str(other), "--out", str(ran), "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    runs = json.loads((ran / "summary.json").read_text())["runs"]
+    assert [r["algorithm"] for r in runs] == ["higradavg_dp"]

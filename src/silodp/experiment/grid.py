@@ -38,7 +38,9 @@ from silodp.config import parse_config
 from silodp.errors import ConfigError, InvalidValueError, OutputExistsError
 from silodp.experiment.run import (
     EXPERIMENT_FILE,
+    GRID_MANIFEST,
     ProgressFactory,
+    previous_runs,
     resume_experiment,
     run_experiment,
 )
@@ -58,7 +60,7 @@ __all__ = [
 ]
 
 #: the manifest of a sweep's results directory: the cells it expanded into
-MANIFEST = "grid.json"
+MANIFEST = GRID_MANIFEST
 #: at most this many cells in one sweep (each is a whole experiment)
 MAX_CELLS = 10_000
 #: the grid key whose values name the algorithms of a cell
@@ -312,6 +314,14 @@ def _run_grid(
     cells = expand(spec)
     manifest = {"name": spec.name, "cells": [c.to_json() for c in cells]}
     existing = out / MANIFEST
+    if not overwrite and not existing.exists():
+        previous = previous_runs(out)
+        if previous or (out / "summary.json").exists():
+            raise OutputExistsError(
+                f"{str(out)!r} holds an experiment's results"
+                + (f" (runs {', '.join(previous)})" if previous else " (summary.json)")
+                + ", not a sweep's; choose another --out or pass --overwrite."
+            )
     if existing.is_file() and not overwrite:
         try:
             recorded = json.loads(existing.read_text())

@@ -23,7 +23,7 @@ from silodp.config import ExperimentConfig, SweepConfig, load_config, to_toml_di
 from silodp.data import FederatedData
 from silodp.data.build import build_federated_data
 from silodp.data.describe import describe
-from silodp.errors import InvalidValueError
+from silodp.errors import InvalidValueError, OutputExistsError
 from silodp.experiment.checkpoint import load_checkpoint, save_checkpoint
 from silodp.experiment.digest import check_data_unchanged, check_run_data, record_data
 from silodp.experiment.ledger import (
@@ -472,6 +472,8 @@ def run_experiment(
                 "Expected [data] scaling other than 'dp' to resume: the DP feature statistics are "
                 "drawn again on every start and are not kept; start the run afresh."
             )
+        if not resume:
+            check_no_other_experiment(out, config.algorithms, overwrite)
         if config.sweep is None and not resume:
             check_output(out, config.algorithms, overwrite)
         data, releases, scaling = _prepare_data(config, out, log)
@@ -621,6 +623,33 @@ def previous_runs(out: Path) -> list[str]:
         pass
     firsts = {name.split("/")[0] for name in names}
     return sorted(n for n in firsts if n not in ("", ".", "..") and os.sep not in n)
+
+
+#: the manifest a grid sweep (``silodp sweep``) writes at the top of its directory
+GRID_MANIFEST = "grid.json"
+
+
+def check_no_other_experiment(out: Path, algorithms: Sequence[str], overwrite: bool) -> None:
+    """Refuses (unless ``overwrite``) an ``out`` that holds a grid sweep, or an experiment
+    whose runs are not ``algorithms``: its ``summary.json`` and ``experiment.toml`` would be
+    replaced by ones that no longer list them.
+
+    Raises:
+      OutputExistsError: so."""
+    if overwrite:
+        return
+    if (out / GRID_MANIFEST).exists():
+        raise OutputExistsError(
+            f"{str(out)!r} holds a sweep's results ({GRID_MANIFEST}); choose another --out or "
+            "pass --overwrite."
+        )
+    previous = previous_runs(out)
+    if previous and set(previous) != {n.split("/")[0] for n in algorithms}:
+        raise OutputExistsError(
+            f"{str(out)!r} holds another experiment's results (runs {', '.join(previous)}; "
+            f"this config runs {', '.join(algorithms)}); choose another --out or pass "
+            "--overwrite."
+        )
 
 
 def _is_ledger(path: Path, keep: set[Path]) -> bool:
