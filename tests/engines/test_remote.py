@@ -54,7 +54,8 @@ SMALL = {"num_subjects": 15, "max_records": 120}
 class FaultyTransport(LoopbackTransport):
     """A loopback whose nodes fail in named rounds: ``faults[(round, node)]`` is ``down`` (no
     answer), ``error`` (the silo answers with an error and no message), ``unreadable`` (bytes
-    that are no message) or ``malformed`` (a readable reply whose update has no parameters).
+    that are no message), ``malformed`` (a readable reply whose update has no parameters) or
+    ``no_privacy`` (a reply that claims no privacy events).
     The silo runs the round in the last two cases: its reply, noisy message included, reaches
     the server damaged."""
 
@@ -87,6 +88,10 @@ class FaultyTransport(LoopbackTransport):
             elif f == "malformed":
                 reply = wire.decode(out[node])
                 reply["update"]["params"] = {}
+                out[node] = wire.encode(reply)
+            elif f == "no_privacy":  # its message, claiming no events
+                reply = wire.decode(out[node])
+                reply["update"]["privacy"] = None
                 out[node] = wire.encode(reply)
         return out
 
@@ -397,21 +402,32 @@ def test_an_unreadable_or_malformed_reply_is_charged_when_skipped(tmp_path):
     assert skipped["epsilon"] == pytest.approx(full["epsilon"], rel=1e-12)
 
 
-def test_a_silo_that_answers_with_an_error_is_not_charged(tmp_path):
+def test_every_chosen_silo_is_charged_before_the_round_is_sent(tmp_path):
+    """A reply may wait at the transport (a SuperLink) while the server dies before reading
+    it: the ledger holds each chosen silo's planned events before any message leaves, so a
+    silo whose app then raises stays charged (conservative) and the run's ε is what its
+    ledger holds."""
     config, transport = _setup(tmp_path, "local_item_dp", data=SMALL)
     transport.faults[(2, 71)] = "error"
+    seen: list[list[tuple[int, int, str]]] = []
+    ledger = tmp_path / "b" / "local_item_dp" / "ledger.sqlite"
+    send = transport.exchange
+
+    def exchange(requests, *args, **kwargs):  # what the ledger holds as messages leave
+        if any(kind == msg.TRAIN for kind, _ in requests.values()):
+            seen.append(_spent(ledger))
+        return send(requests, *args, **kwargs)
+
+    transport.exchange = exchange
     run_experiment(
         config,
         tmp_path / "b",
         log=lambda m: None,
         engine_factory=remote_engine_factory(transport, on_failure="skip"),
     )
-    # its error carried no message: nothing of silo 1 in round 2
-    ledger = tmp_path / "b" / "local_item_dp" / "ledger.sqlite"
-    assert _spent(ledger) == [(1, 0, f"silo:{s}") for s in range(3)] + [
-        (2, 0, "silo:0"),
-        (2, 0, "silo:2"),
-    ]
+    round_1 = [(1, 0, f"silo:{s}") for s in range(3)]
+    assert seen[0] == round_1 and seen[1] == round_1 + [(2, 0, f"silo:{s}") for s in range(3)]
+    assert _spent(ledger) == seen[1]
     assert verify_ledger(ledger) == []
 
 
@@ -434,3 +450,18 @@ def test_a_node_with_other_records_is_refused(tmp_path):
             log=lambda m: None,
             engine_factory=remote_engine_factory(transport),
         )
+
+
+def test_a_reply_claiming_other_events_is_refused_and_the_plan_charged(tmp_path):
+    """A reply with ``privacy = None`` was aggregated and nothing recorded for its silo."""
+    config, transport = _setup(tmp_path, "local_item_dp", data=SMALL)
+    transport.faults[(2, 71)] = "no_privacy"
+    with pytest.raises(SiloFailureError, match="silo 1: Silo 1 reported privacy events None"):
+        run_experiment(
+            config,
+            tmp_path / "a",
+            log=lambda m: None,
+            engine_factory=remote_engine_factory(transport),
+        )
+    ledger = tmp_path / "a" / "local_item_dp" / "ledger.sqlite"
+    assert _spent(ledger) == [(r, 0, f"silo:{s}") for r in (1, 2) for s in range(3)]

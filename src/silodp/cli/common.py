@@ -156,16 +156,24 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
     runs = summary["runs"]
     units = [u for u in UNITS if any(u in r.get("epsilon", {}) for r in runs)]
     personal = any(r.get("personalised_accuracy") is not None for r in runs)
-    targets = [
-        r["calibration"]["target_epsilon"]
-        for r in runs
+    own = {
+        i: r["calibration"]["target_epsilon"]
+        for i, r in enumerate(runs)
         if isinstance((r.get("calibration") or {}).get("target_epsilon"), int | float)
-    ]
-    target = max(targets) if targets else None
+    }
+    # each run against its own target; a run given σ against the largest target asked for
+    fallback = max(own.values()) if own else None
+    targets = [own.get(i, fallback) for i in range(len(runs))]
+    deltas = {r["delta"] for r in runs if r.get("delta")}
+    whom = {r.get("adversary") for r in runs if r.get("adversary")}
+    per_row = len(deltas) > 1 or len(whom) > 1  # the runs' ε are not at one δ, against one
     header = ["method", "protects", "accuracy", *(["personalised"] if personal else [])]
+    first_epsilon = len(header)
     header += [f"ε {u}" for u in units]
+    if per_row:
+        header += ["at δ", "against"]
     rows = []
-    for r in runs:
+    for r, target in zip(runs, targets, strict=True):
         acc = format(r["test_accuracy"], ".3f") if r.get("test_accuracy") is not None else "–"
         row = [r["algorithm"], protects(r), acc]
         if personal:
@@ -178,6 +186,10 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
             value = r["epsilon"][u]
             above = target is not None and (value is None or value > target)
             row.append(fmt(value) + (" !" if above else ""))
+        if per_row:
+            delta, who = r.get("delta"), r.get("adversary")
+            row.append(f"{delta:g}" if isinstance(delta, int | float) else "–")
+            row.append(str(who) if who else "–")
         rows.append(row)
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
 
@@ -187,17 +199,24 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
         return "  " + "  ".join(first + rest).rstrip()
 
     out = [line(header)] + [line(row) for row in rows]
-    deltas = {r["delta"] for r in runs if r.get("delta")}
-    whom = {r.get("adversary") for r in runs if r.get("adversary")}
-    if deltas:
-        against = (
-            "every party"
-            if whom == {"strongest"}
-            else ", ".join(sorted(WHO.get(w, w) for w in whom if w))
+    if deltas and not per_row:
+        (delta,) = deltas
+        (who,) = whom or {"strongest"}
+        against = "every party" if who == "strongest" else WHO.get(who, who)
+        out.append(f"  ε at δ={delta:g} against {against}")
+    elif per_row:
+        out.append(
+            "  each run's ε is at its own δ, against its own adversary (strongest: every party)"
         )
-        out.append(f"  ε at δ={', '.join(f'{d:g}' for d in sorted(deltas))} against {against}")
-    if target is not None and any("!" in cell for row in rows for cell in row[3:]):
+    marked = any("!" in cell for row in rows for cell in row[first_epsilon:])
+    if marked and len({t for t in targets if t is not None}) == 1:
+        (target,) = {t for t in targets if t is not None}
         out.append(f"  ! above the target ε={target:g}: that unit is not protected at this level")
+    elif marked:
+        out.append(
+            "  ! above the run's target ε (a run given σ: the largest target): that unit is "
+            "not protected at this level"
+        )
     for r in runs:
         grouped: dict[tuple[str, float | None], list[str]] = {}
         for who, unit, value in differing(r):

@@ -411,11 +411,19 @@ class RemoteEngine(Simulator):
             )
             for s in chosen
         }
+        #: what each chosen silo is planned to run: the events it is charged
+        planned = {s: self.algorithm.silo_privacy_for(self.silos[s]) for s in chosen}
+        if record:
+            # Before any message leaves: a silo's noisy reply may sit at the transport (a
+            # SuperLink) before this process reads it, and this process may die in between;
+            # every chosen silo is charged its planned events now (an aborted round stays open
+            # in the ledger and counts in full; a resumed run records its retry as a new
+            # attempt). A silo that ends up sending nothing stays charged (conservative).
+            for s in chosen:
+                self._record_release(round_index, s, planned[s])
         started = time.perf_counter()
         replies, failed, may_have_sent = self._send(requests)
         updates = []
-        #: the events of every silo that may have released its message to the server
-        released: list[tuple[int, SiloPrivacy | None]] = []
         for s in chosen:
             if s not in may_have_sent:
                 continue  # an error the silo raised: it sent nothing
@@ -429,30 +437,25 @@ class RemoteEngine(Simulator):
                     masked_size=self._dim if self.secure_sum else None,
                     encrypted=bool(self._relay),
                 )
+                if update.privacy != planned[s]:
+                    # what was charged is the plan: a silo claiming other events (or none)
+                    # ran something else, and its message is not used
+                    raise msg.MalformedReplyError(
+                        f"Silo {s} reported privacy events {update.privacy!r:.200}, not the "
+                        f"planned {planned[s]!r:.200}."
+                    )
             except msg.MalformedReplyError as err:
                 failed[s] = str(err) + (
                     " (charged its planned events)" if record and self.ledger is not None else ""
                 )
-                # Conservative: a reply that is late, or cannot be read or checked, may still
-                # carry the silo's noisy message, and its own claim of what it ran cannot be
-                # trusted, so the silo is charged the events it was planned to run.
-                released.append((s, self.algorithm.silo_privacy_for(self.silos[s])))
                 continue
             self.states[s] = replies[s]["state"]
             updates.append(update)
-            released.append((s, update.privacy))
-        if record:
-            # before the round goes on, is skipped or is aborted: these messages have reached
-            # (or may still reach) the server whatever happens to the round (an aborted round
-            # stays open in the ledger and counts in full; a resumed run records its retry as
-            # a new attempt)
-            for s, privacy in released:
-                self._record_release(round_index, s, privacy)
         if failed:
             why = "; ".join(f"silo {s}: {w}" for s, w in sorted(failed.items()))
             may_skip = not (self.secure_sum or self.algorithm.needs_every_silo())
             charged = (
-                [s for s, p in released if p is not None]
+                [s for s in chosen if planned[s] is not None]
                 if record and self.ledger is not None
                 else []
             )
@@ -462,8 +465,8 @@ class RemoteEngine(Simulator):
                     + ("" if may_skip else f" ({self.algorithm.name} needs every silo)")
                     + "; nothing of it was aggregated"
                     + (
-                        f"; the events of silo(s) {charged}, whose replies reached (or, late, "
-                        "may still reach) the server, are in the ledger."
+                        f"; the planned events of silo(s) {charged}, charged before the round's "
+                        "messages were sent, are in the ledger."
                         if charged
                         else "."
                     )
@@ -478,8 +481,8 @@ class RemoteEngine(Simulator):
         return updates
 
     def _record_release(self, round_index: int, silo: int, privacy: SiloPrivacy | None) -> None:
-        """Records the events of a silo whose reply reached the server (as
-        :meth:`record_update` does for an update)."""
+        """Records the events a silo is charged for a round (as :meth:`record_update` does for
+        an update)."""
         if self.ledger is not None and privacy is not None:
             self.ledger.record(round_index, f"silo:{silo}", privacy)
             faults.reached("silo_recorded", round_index)
