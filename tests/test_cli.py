@@ -167,6 +167,37 @@ def test_run_summary_table_marks_any_epsilon_above_the_target() -> None:
     assert any(line.strip().startswith("! above the target ε=1") for line in lines)
 
 
+def test_run_summary_table_gives_each_run_its_delta_adversary_and_target() -> None:
+    """Runs at different δ, against different adversaries: one footer line named both lists
+    without saying which run was which; and ``!`` compared every run with the largest
+    target, so a run calibrated to 2 with a subject ε of 6.46 was not marked beside one at 8."""
+
+    def run(name: str, epsilon: float, target: float, delta: float, who: str) -> dict:
+        return {
+            "algorithm": name,
+            "units": ["record"],
+            "test_accuracy": 0.5,
+            "delta": delta,
+            "adversary": who,
+            "epsilon": {"record": target, "subject": epsilon},
+            "calibration": {"unit": "record", "target_epsilon": target},
+        }
+
+    lines = summary_table(
+        {
+            "runs": [
+                run("local_item_dp", 6.46, 2.0, 1e-5, "strongest"),
+                run("local_group_dp", 7.5, 8.0, 1e-3, "released"),
+            ]
+        }
+    )
+    assert lines[0].split()[-2:] == ["δ", "against"]
+    assert lines[1].split()[-4:] == ["6.46", "!", "1e-05", "strongest"]
+    assert lines[2].split()[-3:] == ["7.5", "0.001", "released"]
+    assert any("own δ" in line for line in lines)
+    assert any("above the run's target" in line for line in lines)
+
+
 def test_account_target_epsilon_returns_a_sigma_meeting_it() -> None:
     result = runner.invoke(
         app,

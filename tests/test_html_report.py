@@ -141,6 +141,9 @@ def test_a_unit_without_a_finite_bound_reads_inf_and_a_data_bound_is_not_made_pu
     assert rows["uldp_avg_w"][subject] == "inf"  # no guarantee against the silos
     assert rows["fedavg"][subject] == "-"  # no ε at all
     assert rows["local_item_dp"][subject] not in ("-", "inf")
+    # each run's ε at its own δ (a per-algorithm delta was not shown anywhere)
+    assert rows["local_item_dp"][header.index("δ")] == "1e-05"
+    assert rows["fedavg"][header.index("δ")] == "-"
     public = ["report", str(tmp_path / "run"), "--out", str(tmp_path / "p.html"), "--public"]
     refused = CliRunner().invoke(app, public)
     assert refused.exit_code != 0 and "local_item_dp" in refused.output

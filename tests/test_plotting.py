@@ -103,18 +103,37 @@ def test_an_epsilon_without_a_finite_bound_is_named_not_left_out(tmp_path, figur
     )
     right = figures[2].axes[1]
     legend = [t.get_text() for t in right.get_legend().get_texts()]
-    assert legend == ["uldp_avg", f"uldp_avg_w ({plotting.NO_BOUND})"]
-    assert right.get_title() == "ε against released / strongest"
+    # against different adversaries: each curve says its own (one title read as one view)
+    assert legend == [
+        "uldp_avg (δ=1e-05, against released)",
+        f"uldp_avg_w (δ=1e-05, against strongest) ({plotting.NO_BOUND})",
+    ]
+    assert right.get_title() == "" and "per curve" in right.get_ylabel()
+    # at different δ too; at one δ and one adversary the axis says it once
+    plotting.plot_comparison(
+        {"a": finite, "b": finite}, tmp_path / "d.png", delta={"a": 1e-5, "b": 1e-3}
+    )
+    legend = [t.get_text() for t in figures[-1].axes[1].get_legend().get_texts()]
+    assert legend[0] == "a (δ=1e-05, against released)"
+    assert legend[1].startswith("b (δ=0.001, against released)")
+    plotting.plot_comparison({"a": finite}, tmp_path / "e.png", delta={"a": 1e-5})
+    right = figures[-1].axes[1]
+    assert right.get_ylabel() == "subject-level ε at δ=1e-05"
+    assert right.get_title() == "ε against released"
+    # a record-level experiment: its record ε, not "no private run"
+    record = [{**r, "epsilon": {"record": 0.5 * r["round"]}} for r in finite]
+    plotting.plot_comparison({"p": record}, tmp_path / "r.png", delta=1e-5)
+    assert figures[-1].axes[1].get_ylabel().startswith("record-level ε")
     runs = [
         {"algorithm": "uldp_avg", "epsilon": {"subject": 10.5}},
         {"algorithm": "uldp_avg_w", "epsilon": {"subject": None}},
     ]
     plotting.plot_units(runs, tmp_path / "u.png")
-    texts = [t.get_text() for t in figures[3].axes[0].texts]
+    texts = [t.get_text() for t in figures[-1].axes[0].texts]
     assert "inf" in texts
     labelled = [{**r, "delta": 1e-5, "adversary": "released"} for r in runs]
     plotting.plot_units(labelled, tmp_path / "u3.png")
-    assert "at δ=1e-05, against released" in figures[4].axes[0].get_ylabel()
+    assert "at δ=1e-05, against released" in figures[-1].axes[0].get_ylabel()
 
 
 def test_a_units_figure_with_every_epsilon_inf_is_written(tmp_path: Path) -> None:

@@ -256,6 +256,8 @@ def _cell(value: Any, column: str) -> str:
     if isinstance(value, float):
         if column.startswith(("ε", "epsilon")):
             return display.upper(value, 4)  # privacy bounds: rounded up
+        if column == "σ":  # as the CLI prints it: copied into a config, never less noise
+            return display.upper(value, 6)
         return f"{value:.4g}"
     return str(value)
 
@@ -292,11 +294,12 @@ def _final_rows(summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[
             **{c: run.get(PERSONAL[c]) for c in personal},
             **{f"ε ({u})": _bound(run.get("epsilon") or {}, u) for u in units},
             "σ": run.get("noise_multiplier"),
+            "δ": run.get("delta") if run.get("epsilon") else None,
             "against": run.get("adversary") if run.get("epsilon") else None,
         }
         rows.append(row)
     columns = ["algorithm", "status", "rounds", "test accuracy", *personal]
-    return rows, [*columns, *(f"ε ({u})" for u in units), "σ", "against"]
+    return rows, [*columns, *(f"ε ({u})" for u in units), "σ", "δ", "against"]
 
 
 def _experiment(src: Path, files: Path, *, public: bool = False) -> tuple[str, str]:

@@ -205,9 +205,24 @@ def _overlap(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]]) -> 
 
 
 def plot_comparison(
-    runs: Mapping[str, Metrics], path: Path, *, unit: str = "subject", delta: float
+    runs: Mapping[str, Metrics],
+    path: Path,
+    *,
+    unit: str = "subject",
+    delta: float | Mapping[str, float],
 ) -> Path:
-    """Utility against round (left) and ε at ``unit`` against round (right), all methods."""
+    """Utility against round (left) and ε at ``unit`` against round (right), all methods
+    (``unit``: the first of subject, silo, record that a run reports when none reports it).
+    ``delta``: the runs' δ, or each run's by name; runs at different δ or against different
+    adversaries say theirs in their labels."""
+    deltas = {n: delta if isinstance(delta, int | float) else delta[n] for n in runs}
+    adversaries = {
+        n: next((m["adversary"] for m in ms if m.get("adversary")), None) for n, ms in runs.items()
+    }
+    reported = {u for ms in runs.values() for m in ms for u in m.get("epsilon", {})}
+    if unit not in reported:
+        unit = next((u for u in ("subject", "silo", "record") if u in reported), unit)
+    one_view = len(set(deltas.values())) <= 1 and len(set(adversaries.values()) - {None}) <= 1
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     drawn: dict[str, list[tuple[int, float]]] = {}  # ε curves drawn so far, by algorithm
@@ -231,6 +246,8 @@ def plot_comparison(
             close = [(o, _overlap(curve, rows)) for o, curve in drawn.items()]
             same, how = next(((o, h) for o, h in close if h), (None, None))
             label = name + (" (replace-one ε: not comparable)" if replace_one else "")
+            if not one_view:
+                label += f" (δ={deltas[name]:g}, against {adversaries[name] or '–'})"
             if same:
                 label += (
                     f" (same ε as {same})"
@@ -250,22 +267,31 @@ def plot_comparison(
             drawn[name] = rows
         if unbounded:  # listed, so that a method without a finite ε is not simply missing
             since = "" if not rows else f" from round {unbounded[0]}"
-            right.plot([], [], color=colour, marker=marker, label=f"{name} ({NO_BOUND}{since})")
+            view = "" if one_view else f" (δ={deltas[name]:g}, against {adversaries[name] or '–'})"
+            right.plot(
+                [], [], color=colour, marker=marker, label=f"{name}{view} ({NO_BOUND}{since})"
+            )
     left.set_xlabel("round")
     left.set_ylabel("test accuracy")
     left.grid(alpha=0.3)
     left.legend()
     right.set_xlabel("round")
-    right.set_ylabel(f"{unit}-level ε at δ={delta:g}")
-    against = sorted({m["adversary"] for ms in runs.values() for m in ms if m.get("adversary")})
-    if against:  # each run's headline ε holds against its own adversary
-        right.set_title(f"ε against {' / '.join(against)}", fontsize=10)
+    if one_view:
+        shown = next(iter(deltas.values()), None)
+        right.set_ylabel(f"{unit}-level ε" + (f" at δ={shown:g}" if shown is not None else ""))
+        against = next((a for a in adversaries.values() if a), None)
+        if against:
+            right.set_title(f"ε against {against}", fontsize=10)
+    else:  # each curve's label carries its δ and adversary
+        right.set_ylabel(f"{unit}-level ε (δ, adversary: per curve)")
     if right.lines:
         if any(v > 0 for line in right.lines for v in line.get_ydata()):
             right.set_yscale("log")
         right.legend(fontsize="small", loc="best")
     else:
-        right.text(0.5, 0.5, "no private run", ha="center", va="center", transform=right.transAxes)
+        right.text(
+            0.5, 0.5, "no run reports an ε", ha="center", va="center", transform=right.transAxes
+        )
     right.grid(alpha=0.3)
     return save_figure(fig, path)
 

@@ -531,7 +531,8 @@ def run_experiment(
             summaries.append(run_summary)
         if scaling is not None:  # released once every run's ledger recorded its events
             write_json(out / "feature_scaling.json", scaling)
-        plotting.plot_comparison(all_rows, out / "comparison.png", delta=config.privacy.delta)
+        deltas = {run.name: run.privacy.delta for run in runs}
+        plotting.plot_comparison(all_rows, out / "comparison.png", delta=deltas)
         experiment = {"name": config.name, "runs": summaries}
         write_json(out / "summary.json", experiment)
         return experiment
