@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from silodp import tracking
@@ -136,6 +137,8 @@ def test_tensorboard_holds_the_rows(tracked: tuple[Path, Path]) -> None:
         got = _scalars(directory, key)
         assert [step for step, _ in got] == [step for step, _ in _expected(rows, key)]
         assert [v for _, v in got] == pytest.approx([v for _, v in _expected(rows, key)], 1e-6)
+        if key.startswith("epsilon"):  # stored as float32, rounded up: still upper bounds
+            assert all(v >= e for (_, v), (_, e) in zip(got, _expected(rows, key), strict=True))
     events = event_accumulator.EventAccumulator(str(directory))
     events.Reload()
     walls = {e.wall_time for e in events.Scalars("test_accuracy")}
@@ -368,3 +371,40 @@ def test_a_store_that_cannot_be_written_is_refused_before_anything_is_written(
         run_experiment(config, tmp_path / "out", log=lambda m: None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
     assert blocker.read_text() == "not a directory"
+
+
+def test_float32_up_never_rounds_below() -> None:
+    for value in (2.132053720762905, 0.1, 1.0, 3.3583535231891175, 1e-30, 7e37):
+        up = tracking.float32_up(value)
+        assert up >= value and up == float(np.float32(up))
+        assert up - value <= abs(value) * 2**-23
+
+
+def test_a_run_stopped_at_its_target_logs_the_epsilon_it_was_charged(tmp_path: Path) -> None:
+    """A PriFedSync cell that stops at its accuracy target is charged its whole plan; its
+    trackers' last ε was the one at the stop (smaller). TensorBoard's float32 values were
+    rounded to nearest, some below the computed ε."""
+    raw = {
+        "name": "stops",
+        "algorithms": ["prifedsync"],
+        "data": {"source": "digits", "num_silos": 4, "allocation": "shards",
+                 "shards_per_client": 2, "test_per_client": 20},
+        "model": {"name": "mlp"},
+        "training": {"rounds": 3, "local_steps": 3, "batch_size": 8, "lr": 0.01,
+                     "optimizer": "adam", "helper": "interpolate", "alpha": 0.1},
+        "privacy": {"noise_multiplier": 1.0},
+        "sweep": {"client_rate": [0.5], "noise_multiplier": [1.0], "target_accuracy": 0.01},
+        "tracking": {"tensorboard": str(tmp_path / "tb")},
+    }  # fmt: skip
+    summary = run_experiment(parse_config(raw), tmp_path / "out", log=lambda m: None)
+    (item,) = summary["runs"]
+    assert item["stopped_at_round"] == 1 and item["rounds_charged"] == 3
+    (directory,) = {p.parent for p in (tmp_path / "tb").rglob("events.out.tfevents.*")}
+    got = _scalars(directory, "epsilon/record")
+    assert [step for step, _ in got] == [1, 3]
+    assert got[0][1] >= item["epsilon_at_stop"]["record"]
+    assert got[-1][1] >= item["epsilon"]["record"] > got[0][1]
+    assert got[-1][1] == tracking.float32_up(item["epsilon"]["record"])
+    for who, units in item["epsilon_by_adversary"].items():
+        last = _scalars(directory, f"epsilon_by_adversary/{who}/record")[-1]
+        assert last[0] == 3 and last[1] >= units["record"]

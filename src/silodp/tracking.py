@@ -240,6 +240,17 @@ def round_metrics(row: Row) -> dict[str, float]:
     return out
 
 
+def float32_up(value: float) -> float:
+    """The smallest float32 at or above ``value`` (TensorBoard stores scalars as float32, which
+    rounds to nearest and could show an ε below the one computed)."""
+    import numpy as np
+
+    single = np.float32(value)
+    if float(single) < value:
+        single = np.nextafter(single, np.float32(np.inf))
+    return float(single)
+
+
 def public_files(run_dir: Path) -> list[Path]:
     """The run directory's released files: :data:`PUBLIC_FILES` and the PNG figures at its
     top level (never a subdirectory, so never the silo-private one)."""
@@ -547,6 +558,8 @@ class _TensorBoardWriter:
         if step <= self._logged:
             return
         for key, value in round_metrics(row).items():
+            if key.startswith("epsilon"):  # stored as float32: an upper bound stays one
+                value = float32_up(value)
             self._writer.add_scalar(key, value, step, walltime=self._walltime)
         self._writer.flush()  # a round is long; what it logged survives a crash
         self._logged = step

@@ -366,6 +366,14 @@ def train_run(
         except BaseException:
             write_json(run_dir / "summary.json", summary_of("interrupted", results))
             raise
+        if charged:  # the ε a run stopped at its target was charged: its trackers' last value
+            tracker.log_round(
+                {
+                    "round": charged["rounds_charged"],
+                    "epsilon": charged["epsilon"],
+                    "epsilon_by_adversary": charged["epsilon_by_adversary"],
+                }
+            )
         tracker.close(status, run_dir)
     return rows, final
 
