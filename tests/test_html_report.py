@@ -624,3 +624,18 @@ def test_a_damaged_summary_is_an_error_naming_the_file(
     assert result.exit_code == 2 and said in result.output
     assert "summary.json" in result.output and "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_a_prifedsync_sweep_report_can_be_written_again(tmp_path: Path) -> None:
+    """A sweep cell's name holds a "/": its figures went into a subdirectory of ``_files``,
+    which the second report refused as a file it had not written."""
+    raw = {**PRIFEDSYNC, "training": {**PRIFEDSYNC["training"], "rounds": 1}}
+    raw["sweep"] = {"client_rate": [0.5], "noise_multiplier": [1.0], "target_accuracy": 0.01}
+    run_experiment(parse_config(raw), tmp_path / "run")
+    args = ["report", str(tmp_path / "run"), "--out", str(tmp_path / "r.html")]
+    for _ in range(2):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+    files = tmp_path / "r_files"
+    assert not [p for p in files.iterdir() if p.is_dir()]
+    assert any(p.name.endswith("_epsilon.png") for p in files.iterdir())

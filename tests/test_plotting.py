@@ -133,7 +133,7 @@ def test_an_epsilon_without_a_finite_bound_is_named_not_left_out(tmp_path, figur
     assert "inf" in texts
     labelled = [{**r, "delta": 1e-5, "adversary": "released"} for r in runs]
     plotting.plot_units(labelled, tmp_path / "u3.png")
-    assert "at δ=1e-05, against released" in figures[-1].axes[0].get_ylabel()
+    assert "at δ=1e-05, against released" in figures[-1].axes[0].get_title()
 
 
 def test_a_units_figure_with_every_epsilon_inf_is_written(tmp_path: Path) -> None:
@@ -178,6 +178,35 @@ def test_a_sweep_run_without_a_finite_epsilon_is_not_drawn_as_the_baseline(
     plotting.plot_utility_vs_epsilon(rows, tmp_path / "u.png")
     legend = [t.get_text() for t in figures[1].axes[0].get_legend().get_texts()]
     assert f"uldp_avg_w (subject ε) ({plotting.NO_BOUND} in some cells)" in legend
+
+
+def test_cells_against_different_adversaries_are_not_one_trade_off(tmp_path, figures) -> None:
+    """A sweep over privacy.adversary at one σ: one line joined the released model's ε and a
+    curious silo's, as if ε were traded for accuracy."""
+    rows = [
+        {
+            "algorithm": "uldp_avg",
+            "baseline": False,
+            "accuracy_mean": 0.5,
+            "epsilon_subject_mean": eps,
+            "epsilon_subject_std": 0.0,
+            "delta": 1e-5,
+            "adversary": who,
+        }
+        for eps, who in ((4.86, "released"), (7.82, "silos"))
+    ]
+    plotting.plot_utility_vs_epsilon(rows, tmp_path / "u.png")
+    ax = figures[0].axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == [
+        "uldp_avg (subject ε, δ=1e-05, against released)",
+        "uldp_avg (subject ε, δ=1e-05, against silos)",
+    ]
+    assert all(len(line.get_xdata()) == 1 for line in ax.lines if line.get_label() in legend)
+    one = [{**r, "adversary": "released"} for r in rows]
+    plotting.plot_utility_vs_epsilon(one, tmp_path / "v.png")
+    legend = [t.get_text() for t in figures[1].axes[0].get_legend().get_texts()]
+    assert legend == ["uldp_avg (subject ε)"]
 
 
 def test_a_cell_charged_its_whole_plan_shows_the_charged_epsilon(tmp_path: Path, figures) -> None:

@@ -345,7 +345,13 @@ def _experiment(src: Path, files: Path, *, public: bool = False) -> tuple[str, s
         ):
             if (run_dir / figure).is_file():
                 parts.append(
-                    _figure(run_dir / figure, f"{name}: {caption}", files, f"{name}_{figure}")
+                    _figure(
+                        run_dir / figure,
+                        f"{name}: {caption}",
+                        files,
+                        # one file beside the others (a sweep cell's name holds a "/")
+                        f"{name.replace('/', '_')}_{figure}",
+                    )
                 )
         if (run_dir / "config.toml").is_file():
             parts.append(

@@ -384,7 +384,8 @@ def plot_units(runs: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
         ax.set_yscale("log")
     else:  # every ε is inf: nothing to scale, the annotations say it
         ax.set_yticks([])
-    ax.set_ylabel(f"final ε{_held_at(private)} (inf: no guarantee at that unit)")
+    ax.set_ylabel("final ε")  # the axis is short: what the ε hold for goes in the title
+    ax.set_title(f"ε{_held_at(private)}; inf: no guarantee at that unit", fontsize=9)
     ax.legend(title="unit")
     ax.grid(alpha=0.3, axis="y")
     return save_figure(fig, path)
@@ -421,6 +422,17 @@ def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Pa
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series: dict[str, list[tuple[float, float, float, float]]] = {}
     unbounded: list[str] = []  # algorithms with no finite ε at their unit in some cell
+    views = {(r.get("delta"), r.get("adversary")) for r in rows if r.get("adversary")}
+
+    def view(row: Mapping[str, Any]) -> str:
+        """Where cells differ in δ or adversary, one line per (δ, adversary): their ε are
+        not points of one trade-off."""
+        if len(views) <= 1 or row.get("adversary") is None:
+            return ""
+        delta = row.get("delta")
+        shown = f"{delta:g}" if isinstance(delta, int | float) else "?"
+        return f", δ={shown}, against {row['adversary']}"
+
     for row in rows:
         unit = next(
             (u for u in ("subject", "record", "silo") if grid_epsilon(row, u) is not None),
@@ -428,7 +440,7 @@ def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Pa
         )
         if unit is None:  # a unit with no finite mean: named in the legend
             for u in ("subject", "record", "silo"):
-                label = f"{row['algorithm']} ({u} ε)"
+                label = f"{row['algorithm']} ({u} ε{view(row)})"
                 if row.get(f"epsilon_{u}_unbounded") and label not in unbounded:
                     unbounded.append(label)
         if row.get("baseline") and row.get("accuracy_mean") is not None:
@@ -436,7 +448,7 @@ def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Pa
         bound = grid_epsilon(row, unit) if unit is not None else None
         if bound is None or row.get("accuracy_mean") is None:
             continue
-        series.setdefault(f"{row['algorithm']} ({unit} ε)", []).append(
+        series.setdefault(f"{row['algorithm']} ({unit} ε{view(row)})", []).append(
             (
                 bound,
                 0.0,  # the largest over seeds: a bound, no spread

@@ -80,6 +80,12 @@ def test_expansion_puts_a_baseline_first_and_sets_every_value(tmp_path: Path) ->
         ('base = "base.toml"\n[grid]\n"privacy.epsilon" = [2.0, 2.0]', "distinct values.*2.0"),
         ('base = "base.toml"\nrepeat = 3', "repeat"),
         ('algorithms = ["fedavg"]\n[data]\nsource = "digits"', "run it with `silodp run`"),
+        # a section no cell runs was dropped: cells identical but for their name
+        ('base = "base.toml"\n[grid]\n"algorithm.nope.x" = [1]', "grid.algorithm.nope.x"),
+        (
+            'base = "base.toml"\n[grid]\n"algorithm.uldp_sgd.subject_rate" = [0.5, 1.0]',
+            "NAME one of local_item_dp",
+        ),
     ],
 )
 def test_a_bad_sweep_file_is_refused_naming_the_value(

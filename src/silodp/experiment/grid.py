@@ -168,8 +168,18 @@ def load_grid(path: str | Path) -> GridSpec:
     cells = expand(spec)
     if len(cells) > MAX_CELLS:
         raise ConfigError(f"Expected at most {MAX_CELLS} cells in a sweep, got {len(cells)}.")
-    for cell in cells:  # every cell is a valid experiment before anything runs
-        cell_config(spec, cell)
+    # every cell is a valid experiment before anything runs
+    configs = [cell_config(spec, cell) for cell in cells]
+    ran = sorted({a for c, cfg in zip(cells, configs, strict=True) if not c.baseline
+                  for a in cfg.algorithms})  # fmt: skip
+    for key in axes:
+        parts = key.split(".")
+        if parts[0] == "algorithm" and (len(parts) < 3 or parts[1] not in ran):
+            raise ConfigError(
+                f"Expected grid.{key} to set a hyperparameter of an algorithm the cells run "
+                f"(algorithm.NAME.KEY with NAME one of {', '.join(ran)}); its section would "
+                "be dropped from every cell, and the cells would differ in name only."
+            )
     return spec
 
 
