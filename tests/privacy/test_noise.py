@@ -503,3 +503,30 @@ def test_a_forked_child_does_not_hand_out_its_parents_reserve() -> None:
     process.join(timeout=60)
     in_parent = noise_module._noise(table, 100, coins)[0].tolist()
     assert in_child != in_parent  # equal only if the child replayed the parent's samples
+
+
+def _within_cell_score(draws: np.ndarray, scale: float, cell: int) -> float:
+    """Score statistic (standardised) of the Gaussian's tilt towards 0 inside the sampler's
+    coarse cells of ``cell`` points: about 0 for a law uniform within each cell, about
+    ``sqrt(Σ λ²/12)`` for the Gaussian, whose density falls by ``λ = |x| cell / s²`` across a
+    cell at ``x``."""
+    base = (draws // cell) * cell
+    offset = (draws - base).astype(np.float64)
+    away = np.where(base >= 0, offset, (cell - 1) - offset) / cell  # position away from 0
+    lam = np.abs(np.where(base >= 0, base, base + cell - 1)).astype(np.float64) * cell / scale**2
+    return float(np.sum(lam * (0.5 - away)) / np.sqrt(np.sum(lam**2) / 12.0))
+
+
+def test_the_within_cell_stage_has_the_gaussian_tilt() -> None:
+    """The sampler's rejection inside a coarse cell: accepting every proposal (uniform within
+    cells of s/64 points) passed every other test, whose χ² bins cannot see a 1/512 tilt."""
+    scale = 2.0**30
+    cell = table_module._table(Fraction(scale)).cell
+    assert 32 <= scale / cell <= 256  # cells coarse enough for the tilt to be measurable
+    draws = sampler_module.rounded_gaussian(4_000_000, scale=scale, coins=Coins.seeded(5))
+    expected = _within_cell_score(draws, scale, cell)
+    assert expected > 4.0  # about 9 for the exact law
+    # the same statistic on draws uniform within their cells: about 0
+    rng = np.random.default_rng(0)
+    flat = (draws // cell) * cell + rng.integers(0, cell, draws.size)
+    assert abs(_within_cell_score(flat, scale, cell)) < 4.0
