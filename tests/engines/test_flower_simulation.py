@@ -72,3 +72,67 @@ def test_ten_silo_simulation_matches_in_process(tmp_path):
                 "SELECT COUNT(*), COUNT(DISTINCT round) FROM events WHERE kind = 'round'"
             ).fetchone()
     assert totals["flower-sim"] == totals["inprocess"] and totals["inprocess"][1] == 2
+
+
+def test_sigterm_stops_a_simulation_after_the_round_in_progress(tmp_path):
+    """Ray replaced silodp's SIGTERM handler (the process aborted, the run left "running"),
+    and Ctrl-C left the ServerApp's thread waiting for replies until --timeout, then charged
+    the cut round in full. Now both stop once the round in progress is recorded."""
+    import os
+    import signal
+    import time
+
+    raw = {
+        "name": "simstop",
+        "algorithms": ["local_item_dp"],
+        "data": {"source": "digits", "num_silos": 3, "num_subjects": 30, "max_records": 600},
+        "model": {"name": "mlp"},
+        "training": {"rounds": 6, "local_steps": 60, "batch_size": 64, "lr": 0.5},
+        "privacy": {"noise_multiplier": 1.5, "group_size": 3, "noise": "seeded"},
+    }
+    config = tmp_path / "c.toml"
+    config.write_text(tomli_w.dumps(raw))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "silodp.cli", "run", str(config), "--out", str(out)]
+    command += ["--engine", "flower-sim", "--timeout", "300", "--quiet"]
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    log = (tmp_path / "run.log").open("w")  # a pipe nobody reads could fill and block it
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    metrics = out / "local_item_dp" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline:
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    output = (tmp_path / "run.log").read_text()
+    assert proc.returncode == 143, output[-3000:]
+    assert time.monotonic() - sent < 200  # not the 300 s exchange timeout
+    assert "stopped by SIGTERM" in output and "SIGTERM received" not in output
+    summary = json.loads((out / "local_item_dp" / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    done = len(metrics.read_text().splitlines())
+    assert 2 <= done < 6
+    with sqlite3.connect(out / "local_item_dp" / "ledger.sqlite") as db:
+        rounds = db.execute("SELECT round, status FROM rounds ORDER BY round").fetchall()
+    # the round in progress ran to its end and was recorded: nothing open, nothing twice
+    assert rounds == [(r, "complete") for r in range(1, done + 1)]
+    again = subprocess.run(
+        [sys.executable, "-m", "silodp.cli", "run", "--resume", str(out)]
+        + ["--engine", "flower-sim", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert json.loads((out / "local_item_dp" / "summary.json").read_text())["status"] == "complete"

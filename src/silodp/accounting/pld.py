@@ -126,11 +126,14 @@ def pld_loss_moments(pld: pld_lib.PrivacyLossDistribution) -> tuple[float, float
     for pmf in pmfs:
         dense = pmf.to_dense_pmf()
         probs = np.asarray(dense._probs, dtype=float)  # noqa: SLF001
-        if probs.sum() > 0:
+        total = probs.sum()
+        if total > 0:
             step = dense._discretization  # noqa: SLF001
             losses = (dense._lower_loss + np.arange(len(probs))) * step  # noqa: SLF001
-            mean = float(np.dot(probs, losses) / probs.sum())
-            moments.append((mean, float(np.dot(probs, (losses - mean) ** 2) / probs.sum())))
+            # elementwise sums, not a BLAS dot: OpenBLAS's threaded dot was seen to spin
+            # forever in a Ray driver's server thread (Flower's simulation)
+            mean = float(np.sum(probs * losses) / total)
+            moments.append((mean, float(np.sum(probs * (losses - mean) ** 2) / total)))
     return max(moments, key=lambda m: m[1])
 
 

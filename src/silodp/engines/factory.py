@@ -61,8 +61,11 @@ def remote_engine_factory(
     timeout: float = 600.0,
     on_failure: str = "abort",
     connect_timeout: float = 300.0,
+    stops_in_process: bool = False,
 ) -> EngineFactory:
-    """An engine factory whose runs exchange messages with the silos through ``transport``."""
+    """An engine factory whose runs exchange messages with the silos through ``transport``.
+    ``stops_in_process``: the server's rounds run in this process (Flower's simulation), so a
+    first Ctrl-C or SIGTERM waits for the round in progress, as in process."""
 
     def make(run: Any, data: Any, **kwargs: Any) -> RemoteEngine:
         check_weighting_scheme(run.name, getattr(run.algorithm.config, "scheme", "paillier"))
@@ -88,4 +91,5 @@ def remote_engine_factory(
             **kwargs,
         )
 
+    make.stops_in_process = stops_in_process  # type: ignore[attr-defined]
     return make

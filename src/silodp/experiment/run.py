@@ -298,9 +298,11 @@ def train_run(
                 ),
                 start=start,
                 previous=previous,
-                # in process, a stop waits for the round in progress (a Flower engine's
-                # processes receive Ctrl-C themselves)
-                defer_stops=engine_factory is None,
+                # in process (also Flower's simulation, whose server runs here), a stop
+                # waits for the round in progress (a deployment's ServerApp is stopped with
+                # its run on the federation)
+                defer_stops=engine_factory is None
+                or bool(getattr(engine_factory, "stops_in_process", False)),
             )
             stopped = int(rows[-1]["round"]) if rows else 0
             if status == "complete" and accountant is not None and stopped < run.training.rounds:

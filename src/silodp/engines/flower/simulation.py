@@ -6,7 +6,9 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,6 +64,34 @@ def simulate(
 
 
 @contextmanager
+def _keeping_signal_handlers() -> Iterator[None]:
+    """Within the block, the SIGINT and SIGTERM handlers this process had survive ``ray.init``
+    (which installs its own: SIGTERM then aborted the process, leaving the run "running"
+    with nothing said), so a stop reaches silodp's handler and ends the run cleanly."""
+    import ray
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    init = ray.init
+
+    def init_keeping_handlers(*args: Any, **kwargs: Any) -> Any:
+        out = init(*args, **kwargs)
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in kept.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
+        return out
+
+    ray.init = init_keeping_handlers
+    try:
+        yield
+    finally:
+        ray.init = init
+
+
+@contextmanager
 def _private_silo_files(train: Any) -> Iterator[Path]:
     """Each silo's raw records (and, once its runtime starts, its secret) in a temporary
     directory readable by this user only, outside ``--out`` (whose files may be released),
@@ -94,30 +124,39 @@ def _simulate(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        factory = remote_engine_factory(GridTransport(grid), timeout=timeout, on_failure=on_failure)
+        factory = remote_engine_factory(
+            GridTransport(grid), timeout=timeout, on_failure=on_failure, stops_in_process=True
+        )
         try:
             if resume:
                 resume_experiment(out, log=log, engine_factory=factory)
             else:
                 run_experiment(config, out, overwrite=overwrite, log=log, engine_factory=factory)
+        except KeyboardInterrupt as err:  # a stop (deferred to a round's end): raised below,
+            failures.append(err)  # in the main thread, once the simulation has ended
         except BaseException as err:
             failures.append(err)
             raise
 
     cpus = num_cpus or os.cpu_count() or 1
-    run_simulation(
-        server_app=app,
-        client_app=client_app,
-        num_supernodes=data.train.num_silos,
-        backend_config={
-            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-            "init_args": {
-                "num_cpus": cpus,
-                "num_gpus": 0,
-                "include_dashboard": False,
+    import threadpoolctl
+
+    # numpy's OpenBLAS threads were seen to spin forever in the server's thread beside Ray's;
+    # silodp's numpy products are small (torch keeps its own threads)
+    with _keeping_signal_handlers(), threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
+        run_simulation(
+            server_app=app,
+            client_app=client_app,
+            num_supernodes=data.train.num_silos,
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {
+                    "num_cpus": cpus,
+                    "num_gpus": 0,
+                    "include_dashboard": False,
+                },
             },
-        },
-    )
+        )
     if failures:
         raise failures[0]
     summary_path = out / "summary.json"
