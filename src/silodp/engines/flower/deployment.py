@@ -15,6 +15,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -403,6 +404,43 @@ def down(*, directory: str | Path = DEFAULT_DIR, log: Callable[[str], None] = pr
     )
 
 
+#: how ``flwr run`` names the run it started
+STARTED = re.compile(r"Successfully started run (\d+)")
+
+
+def _stop_run(run_id: str, directory: Path, out_dir: Path, log: Callable[[str], None]) -> None:
+    """Stops run ``run_id`` on the SuperLink (``flwr stop``) and waits (a minute at most)
+    for its ServerApp to let go of ``out_dir``: stopping ``flwr run`` alone left it training
+    and spending. A round it had begun counts in full (its silos were charged before its
+    messages left) and runs again on resume."""
+    from silodp import locking
+    from silodp.experiment.run import RESULTS_LOCK
+
+    try:
+        done = subprocess.run(
+            [_bin("flwr"), "stop", run_id, CONNECTION],
+            env=_env(directory / "home"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        stopped = done.returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        stopped = False
+    if not stopped:
+        log(
+            f"could not stop run {run_id} on the federation: it may still be training and "
+            f"spending; stop it with: flwr stop {run_id} {CONNECTION} (FLWR_HOME="
+            f"{directory / 'home'})"
+        )
+        return
+    log(f"stopped run {run_id} on the federation")
+    deadline = time.monotonic() + 60
+    lock = str(out_dir.resolve() / RESULTS_LOCK)
+    while locking.holder(lock) is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def submit(
     config_path: str | Path,
     out: str | Path,
@@ -468,12 +506,18 @@ def submit(
         start_new_session=True,
     )
     assert proc.stdout is not None
+    run_id: str | None = None
     try:
         for line in proc.stdout:
             log(line.rstrip())
+            found = STARTED.search(line)
+            if found and run_id is None:
+                run_id = found.group(1)
         proc.wait()
     except BaseException:
         os.killpg(proc.pid, signal.SIGTERM)
+        if run_id is not None:  # the ServerApp runs on the federation: stop it there too
+            _stop_run(run_id, d, out_dir, log)
         raise
     summary_path = out_dir / "summary.json"
     if not summary_path.is_file() or summary_path.stat().st_mtime < started:
