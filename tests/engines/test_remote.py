@@ -8,6 +8,7 @@ import json
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -465,3 +466,54 @@ def test_a_reply_claiming_other_events_is_refused_and_the_plan_charged(tmp_path)
         )
     ledger = tmp_path / "a" / "local_item_dp" / "ledger.sqlite"
     assert _spent(ledger) == [(r, 0, f"silo:{s}") for r in (1, 2) for s in range(3)]
+
+
+class TamperingTransport(FaultyTransport):
+    """Replaces the replies of one message kind: ``tamper[kind](decoded reply) -> bytes``."""
+
+    def __init__(self, runtimes: Mapping[int, SiloRuntime]) -> None:
+        super().__init__(runtimes)
+        self.tamper: dict[str, Any] = {}
+
+    def exchange(self, requests, timeout):
+        out = super().exchange(requests, timeout)
+        for node, (kind, _) in requests.items():
+            change = self.tamper.get(kind)
+            if change is not None and isinstance(out.get(node), bytes):
+                out[node] = change(node, wire.decode(out[node]))
+        return out
+
+
+def _tampered(tmp_path: Path, algorithm: str, kind: str, change: Any) -> str:
+    tmp_path.mkdir()
+    config, faulty = _setup(tmp_path, algorithm)
+    transport = TamperingTransport(faulty.runtimes)
+    transport.tamper[kind] = change
+    with pytest.raises(SiloFailureError) as info:
+        run_experiment(
+            config,
+            tmp_path / "a",
+            log=lambda m: None,
+            engine_factory=remote_engine_factory(transport),
+        )
+    return str(info.value)
+
+
+def test_damaged_set_up_replies_and_states_are_named(tmp_path):
+    """Each was a traceback (WireError naming no node, KeyError 'dh_public', AttributeError
+    once a PriFedSync silo's state was used)."""
+    text = _tampered(tmp_path / "h", "local_item_dp", msg.HELLO, lambda n, r: b"junk")
+    assert "Node 70's hello cannot be read" in text
+
+    def no_key(node: int, reply: dict) -> bytes:
+        reply.pop("dh_public", None)
+        return wire.encode(reply)
+
+    text = _tampered(tmp_path / "k", "uldp_avg", msg.SETUP, no_key)
+    assert "Silo 0's set-up reply has no public key" in text
+
+    def bad_state(node: int, reply: dict) -> bytes:
+        return wire.encode({**reply, "state": "garbage"} if node == 71 else reply)
+
+    text = _tampered(tmp_path / "s", "prifedsync", msg.TRAIN, bad_state)
+    assert "Silo 1's state is a str" in text

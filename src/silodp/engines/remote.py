@@ -276,7 +276,10 @@ class RemoteEngine(Simulator):
             reply = replies.get(node, f"no answer within {self.timeout:g} s")
             if isinstance(reply, str):
                 raise SiloFailureError(f"Node {node} did not say which silo it is: {reply}")
-            hello = wire.decode(reply)
+            try:
+                hello = wire.decode(reply)
+            except wire.WireError as err:
+                raise SiloFailureError(f"Node {node}'s hello cannot be read: {err}") from None
             silo = hello.get("silo") if isinstance(hello, dict) else None
             if isinstance(silo, bool) or not isinstance(silo, int) or not 0 <= silo < expected:
                 raise SiloFailureError(
@@ -354,15 +357,20 @@ class RemoteEngine(Simulator):
             replies = self._exchange(requests, "set-up")
         if not self._setups[ids[0]]["key_exchange"]:
             return
+        for s in ids:
+            reply = replies[s]
+            if not isinstance(reply, dict) or not isinstance(reply.get("dh_public"), bytes):
+                raise SiloFailureError(f"Silo {s}'s set-up reply has no public key (dh_public).")
         directory = {s: replies[s]["dh_public"] for s in ids}
         sealed = self._exchange(
             {s: (msg.DIRECTORY, {"setup": self._setups[s], "directory": directory}) for s in ids},
             "key exchange",
         )
         leader = ids[0]
-        seeds = sealed[leader]["sealed"]
-        if sorted(seeds) != ids[1:]:
-            raise SiloFailureError(f"Silo {leader} sealed the seed for {sorted(seeds)}.")
+        seeds = sealed[leader].get("sealed") if isinstance(sealed[leader], dict) else None
+        if not isinstance(seeds, dict) or sorted(seeds) != ids[1:]:
+            got = sorted(seeds) if isinstance(seeds, dict) else repr(seeds)[:80]
+            raise SiloFailureError(f"Silo {leader} sealed the seed for {got}; expected {ids[1:]}.")
         # public: relayed with every round, so that a silo needs to keep nothing but its secret
         self._keys = {"directory": directory, "sealed": seeds}
 
@@ -437,6 +445,12 @@ class RemoteEngine(Simulator):
                     masked_size=self._dim if self.secure_sum else None,
                     encrypted=bool(self._relay),
                 )
+                state, before = replies[s]["state"], self.states[s]
+                if before is not None and type(state) is not type(before):
+                    raise msg.MalformedReplyError(
+                        f"Silo {s}'s state is a {type(state).__name__}, not a "
+                        f"{type(before).__name__}."
+                    )
                 if update.privacy != planned[s]:
                     # what was charged is the plan: a silo claiming other events (or none)
                     # ran something else, and its message is not used
