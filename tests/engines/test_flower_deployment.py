@@ -326,6 +326,19 @@ def test_ctrl_c_stops_the_run_on_the_federation_too(federation, tmp_path):
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     summary = json.loads((out / "higradavg_dp" / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["rounds_completed"] == 6
+    # resuming a finished experiment: nothing to do (it failed, "ended without writing")
+    again = _cli(
+        "run",
+        "--resume",
+        str(out),
+        "--engine",
+        "flower-deploy",
+        "--federation",
+        str(federation.directory),
+        "--timeout",
+        TIMEOUT,
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
 
 
 def test_killed_supernode_aborts_the_run(federation, tmp_path):

@@ -404,6 +404,23 @@ def down(*, directory: str | Path = DEFAULT_DIR, log: Callable[[str], None] = pr
     )
 
 
+def _every_run_finished(summary_path: Path) -> bool:
+    """Whether the experiment summary at ``summary_path`` lists runs that all ended (a resume
+    of it has nothing to do, and writes nothing)."""
+    try:
+        runs = json.loads(summary_path.read_text()).get("runs")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (
+        isinstance(runs, list)
+        and bool(runs)
+        and all(
+            isinstance(r, dict) and r.get("status") in ("complete", "budget_exhausted")
+            for r in runs
+        )
+    )
+
+
 #: how ``flwr run`` names the run it started
 STARTED = re.compile(r"Successfully started run (\d+)")
 
@@ -520,7 +537,8 @@ def submit(
             _stop_run(run_id, d, out_dir, log)
         raise
     summary_path = out_dir / "summary.json"
-    if not summary_path.is_file() or summary_path.stat().st_mtime < started:
+    fresh = summary_path.is_file() and summary_path.stat().st_mtime >= started
+    if not fresh and not (resume and _every_run_finished(summary_path)):
         raise SilodpError(
             f"The run on the federation ended without writing {summary_path} (flwr exit "
             f"{proc.returncode}); see the log above and {d / 'logs'}. A run that stopped "
