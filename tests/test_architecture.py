@@ -27,6 +27,13 @@ NEVER = {
                "bench"},
     "federated": {"experiment", "config", "engines", "audit", "cli", "bench"},
     "experiment": {"cli", "bench"},
+    "config": {"experiment", "federated", "engines", "ledger", "audit", "cli", "bench",
+               "reports", "plotting", "tracking", "html_report"},
+    **{base: _ABOVE_DATA | {"privacy", "data", "models", "evaluation", "io", "_validation",
+                            "display", "locking", "faults", "stopping"} - {base}
+       for base in ("errors",)},
+    **{base: _ABOVE_DATA | {"privacy", "data", "models", "evaluation"}
+       for base in ("_validation", "io", "display")},
 }  # fmt: skip
 
 
@@ -46,6 +53,8 @@ def violations(module: str, source: str) -> list[str]:
                 found.append(f"{module}: relative import of {node.module!r}")
                 continue
             names = [node.module or ""]
+            if node.module == "silodp":  # from silodp import algorithms: silodp.algorithms
+                names = [f"silodp.{a.name}" for a in node.names]
         else:
             continue
         for name in names:
@@ -77,3 +86,7 @@ def test_the_check_sees_a_wrong_import() -> None:
     assert violations("silodp.accounting.x", "def f():\n    from silodp.algorithms import a")
     assert violations("silodp.privacy.x", "from silodp.config import load")
     assert not violations("silodp.algorithms.x", "from silodp.accounting import pld")
+    assert violations("silodp.privacy.noise", "from silodp import algorithms")
+    assert not violations("silodp.privacy.noise", "from silodp import errors")
+    assert violations("silodp.config", "from silodp.experiment import run")
+    assert violations("silodp.display", "from silodp.data import build")

@@ -219,7 +219,7 @@ def _serverapps(federation: Federation) -> list[int]:
     return found
 
 
-def test_killed_server_app_resumes_without_spending_twice(federation, tmp_path):
+def test_killed_server_app_resumes_spending_only_the_round_it_had_begun_again(federation, tmp_path):
     config = _write(tmp_path / "c.toml", algorithms=["higradavg_dp"], training__rounds=3)
     out = tmp_path / "run"
     log = tmp_path / "run.log"

@@ -1,5 +1,6 @@
-"""Which Flower error replies count as "the silo released nothing" (not charged) and which as
-no answer (charged in full): only errors raised by the silo's own app before it replied."""
+"""Which Flower error replies count as "the silo released nothing" and which as no answer: only
+errors raised by the silo's own app before it replied. (Every chosen silo is charged its
+planned events before the round is sent, whichever it is: tests/engines/test_remote.py.)"""
 
 from __future__ import annotations
 

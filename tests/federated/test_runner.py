@@ -580,3 +580,25 @@ def test_comparison_labels_identical_epsilon_curves_and_histograms_skip_empty_pa
     )
     assert len(figures[-1].axes) == 1
     assert figures[-1].axes[0].get_xlabel() == "distinct subjects in a mini-batch"
+
+
+def test_a_clip_the_protocol_cannot_encode_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was refused in the first round, after the run's directory, config and ledger (a
+    run left "running" with no rounds, also on a shared ledger) were written."""
+    from silodp.algorithms.uldp import UldpAvgW
+
+    set_up = UldpAvgW.for_data.__func__  # type: ignore[attr-defined]
+
+    def small_keys(cls, config, train, **kwargs):
+        return set_up(cls, config, train, insecure_test_key_bits=512, **kwargs)
+
+    monkeypatch.setattr(UldpAvgW, "for_data", classmethod(small_keys))
+    raw = _tiny(n_max=60, clip=1e-12)
+    raw["algorithms"] = ["uldp_avg_w"]
+    raw["privacy"]["ledger"] = str(tmp_path / "shared.sqlite")
+    with pytest.raises(ValueError, match=r"clip=1e-12 above sqrt\(parameters\)"):
+        run_experiment(parse_config(raw), tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    assert not (tmp_path / "shared.sqlite").exists()

@@ -206,6 +206,12 @@ class UldpAvgW(UldpAvg):
             start(dim)
         return super().initial_state(params)
 
+    def check_model_size(self, dim: int) -> None:
+        """Refuses, before anything is written, a ``dim``-parameter model whose deltas the
+        protocol's encoding cannot keep within the clip (see :meth:`_encoding_clip`)."""
+        if self.protocol is not None:
+            self._encoding_clip(dim)
+
     def _encoding_clip(self, dim: int) -> float:
         """``C - sqrt(dim) h / 2``: the clip that keeps a delta's fixed-point encoding (each
         coordinate rounded to the grid ``h``) within the accounted norm ``C``."""

@@ -12,12 +12,10 @@ algorithms whose guarantee against the server needs it, sets up the masked sum
 Faults: every wait has a timeout. A silo that fails, times out or sends a malformed reply
 aborts the round (:class:`SiloFailureError`), or with ``on_failure="skip"`` is left out of it
 where the algorithm allows it. Algorithms that need every silo (the ULDP family) and the masked
-sum always abort. Whatever is decided, every silo whose reply reached the server has its events
-in the ledger first: a readable reply's own events, an unreadable or malformed one's planned
-events (it may still carry the silo's noisy message). A silo that gave no answer in time is
-charged its planned events too: its reply may still reach the server's side after the timeout
-(the server cannot tell a dead silo from a slow one). Only a silo that answered with an error it
-raised sent nothing, and nothing of it is recorded.
+sum always abort. Whatever happens, every silo chosen for a round is charged its planned events
+before the round's messages are sent (a reply may wait at the transport while the server dies,
+a late one may still arrive, the server cannot tell a dead silo from a slow one); a reply whose
+events differ from the plan is refused as malformed.
 """
 
 from __future__ import annotations

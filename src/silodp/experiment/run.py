@@ -389,6 +389,9 @@ def _log_protocol_estimate(
         return
     model = build_model(config.model.name, data.train.feature_shape, data.train.num_classes)
     dim = sum(int(p.numel()) for p in model.parameters())
+    check = getattr(run.algorithm, "check_model_size", None)
+    if check is not None:  # before anything is written (it would refuse in the first round)
+        check(dim)
     est = session.estimate_round(dim)
     minutes = est.cpu_seconds / 60
     log(
