@@ -535,6 +535,12 @@ def submit(
         os.killpg(proc.pid, signal.SIGTERM)
         if run_id is not None:  # the ServerApp runs on the federation: stop it there too
             _stop_run(run_id, d, out_dir, log)
+        else:
+            log(
+                "stopped before the federation named its run: if it started, list it with "
+                f"flwr ls {CONNECTION} and stop it with flwr stop RUN_ID {CONNECTION} "
+                f"(FLWR_HOME={d / 'home'})"
+            )
         raise
     summary_path = out_dir / "summary.json"
     fresh = summary_path.is_file() and summary_path.stat().st_mtime >= started
