@@ -256,8 +256,6 @@ def _cell(value: Any, column: str) -> str:
     if isinstance(value, float):
         if column.startswith(("ε", "epsilon")):
             return display.upper(value, 4)  # privacy bounds: rounded up
-        if column == "σ":  # as the CLI prints it: copied into a config, never less noise
-            return display.upper(value, 6)
         return f"{value:.4g}"
     return str(value)
 

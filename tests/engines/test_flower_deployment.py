@@ -142,6 +142,12 @@ class Federation:
             s.bind(("127.0.0.1", self.state["port"]))
 
 
+def _on(fed: Federation, timeout: str | None = None) -> list[str]:
+    """``silodp run``'s options for the federation ``fed`` (and a ``--timeout``)."""
+    timed = ["--timeout", timeout] if timeout is not None else []
+    return ["--engine", "flower-deploy", "--federation", str(fed.directory), *timed]
+
+
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory):
     root = tmp_path_factory.mktemp("deploy")
@@ -155,10 +161,7 @@ def test_three_algorithms_match_in_process(federation, tmp_path):
     deployed = _cli(
         "run",
         str(config),
-        "--engine",
-        "flower-deploy",
-        "--federation",
-        str(federation.directory),
+        *_on(federation),
         "--out",
         str(tmp_path / "deploy"),
         "--ledger",
@@ -227,14 +230,9 @@ def test_killed_server_app_resumes_spending_only_the_round_it_had_begun_again(fe
         log,
         "run",
         str(config),
-        "--engine",
-        "flower-deploy",
-        "--federation",
-        str(federation.directory),
+        *_on(federation, TIMEOUT),
         "--out",
         str(out),
-        "--timeout",
-        TIMEOUT,
     )
     _wait_for(log, "higradavg_dp: round 1/3", proc)
     apps = _serverapps(federation)
@@ -246,12 +244,7 @@ def test_killed_server_app_resumes_spending_only_the_round_it_had_begun_again(fe
         "run",
         "--resume",
         str(out),
-        "--engine",
-        "flower-deploy",
-        "--federation",
-        str(federation.directory),
-        "--timeout",
-        TIMEOUT,
+        *_on(federation, TIMEOUT),
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     local = _cli("run", str(config), "--out", str(tmp_path / "local"), "--quiet")
@@ -287,14 +280,9 @@ def test_ctrl_c_stops_the_run_on_the_federation_too(federation, tmp_path):
         log,
         "run",
         str(config),
-        "--engine",
-        "flower-deploy",
-        "--federation",
-        str(federation.directory),
+        *_on(federation, TIMEOUT),
         "--out",
         str(out),
-        "--timeout",
-        TIMEOUT,
     )
     _wait_for(log, "higradavg_dp: round 1/6", proc)
     os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
@@ -316,12 +304,7 @@ def test_ctrl_c_stops_the_run_on_the_federation_too(federation, tmp_path):
         "run",
         "--resume",
         str(out),
-        "--engine",
-        "flower-deploy",
-        "--federation",
-        str(federation.directory),
-        "--timeout",
-        TIMEOUT,
+        *_on(federation, TIMEOUT),
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     summary = json.loads((out / "higradavg_dp" / "summary.json").read_text())
@@ -331,12 +314,7 @@ def test_ctrl_c_stops_the_run_on_the_federation_too(federation, tmp_path):
         "run",
         "--resume",
         str(out),
-        "--engine",
-        "flower-deploy",
-        "--federation",
-        str(federation.directory),
-        "--timeout",
-        TIMEOUT,
+        *_on(federation, TIMEOUT),
     )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
 
@@ -349,14 +327,9 @@ def test_killed_supernode_aborts_the_run(federation, tmp_path):
         log,
         "run",
         str(config),
-        "--engine",
-        "flower-deploy",
-        "--federation",
-        str(federation.directory),
+        *_on(federation, DEAD_NODE_TIMEOUT),
         "--out",
         str(tmp_path / "run"),
-        "--timeout",
-        DEAD_NODE_TIMEOUT,
         "--on-failure",
         "abort",
     )
@@ -380,14 +353,9 @@ def test_killed_supernode_is_skipped(tmp_path):
             log,
             "run",
             str(config),
-            "--engine",
-            "flower-deploy",
-            "--federation",
-            str(fed.directory),
+            *_on(fed, DEAD_NODE_TIMEOUT),
             "--out",
             str(out),
-            "--timeout",
-            DEAD_NODE_TIMEOUT,
             "--on-failure",
             "skip",
         )
