@@ -217,5 +217,9 @@ def test_vectorised_rounding_equals_the_exact_scalar_rounding() -> None:
 def test_zero_bounds_pack_finitely_many_slots() -> None:
     enc = _enc(delta_bound=0.0, noise_bound=0.0)
     assert enc.aggregate_bound == 0
-    assert 1 <= enc.max_slots <= enc.modulus.bit_length()
+    # one bit per slot; as many slots as keep 2 * (2^(K+1) - 1) below the modulus: with
+    # bound 0 the packing loop never ended
+    assert enc.slot_bits == 1
+    k = enc.max_slots
+    assert 2 * (2 ** (k + 1) - 1) >= N512 > 2 * (2**k - 1)
     assert enc.unpack(0, enc.max_slots) == [0] * enc.max_slots
