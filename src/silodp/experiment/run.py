@@ -782,14 +782,9 @@ def resume_experiment(
         check_writable_dir(out, name="the results directory")
     path = out / EXPERIMENT_FILE
     done = _readable_summary(out / "summary.json")
-    runs = done.get("runs") if done is not None else None
-    if done is not None and isinstance(runs, list) and runs:
-        if all(
-            isinstance(r, dict) and r.get("status") in ("complete", "budget_exhausted")
-            for r in runs
-        ):
-            log(f"{out}: every run already finished; nothing to resume")
-            return done
+    if done is not None and every_run_finished(done):
+        log(f"{out}: every run already finished; nothing to resume")
+        return done
     if not path.is_file():
         raise InvalidValueError(
             f"Expected an experiment to resume in {str(out)!r}: it has no {EXPERIMENT_FILE}, "
@@ -804,6 +799,20 @@ def resume_experiment(
         log=log,
         resume=True,
         engine_factory=engine_factory,
+    )
+
+
+def every_run_finished(summary: Mapping[str, Any]) -> bool:
+    """Whether an experiment summary lists runs that all ended (complete, or stopped by their
+    budget): a resume of it has nothing to do."""
+    runs = summary.get("runs")
+    return (
+        isinstance(runs, list)
+        and bool(runs)
+        and all(
+            isinstance(r, dict) and r.get("status") in ("complete", "budget_exhausted")
+            for r in runs
+        )
     )
 
 

@@ -407,18 +407,13 @@ def down(*, directory: str | Path = DEFAULT_DIR, log: Callable[[str], None] = pr
 def _every_run_finished(summary_path: Path) -> bool:
     """Whether the experiment summary at ``summary_path`` lists runs that all ended (a resume
     of it has nothing to do, and writes nothing)."""
+    from silodp.experiment.run import every_run_finished
+
     try:
-        runs = json.loads(summary_path.read_text()).get("runs")
-    except (OSError, ValueError, AttributeError):
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
         return False
-    return (
-        isinstance(runs, list)
-        and bool(runs)
-        and all(
-            isinstance(r, dict) and r.get("status") in ("complete", "budget_exhausted")
-            for r in runs
-        )
-    )
+    return isinstance(summary, dict) and every_run_finished(summary)
 
 
 #: how ``flwr run`` names the run it started
