@@ -559,3 +559,41 @@ def test_one_added_record_changes_no_more_silos_statistics_than_are_charged(
         worst = max(worst, int((np.abs(before - after).sum(axis=1) > 1e-12).sum()))
     assert worst <= charged
     assert worst == (3 if span_cap and federation_cap else 2 if span_cap or federation_cap else 1)
+
+
+def test_dp_statistics_and_training_keep_the_same_capped_records(tmp_path: Path) -> None:
+    """The span cap's priorities hash the records as loaded: the DP statistics (on the raw
+    records) and training (on the scaled ones) keep each subject in the same silos, so a
+    subject with span 1 feeds one silo's statistics and that silo's training only."""
+    from silodp.config import load_config
+    from silodp.data.bounds import cap_span
+    from silodp.experiment.prepare import dp_scaling, prepare_run
+
+    rng = np.random.default_rng(3)
+    rows = [
+        (f"p{a}", silo, *rng.normal(size=2).round(3), int(rng.integers(0, 2)))
+        for a in range(24)
+        for silo in "ABC"
+        for _ in range(int(rng.integers(1, 4)))
+    ]
+    pd.DataFrame(rows, columns=["subj", "silo", "f0", "f1", "label"]).to_csv(
+        tmp_path / "span.csv", index=False
+    )
+    (tmp_path / "c.toml").write_text(
+        'name = "span"\nalgorithms = ["uldp_avg"]\n'
+        f'[data]\nsource = "table"\npath = "{tmp_path / "span.csv"}"\n'
+        'feature_columns = ["f0", "f1"]\n'
+        'label_column = "label"\nlabel_values = [0, 1]\nsubject_column = "subj"\n'
+        'silo_column = "silo"\nallocation = "column"\nscaling = "dp"\n'
+        "feature_bounds = [-2.0, 2.0]\n"
+        '[model]\nname = "mlp"\n'
+        "[training]\nrounds = 1\nlocal_steps = 1\nbatch_size = 8\nlr = 0.1\n"
+        "[privacy]\nepsilon = 4.0\ndelta = 1e-5\nclip = 1.0\nspan = 1\n"
+    )
+    config = load_config(tmp_path / "c.toml")
+    data = build_federated_data(config.data)
+    statistics_on = cap_span(data.train, span=1, seed=config.data.seed)
+    scaled, releases, _ = dp_scaling(config, data)
+    trained_on = prepare_run("uldp_avg", config, scaled, releases=releases).train
+    assert data.train.max_span() == 3 and trained_on.max_span() == 1
+    np.testing.assert_array_equal(trained_on.histogram(), statistics_on.histogram())

@@ -42,10 +42,13 @@ def record_priorities(dataset: FederatedDataset, seed: int) -> np.ndarray:
     built on it drops the same records of everyone else in neighbouring datasets, as the
     privacy unit's add/remove adjacency needs (a positional random permutation would not).
     Identical records of one subject in one silo are interchangeable, so ties do not matter.
+    The features hashed are those as loaded (:attr:`FederatedDataset.features_as_loaded`):
+    a scaling in between does not change which records a cap keeps, so the DP feature
+    statistics and training see the same capped records.
     """
     seed = check_int("seed", seed, 0)
     key = seed.to_bytes(16, "little")
-    x = np.ascontiguousarray(dataset.x).reshape(len(dataset), -1)
+    x = np.ascontiguousarray(dataset.features_as_loaded).reshape(len(dataset), -1)
     out = np.empty(len(dataset), dtype=np.int64)
     for i in range(len(dataset)):
         h = hashlib.blake2b(digest_size=8, key=key)

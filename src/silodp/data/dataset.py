@@ -144,6 +144,9 @@ class FederatedDataset:
       subject_count: the public number of subjects |U| where it is fixed before the data
         (subjects drawn for ``num_subjects``, audit canaries), so that it does not depend on
         which of them got records; default: the largest subject id + 1.
+      loaded_x: the features as loaded, where ``x`` was transformed since (scaling); the
+        public caps' record priorities hash them, so that a cap keeps the same records
+        before and after the transform (:func:`silodp.data.bounds.record_priorities`).
 
     Raises:
       InvalidValueError: empty data, non-finite features, labels out of range, ids that are
@@ -160,6 +163,7 @@ class FederatedDataset:
     dropped_records: int = 0
     silo_names: Sequence[str] | None = None
     subject_count: int | None = None
+    loaded_x: np.ndarray | None = field(default=None, repr=False, compare=False)
     _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -171,6 +175,10 @@ class FederatedDataset:
         check_int("dropped_records", self.dropped_records, 0)
         object.__setattr__(self, "num_classes", num_classes)
         object.__setattr__(self, "x", _check_features(x))
+        if self.loaded_x is not None and len(self.loaded_x) != n:
+            raise InvalidValueError(
+                f"Expected {n} rows of loaded features, got {len(self.loaded_x)}."
+            )
         object.__setattr__(self, "y", _check_labels(self.y, n, num_classes))
         silo = _as_int_array("silo", self.silo, n)
         subject = _as_int_array("subject", self.subject, n)
@@ -273,8 +281,14 @@ class FederatedDataset:
         """Largest number of silos one subject's records occupy."""
         return int((self.histogram() > 0).sum(axis=0).max())
 
+    @property
+    def features_as_loaded(self) -> np.ndarray:
+        """The features before any transform (:attr:`loaded_x`, else :attr:`x`)."""
+        return self.x if self.loaded_x is None else self.loaded_x
+
     def with_features(self, x: np.ndarray) -> FederatedDataset:
-        """The same records (silos, subjects, labels) with features ``x`` instead."""
+        """The same records (silos, subjects, labels) with features ``x`` instead; the
+        features as loaded are kept for the caps' priorities."""
         if len(x) != len(self):
             raise InvalidValueError(f"Expected {len(self)} feature rows, got {len(x)}.")
         return FederatedDataset(
@@ -288,6 +302,7 @@ class FederatedDataset:
             dropped_records=self.dropped_records,
             silo_names=self.silo_names,
             subject_count=self.subject_count,
+            loaded_x=self.features_as_loaded,
         )
 
     def subset(self, index: np.ndarray, *, dropped: int = 0) -> FederatedDataset:
@@ -303,6 +318,7 @@ class FederatedDataset:
             dropped_records=self.dropped_records + dropped,
             silo_names=self.silo_names,
             subject_count=self.subject_count,
+            loaded_x=None if self.loaded_x is None else self.loaded_x[index],
         )
 
 
