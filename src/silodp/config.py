@@ -400,8 +400,39 @@ class ExperimentConfig:
             self.for_cell(cell)
 
     def with_ledger(self, path: str) -> ExperimentConfig:
-        """This config with every run writing through the ledger at ``path``."""
-        return dataclasses.replace(self, privacy=dataclasses.replace(self.privacy, ledger=path))
+        """This config with every run writing through the ledger at ``path`` (``--ledger``:
+        it replaces ``[privacy] ledger`` and every ``[algorithm.NAME] ledger``, so no run
+        spends on a ledger whose budget was not checked)."""
+        overrides = {
+            name: {k: v for k, v in table.items() if k != "ledger"}
+            for name, table in self.overrides.items()
+        }
+        return dataclasses.replace(
+            self, privacy=dataclasses.replace(self.privacy, ledger=path), overrides=overrides
+        )
+
+    def with_absolute_ledgers(self) -> ExperimentConfig:
+        """This config with its ledger paths made absolute (relative ones are read from the
+        working directory): the config an experiment writes then names the same ledgers
+        wherever it is resumed from."""
+
+        def absolute(path: str) -> str:
+            return str(Path(path).expanduser().absolute())
+
+        privacy = self.privacy
+        if privacy.ledger is not None:
+            privacy = dataclasses.replace(privacy, ledger=absolute(privacy.ledger))
+        overrides = {
+            name: {k: absolute(v) if k == "ledger" and v is not None else v for k, v in t.items()}
+            for name, t in self.overrides.items()
+        }
+        return dataclasses.replace(self, privacy=privacy, overrides=overrides)
+
+    def ledgers(self) -> list[str]:
+        """The shared ledgers the runs of this config write through (global and per
+        algorithm), each once."""
+        found = (self.for_algorithm(name)[1].ledger for name in self.algorithms)
+        return list(dict.fromkeys(p for p in found if p is not None))
 
     def for_cell(self, cell: SweepCell) -> ExperimentConfig:
         """This (PriFedSync) config with a sweep cell's values applied and no sweep."""
@@ -580,10 +611,11 @@ def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
 
 
 def load_config(path: str | Path, *, written: bool = False) -> ExperimentConfig:
-    """Reads and validates a TOML experiment config. ``written``: one an experiment wrote
-    when it started (``--resume`` reads it), where an older silodp also wrote defaults it
-    no longer accepts (``num_features = 20``, ``num_classes = 4`` for a source that fixes
-    its own); those are left out."""
+    """Reads and validates a TOML experiment config; its ledger paths are made absolute
+    (read from the working directory). ``written``: one an experiment wrote when it started
+    (``--resume`` reads it), where an older silodp also wrote defaults it no longer accepts
+    (``num_features = 20``, ``num_classes = 4`` for a source that fixes its own); those are
+    left out, and its paths are kept as written."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"Expected a config file at {str(path)!r}; it does not exist.")
@@ -604,6 +636,8 @@ def load_config(path: str | Path, *, written: bool = False) -> ExperimentConfig:
             if data.get(key) == default:
                 del data[key]
     config = parse_config(raw)
+    if not written:  # a written config keeps the ledger paths its experiment started with
+        config = config.with_absolute_ledgers()
     _check_data_paths(config.data, path)
     return config
 

@@ -60,7 +60,9 @@ def _config(tmp: Path, name: str) -> Path:
     return path
 
 
-def _silodp(*args: str, kill_at: str | None = None) -> subprocess.CompletedProcess:
+def _silodp(
+    *args: str, kill_at: str | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
     env.pop("SILODP_KILL_AT", None)
     if kill_at is not None:
@@ -71,6 +73,7 @@ def _silodp(*args: str, kill_at: str | None = None) -> subprocess.CompletedProce
         capture_output=True,
         text=True,
         timeout=600,
+        cwd=cwd,
     )
 
 
@@ -517,3 +520,36 @@ def test_a_lost_or_unreadable_checkpoint_is_refused_before_anything_trains(
         assert "cannot be read" in resumed.stderr and str(checkpoint) in resumed.stderr
     after = ledger_report(ledger)["runs"][0]
     assert after["events"] == before["events"] and after["rounds"] == before["rounds"] == 2
+
+
+def test_a_relative_shared_ledger_is_the_same_file_wherever_the_run_resumes(
+    tmp_path: Path,
+) -> None:
+    """``--ledger shared.sqlite`` is written into the experiment as an absolute path: resumed
+    from another directory, the run goes on spending on the ledger it registered in (it
+    used to start a new one there, outside the first one's budget). A registration in
+    another file than the config names is refused."""
+    config = _config(tmp_path, INTEGRITY)
+    first, other = tmp_path / "w1", tmp_path / "w2"
+    first.mkdir()
+    other.mkdir()
+    out = tmp_path / "killed"
+    args = ("run", str(config), "--out", str(out), "--ledger", "shared.sqlite")
+    proc = _silodp(*args, kill_at="silo_recorded:1", cwd=first)
+    assert proc.returncode < 0, proc.stderr[-500:]
+    written = (out / "experiment.toml").read_text()
+    assert f'ledger = "{first / "shared.sqlite"}"' in written
+    # as an older silodp wrote it: relative, read from the resuming directory
+    tomls = {p: p.read_text() for p in out.rglob("*.toml")}
+    for p, text in tomls.items():
+        p.write_text(text.replace(f"{first}/", ""))
+    refused = _silodp("run", "--resume", str(out), cwd=other)
+    assert refused.returncode != 0 and "registered in" in refused.stdout + refused.stderr
+    assert not (other / "shared.sqlite").exists()
+    for p, text in tomls.items():
+        p.write_text(text)
+    resumed = _silodp("run", "--resume", str(out), cwd=other)
+    assert resumed.returncode == 0, resumed.stdout[-500:] + resumed.stderr[-500:]
+    assert not (other / "shared.sqlite").exists()
+    (run,) = ledger_report(first / "shared.sqlite")["runs"]
+    assert run["rounds"] == 4 and run["interrupted_rounds"] == [1]  # round 1 cut, run again

@@ -183,6 +183,24 @@ def test_shared_ledger_composes_runs_and_its_budget_stops_the_next(tmp_path: Pat
     assert result.exit_code == 3 and "budget" in result.output
 
 
+def test_the_ledger_option_replaces_every_algorithms_own_ledger(tmp_path: Path) -> None:
+    """``--ledger FILE`` overrides ``[algorithm.NAME] ledger`` too: the run used to spend on
+    the algorithm's ledger while FILE's budget was the one checked."""
+    shared, own = tmp_path / "shared.sqlite", tmp_path / "own.sqlite"
+    run_experiment(parse_config(_raw(ledger=str(shared))), tmp_path / "a")
+    spent = ledger_report(shared)["total"]["federated"]["epsilon"]["subject"]
+    raw = _raw(budget={"subject": spent * 1.05})
+    raw["algorithm"] = {"user_ldp": {"ledger": str(own)}}
+    assert parse_config(raw).with_ledger(str(shared)).ledgers() == [str(shared)]
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("\n".join(_toml_lines(raw)))
+    result = runner.invoke(
+        app, ["run", str(cfg), "--out", str(tmp_path / "b"), "--quiet", "--ledger", str(shared)]
+    )
+    assert result.exit_code == 3 and "budget" in result.output
+    assert not own.exists() and len(ledger_report(shared)["runs"]) == 1
+
+
 def _toml_lines(raw: dict) -> list[str]:
     import tomli_w
 

@@ -391,7 +391,7 @@ def _run_in_process(
     try:
         cfg = load_config(path)
         if ledger is not None:
-            cfg = cfg.with_ledger(str(ledger))
+            cfg = cfg.with_ledger(str(ledger.expanduser().absolute()))
     except (SilodpError, OSError) as err:
         fail(str(err))
     typer.echo(f"silodp: running {cfg.name!r} ({', '.join(cfg.algorithms)}) from {path}")

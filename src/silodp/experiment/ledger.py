@@ -97,7 +97,7 @@ def resume_run_ledger(
         holds (resuming would count less than was spent).
     """
     path = _path(run, run_dir)
-    registered = _registration(run_dir, path)
+    registered = _registration(run_dir, path, shared=run.privacy.ledger is not None)
     if not path.is_file() or path.stat().st_size == 0:
         if completed or registered is not None:
             held = (
@@ -140,14 +140,30 @@ def resume_run_ledger(
 REGISTRATION_FILE = "ledger_run.json"
 
 
-def _registration(run_dir: Path, path: Path) -> int | None:
-    """The id under which the run in ``run_dir`` registered in the ledger at ``path``."""
+def _registration(run_dir: Path, path: Path, *, shared: bool) -> int | None:
+    """The id under which the run in ``run_dir`` registered in the ledger at ``path``.
+
+    Raises:
+      LedgerError: ``shared`` and the run registered in another ledger file (e.g. a relative
+        path read from another working directory): resuming on this one would leave what it
+        spent there out of this one's budget.
+    """
     try:
         found = json.loads((run_dir / REGISTRATION_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(found, dict) or found.get("ledger") != str(path.resolve()):
+    if not isinstance(found, dict):
         return None
+    if found.get("ledger") != str(path.resolve()):
+        other = found.get("ledger")
+        if shared and isinstance(other, str):
+            raise LedgerError(
+                f"Expected run {run_dir.name!r} to resume on the shared ledger it registered "
+                f"in, {other!r} ({REGISTRATION_FILE}); its config names "
+                f"{str(path.resolve())!r}. Resume it where that path names the same file, or "
+                "restore the ledger there."
+            )
+        return None  # a run directory moved with its own ledger
     run_id = found.get("run_id")
     return run_id if isinstance(run_id, int) and not isinstance(run_id, bool) else None
 

@@ -477,9 +477,9 @@ def run_experiment(
         from silodp.experiment.sweep import run_sweep
 
         tracking.check_writable(config.tracking)
-        check_shared_ledger(config.privacy.ledger)
-        if config.privacy.ledger is not None:
-            log(describe_shared_ledger(config.privacy.ledger))
+        for shared in config.ledgers():
+            check_shared_ledger(shared)
+            log(describe_shared_ledger(shared))
         if resume and config.data.scaling == "dp":
             raise InvalidValueError(
                 "Expected [data] scaling other than 'dp' to resume: the DP feature statistics are "
