@@ -370,6 +370,14 @@ class ExperimentConfig:
                     f"Unknown key(s) {sorted(unknown)} in [algorithm.{name}]; expected keys of "
                     f"[training] or [privacy] that {name} reads: {sorted(allowed)}."
                 )
+            units = ALGORITHMS[name].units
+            unaccounted = sorted(set(table.get("budget") or {}) - set(units))
+            if unaccounted:
+                raise ConfigError(
+                    f"Expected [algorithm.{name}] budget units among those {name} reports "
+                    f"({', '.join(units) or 'none'}), got {', '.join(unaccounted)}: it bounds "
+                    "no ε there, so a budget on it would never stop the run."
+                )
         if self.privacy.budget:
             reported = {u for name in self.algorithms for u in ALGORITHMS[name].units}
             unreported = sorted(set(self.privacy.budget) - reported)

@@ -201,6 +201,21 @@ def test_the_ledger_option_replaces_every_algorithms_own_ledger(tmp_path: Path) 
     assert not own.exists() and len(ledger_report(shared)["runs"]) == 1
 
 
+def test_an_algorithms_budget_at_a_unit_it_does_not_account_is_refused() -> None:
+    """local_item_dp bounds no silo-level ε: ``[algorithm.local_item_dp] budget = {silo}``
+    was declared on its ledger and claimed as kept while its spending there counted as
+    nothing. A budget of the whole config binds each run at the units it accounts."""
+    from silodp.errors import ConfigError
+
+    raw = _raw()
+    raw["algorithms"] = ["user_ldp", "local_item_dp"]
+    raw["algorithm"] = {"local_item_dp": {"budget": {"silo": 0.5}}}
+    with pytest.raises(ConfigError, match=r"local_item_dp\] budget units .* got silo"):
+        parse_config(raw)
+    raw["algorithm"] = {"local_item_dp": {"budget": {"record": 0.5}}}
+    assert parse_config(raw).for_algorithm("local_item_dp")[1].budget == {"record": 0.5}
+
+
 def _toml_lines(raw: dict) -> list[str]:
     import tomli_w
 
