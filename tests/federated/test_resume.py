@@ -553,3 +553,40 @@ def test_a_relative_shared_ledger_is_the_same_file_wherever_the_run_resumes(
     assert not (other / "shared.sqlite").exists()
     (run,) = ledger_report(first / "shared.sqlite")["runs"]
     assert run["rounds"] == 4 and run["interrupted_rounds"] == [1]  # round 1 cut, run again
+
+
+def test_a_run_without_noise_stopped_before_its_release_was_recorded_records_it_on_resume(
+    tmp_path: Path,
+) -> None:
+    """fedavg on a shared ledger, killed after registering and before its no-noise release
+    was recorded: the resume trained and published the model with the release never
+    recorded, and a budgeted run was then let onto the ledger."""
+    from silodp.config import parse_config
+    from silodp.experiment import run_experiment
+    from silodp.ledger import BudgetExceededError
+
+    raw = json.loads(json.dumps(BASE))
+    raw.update(name="no-noise", algorithms=["fedavg"])
+    config = tmp_path / "fedavg.toml"
+    config.write_text(tomli_w.dumps(raw))
+    shared, out = tmp_path / "shared.sqlite", tmp_path / "killed"
+    script = (
+        "import os, signal, sys\n"
+        "import silodp.ledger.run as lr\n"
+        "lr.RunLedger.record_release = lambda self, r: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "from silodp.cli import app\n"
+        f"sys.argv = ['silodp', 'run', {str(config)!r}, '--out', {str(out)!r}, "
+        f"'--ledger', {str(shared)!r}, '--quiet']\n"
+        "app()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-500:]
+    resume_experiment(out, log=lambda m: None)
+    assert (out / "fedavg" / "model.pt").is_file()
+    with Ledger(shared, read_only=True) as ledger:
+        (run,) = ledger.runs()
+        assert [kind for _, _, _, kind, _ in ledger.events(run.id)] == ["release"]
+    raw["algorithms"] = ["local_item_dp"]
+    raw["privacy"] = {**raw["privacy"], "ledger": str(shared), "budget": {"record": 1000.0}}
+    with pytest.raises(BudgetExceededError, match="record"):
+        run_experiment(parse_config(raw), tmp_path / "next")

@@ -432,6 +432,8 @@ def open_no_noise_ledger(
     if resume:
         reopened = resume_run_ledger(run, run_dir, accountant, config_hash)
         if reopened is not None:
+            if not reopened.has_release:  # stopped between registering and recording it
+                reopened.record_release(no_noise_release())
             return reopened
     ledger = open_run_ledger(run, run_dir, accountant, config_hash)
     ledger.record_release(no_noise_release())

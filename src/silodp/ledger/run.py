@@ -382,6 +382,11 @@ class RunLedger:
 
     _has_release = False
 
+    @property
+    def has_release(self) -> bool:
+        """Whether this run recorded a release (before training) on the ledger."""
+        return self._has_release
+
     def check(self, would_be: Mapping[str, float], what: str = "next round") -> None:
         """Raises:
         BudgetExceededError: a unit's ``would_be`` ε exceeds its budget."""
