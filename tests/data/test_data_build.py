@@ -276,6 +276,30 @@ def test_one_subject_id_written_two_ways_across_train_and_test_files_is_refused(
         build_federated_data(cfg)
 
 
+def test_long_integer_subject_ids_of_a_train_and_a_test_file_are_compared_exactly(
+    tmp_path: Path,
+) -> None:
+    """Distinct 19-digit subject ids across the training and the test file were refused as
+    one number written two ways (compared as floats, they rounded to one)."""
+    ids = [1234567890123456789 + i for i in range(4)]
+    pd.DataFrame({"f": np.arange(8.0), "label": np.arange(8) % 2, "pid": ids * 2}).to_parquet(
+        tmp_path / "train.parquet"
+    )
+    pd.DataFrame({"f": [1.0, 2.0], "label": [0, 1], "pid": ids[1:3]}).to_parquet(
+        tmp_path / "test.parquet"
+    )
+    cfg = DataConfig(
+        source="table",
+        path=str(tmp_path / "train.parquet"),
+        test_path=str(tmp_path / "test.parquet"),
+        subject_column="pid",
+        label_values=(0, 1),
+    )
+    data = build_federated_data(cfg)
+    assert data.train.subject_names == [str(i) for i in ids]
+    assert len(data.test) == 2 and describe(data)["split"]["shared_subjects"] == 2
+
+
 def test_a_test_file_that_is_also_training_data_is_refused(tmp_path: Path) -> None:
     """test_path = path was accepted and described as a separate test set (every test record
     a training record); so was a LEAF test file inside the training directory."""

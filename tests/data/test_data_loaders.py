@@ -317,6 +317,23 @@ def test_csv_ids_are_read_as_written(tmp_path: Path) -> None:
         loaders.load_table(path, feature_columns=["f"], label_column="label", subject_column="cust")
 
 
+def test_long_integer_ids_are_compared_exactly(tmp_path: Path) -> None:
+    """Distinct 19-digit ids were refused as one number written differently: compared as
+    floats, they rounded to one."""
+    path = tmp_path / "t.csv"
+    path.write_text(
+        "f,label,cust\n1,0,1234567890123456789\n2,1,1234567890123456790\n3,0,1234567890123456789\n"
+    )
+    table = loaders.load_table(
+        path, feature_columns=["f"], label_column="label", subject_column="cust"
+    )
+    assert table.subject_names == ["1234567890123456789", "1234567890123456790"]
+    assert table.subject.tolist() == [0, 1, 0]
+    path.write_text("f,label,cust\n1,0,1234567890123456789\n2,1,1234567890123456789.0\n")
+    with pytest.raises(InvalidValueError, match="one number written differently"):
+        loaders.load_table(path, feature_columns=["f"], label_column="label", subject_column="cust")
+
+
 def test_integers_beyond_any_float_are_a_clear_error(tmp_path: Path) -> None:
     """A 400-digit integer raised OverflowError (a traceback) from a CSV feature and a LEAF
     pixel."""

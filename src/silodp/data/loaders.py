@@ -19,6 +19,7 @@ import warnings
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -841,14 +842,17 @@ def _id_name(value: Any) -> str:
 def check_one_spelling(names: list[str], column: str, path: str | Path) -> None:
     """Refuses ids written as different text for one number ("7", "07", "7.0"): as text they
     are different people, as numbers one, and splitting one person in two would understate
-    what a subject-level ε must cover."""
-    by_number: dict[float, list[str]] = {}
+    what a subject-level ε must cover.
+
+    Numbers are compared exactly: distinct 19-digit ids are distinct people, though as floats
+    they would round to one."""
+    by_number: dict[Decimal, list[str]] = {}
     for name in names:
         try:
-            value = float(name)
-        except ValueError:
+            value = Decimal(name)
+        except InvalidOperation:
             continue
-        if math.isfinite(value):
+        if value.is_finite():
             by_number.setdefault(value, []).append(name)
     clash = next((ids for ids in by_number.values() if len(ids) > 1), None)
     if clash is not None:
