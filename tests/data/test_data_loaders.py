@@ -176,6 +176,27 @@ def test_leaf_shakespeare_unknown_char(tmp_path: Path) -> None:
         load_leaf_json(f, kind="shakespeare")
 
 
+def test_a_leaf_directory_reads_only_its_json_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A subdirectory or a link to nothing named *.json raised a bare IsADirectoryError or
+    FileNotFoundError, and a file that could not be read a bare OSError."""
+    px = [0.5] * 784
+    _write_json(tmp_path / "d" / "a.json", _leaf_blob({"f0": ([px, px], [3, 61])}))
+    (tmp_path / "d" / "sub.json").mkdir()
+    (tmp_path / "d" / "gone.json").symlink_to(tmp_path / "nowhere.json")
+    leaf = load_leaf_json(tmp_path / "d", kind="femnist")
+    assert leaf.subject_names == ["f0"] and len(leaf.y) == 2
+    assert "skipping ['gone.json', 'sub.json']" in caplog.text
+
+    def unreadable(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(loaders, "open", unreadable, raising=False)
+    with pytest.raises(InvalidValueError, match=r"a\.json' cannot be read \(PermissionError"):
+        load_leaf_json(tmp_path / "d", kind="femnist")
+
+
 def test_leaf_missing_path_and_kind(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_leaf_json(tmp_path / "nope.json", kind="femnist")

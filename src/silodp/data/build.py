@@ -55,7 +55,9 @@ def _check_separate_test(path: str, test_path: str) -> None:
 
     def files(item: str) -> set[Path]:
         p = Path(item)
-        return {f.resolve() for f in p.glob("*.json")} if p.is_dir() else {p.resolve()}
+        if p.is_dir():
+            return {f.resolve() for f in p.glob("*.json") if f.is_file()}
+        return {p.resolve()}
 
     both = sorted(files(path) & files(test_path))
     train_file, test_file = Path(path), Path(test_path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import logging
 import math
 import os
 import re
@@ -45,6 +46,8 @@ __all__ = [
     "make_synthetic",
     "table_columns",
 ]
+
+logger = logging.getLogger(__name__)
 
 FASHION_MNIST_ENV = "SILODP_FASHION_MNIST"
 FASHION_MNIST_DEFAULT_ROOT = "/usr/share/datasets/fashion-mnist"
@@ -254,7 +257,15 @@ def _leaf_files(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
             raise InvalidValueError(f"Expected a LEAF file or directory path, got {item!r}.")
         p = Path(item)
         if p.is_dir():
-            found = sorted(p.glob("*.json"), key=_natural_key)  # all_data_2 before _10
+            matches = sorted(p.glob("*.json"), key=_natural_key)  # all_data_2 before _10
+            found = [f for f in matches if f.is_file()]
+            skipped = [f.name for f in matches if not f.is_file()]
+            if skipped:  # a subdirectory, or a link to nothing, is no LEAF file
+                logger.warning(
+                    "LEAF directory %r: skipping %s, named *.json but not a file",
+                    str(p),
+                    skipped[:5],
+                )
             if not found:
                 raise DataFileNotFoundError(f"LEAF directory {str(p)!r} holds no .json files.")
             files.extend(found)
@@ -398,6 +409,11 @@ def _read_leaf_blob(file: Path) -> dict[str, Any]:
         raise InvalidValueError(f"LEAF file {str(file)!r} is not UTF-8 text: {err}.") from None
     except RecursionError:
         raise InvalidValueError(f"LEAF file {str(file)!r} is nested too deeply.") from None
+    except OSError as err:
+        raise InvalidValueError(
+            f"LEAF file {str(file)!r} cannot be read ({type(err).__name__}: {err}); expected "
+            "a readable LEAF JSON file."
+        ) from None
     if not isinstance(blob, dict):
         raise InvalidValueError(
             f"Expected LEAF file {str(file)!r} to hold a JSON object with keys users, "
