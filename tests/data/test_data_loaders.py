@@ -355,6 +355,37 @@ def test_long_integer_ids_are_compared_exactly(tmp_path: Path) -> None:
         loaders.load_table(path, feature_columns=["f"], label_column="label", subject_column="cust")
 
 
+@pytest.mark.parametrize(
+    "column, cells",
+    [
+        ("label", [[0], [1, 2], [1]]),
+        ("label", [[0, 1], [1, 0], [0, 1]]),
+        ("label", [{"a": 0}, {"a": 1}, {"a": 0}]),
+        ("label", [b"no", b"yes", b"no"]),
+        ("cust", [[1], [2], [1]]),
+        ("cust", [b"p1", b"p2", b"p1"]),
+    ],
+)
+def test_a_label_or_id_cell_holding_a_list_struct_or_bytes_is_refused(
+    tmp_path: Path, column: str, cells: list
+) -> None:
+    """A Parquet column of lists as labels raised numpy's "truth value of an array is
+    ambiguous" or became the classes [array([0]), array([1])]; as ids, lists and bytes became
+    subjects named "[1]" or "b'p1'"."""
+    frame = pd.DataFrame({"f": [1.0, 2.0, 3.0], "label": [0, 1, 0], "cust": ["a", "b", "a"]})
+    frame[column] = cells
+    frame.to_parquet(tmp_path / "t.parquet")
+    with pytest.raises(
+        InvalidValueError, match=rf"Expected one .* in each cell of column '{column}' .* in row 1"
+    ):
+        loaders.load_table(
+            tmp_path / "t.parquet",
+            feature_columns=["f"],
+            label_column="label",
+            subject_column="cust",
+        )
+
+
 def test_integers_beyond_any_float_are_a_clear_error(tmp_path: Path) -> None:
     """A 400-digit integer raised OverflowError (a traceback) from a CSV feature and a LEAF
     pixel."""

@@ -795,6 +795,23 @@ def _feature_matrix(frame: Any, path: Path, features: list[str]) -> np.ndarray:
     return x.astype(np.float32)
 
 
+#: what a table cell holds when it is not one value: a Parquet list or struct, or raw bytes
+_NOT_ONE_VALUE = (list, tuple, dict, set, frozenset, bytes, bytearray, memoryview, np.ndarray)
+
+
+def _check_one_value(values: np.ndarray, path: Path, column: str, what: str) -> None:
+    """Refuses a cell of ``column`` holding a list, array, struct or bytes: it is no single
+    label or id (and numpy cannot order arrays)."""
+    first = next((i for i, v in enumerate(values) if isinstance(v, _NOT_ONE_VALUE)), None)
+    if first is not None:
+        value = values[first]
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise InvalidValueError(
+            f"Expected one {what} (a number or a string) in each cell of column {column!r} of "
+            f"{str(path)!r}; got {shown} (of type {type(value).__name__}) in {_row(first)}."
+        )
+
+
 def _label_array(frame: Any, path: Path, label_column: str) -> np.ndarray:
     """The label column's values: integers, booleans or strings. A fractional or infinite
     number is not a class, and one column holds one kind of label."""
@@ -812,6 +829,7 @@ def _label_array(frame: Any, path: Path, label_column: str) -> np.ndarray:
                 f"{str(path)!r}; got {_to_python(values[first])!r} in {_row(first)}."
             )
         return values.astype(np.int64)
+    _check_one_value(values, path, label_column, "class label")
     kinds = {type(_to_python(v)).__name__ for v in values}
     if len(kinds) > 1:
         raise InvalidValueError(
@@ -901,6 +919,7 @@ def _id_column(
                 f"{_to_python(values[first])!r} in {_row(first)}."
             )
     if series.dtype.kind not in "biuf":
+        _check_one_value(values, path, column, "id")
         values = np.asarray([str(v) for v in values], dtype=object)
     uniques, inverse = np.unique(values, return_inverse=True)
     inverse = inverse.reshape(-1)
