@@ -386,6 +386,21 @@ def test_a_label_or_id_cell_holding_a_list_struct_or_bytes_is_refused(
         )
 
 
+def test_a_text_label_with_spaces_around_it_is_refused(tmp_path: Path) -> None:
+    """ " yes" beside "yes" silently became a third class."""
+    path = tmp_path / "t.csv"
+    path.write_text("f,label\n1,yes\n2,no\n3, yes\n4,yes\n")
+    with pytest.raises(
+        InvalidValueError, match="got a label with spaces around it, ' yes', in row 3"
+    ):
+        loaders.load_table(path, feature_columns=["f"], label_column="label")
+    pd.DataFrame({"f": [1.0, 2.0, 3.0], "label": ["yes", "no", " "]}).to_parquet(
+        tmp_path / "t.parquet"
+    )
+    with pytest.raises(InvalidValueError, match="got a blank label, ' ', in row 3"):
+        loaders.load_table(tmp_path / "t.parquet", feature_columns=["f"], label_column="label")
+
+
 def test_integers_beyond_any_float_are_a_clear_error(tmp_path: Path) -> None:
     """A 400-digit integer raised OverflowError (a traceback) from a CSV feature and a LEAF
     pixel."""

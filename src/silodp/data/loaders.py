@@ -814,7 +814,8 @@ def _check_one_value(values: np.ndarray, path: Path, column: str, what: str) -> 
 
 def _label_array(frame: Any, path: Path, label_column: str) -> np.ndarray:
     """The label column's values: integers, booleans or strings. A fractional or infinite
-    number is not a class, and one column holds one kind of label."""
+    number is not a class, one column holds one kind of label, and a string label is not
+    blank and has no spaces around it (``" yes"`` beside ``"yes"`` would be a third class)."""
     column = frame[label_column]
     values = column.to_numpy()
     kind = column.dtype.kind
@@ -836,6 +837,16 @@ def _label_array(frame: Any, path: Path, label_column: str) -> np.ndarray:
             f"Expected one kind of class label in column {label_column!r} of {str(path)!r}, "
             f"got values of types {sorted(kinds)}."
         )
+    if kinds == {"str"}:
+        spaced = next((i for i, v in enumerate(values) if not v.strip() or v != v.strip()), None)
+        if spaced is not None:
+            label = values[spaced]
+            what = "a blank label" if not label.strip() else "a label with spaces around it"
+            raise InvalidValueError(
+                f"Expected non-blank class labels without surrounding spaces (which would make "
+                f"' yes' and 'yes' two classes) in column {label_column!r} of {str(path)!r}; "
+                f"got {what}, {str(label)!r}, in {_row(spaced)}."
+            )
     return values
 
 
