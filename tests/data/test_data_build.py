@@ -300,6 +300,23 @@ def test_long_integer_subject_ids_of_a_train_and_a_test_file_are_compared_exactl
     assert len(data.test) == 2 and describe(data)["split"]["shared_subjects"] == 2
 
 
+def test_a_test_file_of_numeric_labels_matches_training_labels_read_as_text(
+    tmp_path: Path,
+) -> None:
+    """Training labels "1", "0", "x" (text) refused the test file's labels 1 and 0 (read as
+    numbers) as "label(s) [0, 1] not in the given label_values ['0', '1', 'x']"."""
+    (tmp_path / "train.csv").write_text(
+        "f,label\n" + "".join(f"{i},{'10x'[i % 3]}\n" for i in range(12))
+    )
+    (tmp_path / "test.csv").write_text("f,label\n1,1\n2,0\n3,1\n")
+    cfg = DataConfig(
+        source="table", path=str(tmp_path / "train.csv"), test_path=str(tmp_path / "test.csv")
+    )
+    data = build_federated_data(cfg)
+    assert data.train.num_classes == 3
+    assert data.test.y.tolist() == [1, 0, 1]  # classes "0", "1", "x"
+
+
 def test_a_test_file_that_is_also_training_data_is_refused(tmp_path: Path) -> None:
     """test_path = path was accepted and described as a separate test set (every test record
     a training record); so was a LEAF test file inside the training directory."""

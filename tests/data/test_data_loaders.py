@@ -401,6 +401,39 @@ def test_a_text_label_with_spaces_around_it_is_refused(tmp_path: Path) -> None:
         loaders.load_table(tmp_path / "t.parquet", feature_columns=["f"], label_column="label")
 
 
+def test_labels_read_as_numbers_match_string_label_values_by_their_text(tmp_path: Path) -> None:
+    """label_values = ["0", "1"] on a column of 0s and 1s was refused with "label(s) [0, 1]
+    not in the given label_values ['0', '1']"; so were string labels against numbers."""
+    path = tmp_path / "t.csv"
+    path.write_text("f,label\n1,1\n2,0\n3,1\n")
+    table = loaders.load_table(
+        path, feature_columns=["f"], label_column="label", label_values=["0", "1"]
+    )
+    assert table.y.tolist() == [1, 0, 1] and table.label_values == ["0", "1"]
+    for label, shown in (("01", "'01'"), ("2", "'2'")):  # as written: "01" is not "1"
+        path.write_text(f"f,label\n1,1\n2,0\n3,{label}\n")
+        with pytest.raises(InvalidValueError, match=rf"label\(s\) \[{shown}\] not in"):
+            loaders.load_table(
+                path, feature_columns=["f"], label_column="label", label_values=["0", "1"]
+            )
+    pd.DataFrame({"f": [1.0, 2.0, 3.0], "label": [1, 0, 1]}).to_parquet(tmp_path / "i.parquet")
+    table = loaders.load_table(
+        tmp_path / "i.parquet", feature_columns=["f"], label_column="label", label_values=["0", "1"]
+    )
+    assert table.y.tolist() == [1, 0, 1]
+    text = pd.DataFrame({"f": [1.0, 2.0, 3.0], "label": ["1", "0", "1"]})
+    text.to_parquet(tmp_path / "s.parquet")
+    table = loaders.load_table(
+        tmp_path / "s.parquet", feature_columns=["f"], label_column="label", label_values=[0, 1]
+    )
+    assert table.y.tolist() == [1, 0, 1] and table.label_values == [0, 1]
+    text.assign(label=["1", "0", "x"]).to_parquet(tmp_path / "s.parquet")
+    with pytest.raises(InvalidValueError, match=r"label\(s\) \['x'\] not in .* \[0, 1\]"):
+        loaders.load_table(
+            tmp_path / "s.parquet", feature_columns=["f"], label_column="label", label_values=[0, 1]
+        )
+
+
 def test_integers_beyond_any_float_are_a_clear_error(tmp_path: Path) -> None:
     """A 400-digit integer raised OverflowError (a traceback) from a CSV feature and a LEAF
     pixel."""

@@ -653,10 +653,10 @@ def _read_frame(path: Path) -> Any:
     return frame
 
 
-def _ids_as_written(frame: Any, path: Path, columns: list[str]) -> None:
-    """Replaces a CSV's id ``columns`` by their text as written: read as numbers, "007" and
-    "7" (or "1" and "1.0", " 3" and "3") were one id, and "NA" a missing one. Only an empty
-    field is missing."""
+def _as_written(frame: Any, path: Path, columns: list[str]) -> None:
+    """Replaces a CSV's ``columns`` (ids, and labels checked against string label_values) by
+    their text as written: read as numbers, "007" and "7" (or "1" and "1.0", " 3" and "3")
+    were one id, and "NA" a missing one. Only an empty field is missing."""
     import pandas as pd
 
     if not columns or path.name.lower().endswith((".parquet", ".pq")):
@@ -854,7 +854,9 @@ def _encode_labels(
     raw_labels: np.ndarray, path: Path, label_column: str, label_values: Sequence[Any] | None
 ) -> tuple[np.ndarray, list[Any]]:
     """Dense labels and the original value of each: the sorted distinct values, or the given
-    ``label_values`` (a label outside them is an error)."""
+    ``label_values`` (a label outside them is an error). A label of the other kind than
+    ``label_values`` (a number checked against strings, or a string against numbers) matches
+    by its text."""
     if label_values is None:
         y, values = _dense_ids(raw_labels)
         if len(values) < 2:
@@ -864,14 +866,23 @@ def _encode_labels(
             )
         return y, values
     values = list(label_values)
-    lookup = {v: i for i, v in enumerate(values)}
-    unknown = sorted({_to_python(v) for v in raw_labels if _to_python(v) not in lookup}, key=str)
+    text = isinstance(values[0], str)
+    lookup: dict[Any, int] = {v: i for i, v in enumerate(values)}
+    if not text:  # a label read as text matches a number by its text: "1" is the class 1
+        lookup.update({str(v): i for i, v in enumerate(values)})
+
+    def key(label: Any) -> Any:  # a number matches a string class by its text: 1 is "1"
+        label = _to_python(label)
+        return str(label) if text and not isinstance(label, str) else label
+
+    labels = [key(v) for v in raw_labels]
+    unknown = sorted({v for v in labels if v not in lookup}, key=str)
     if unknown:
         raise InvalidValueError(
             f"Column {label_column!r} of {str(path)!r} has label(s) {unknown[:10]} not in "
             f"the given label_values {values[:10]}."
         )
-    return np.asarray([lookup[_to_python(v)] for v in raw_labels], dtype=np.int64), values
+    return np.asarray([lookup[v] for v in labels], dtype=np.int64), values
 
 
 _INTEGER = re.compile(r"[+-]?[0-9]+")
@@ -976,7 +987,9 @@ def load_table(
       silo_column, subject_column: optional id columns, mapped to dense ids in the order of
         their values (numerically where every value is an integer).
       label_values: a fixed label mapping (e.g. the training table's ``label_values`` when
-        reading its test table); labels outside it are an error.
+        reading its test table); labels outside it are an error. Against strings, a CSV's
+        labels are their text as written and numbers their text (the label 1 is ``"1"``);
+        against numbers, a text label is matched by its text.
 
     Raises:
       DataFileNotFoundError: ``path`` does not exist.
@@ -987,7 +1000,10 @@ def load_table(
     check_label_columns(label_column, silo_column, subject_column)
     path = Path(path)
     frame = _read_frame(path)
-    _ids_as_written(frame, path, [c for c in (silo_column, subject_column) if c is not None])
+    written = [c for c in (silo_column, subject_column) if c is not None]
+    if label_values is not None and all(isinstance(v, str) for v in label_values):
+        written.append(label_column)  # string classes: "01" is not the class "1"
+    _as_written(frame, path, written)
     if len(frame) == 0:
         raise InvalidValueError(
             f"Table {str(path)!r} has no rows; expected one row per record after the header."
