@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -450,6 +451,24 @@ def test_integers_beyond_any_float_are_a_clear_error(tmp_path: Path) -> None:
     leaf.write_text(json.dumps(blob))
     with pytest.raises(InvalidValueError, match="x\\[1\\] holds an integer too large"):
         loaders.load_leaf_json(str(leaf), kind="femnist")
+
+
+def test_decimal_and_long_integer_features_are_numbers(tmp_path: Path) -> None:
+    """A Parquet decimal column, and a CSV integer beyond 64 bits, were refused as "numbers
+    stored as text"."""
+    frame = pd.DataFrame({"f": [Decimal("1.5"), Decimal("-2.25")], "label": [0, 1]})
+    frame.to_parquet(tmp_path / "t.parquet")
+    table = loaders.load_table(tmp_path / "t.parquet", feature_columns=["f"], label_column="label")
+    assert table.x.ravel().tolist() == [1.5, -2.25]
+    path = tmp_path / "t.csv"
+    path.write_text(f"f,label\n2,0\n{2**64 + 1},1\n")
+    table = loaders.load_table(path, feature_columns=["f"], label_column="label")
+    assert table.x.ravel().tolist() == [2.0, np.float32(2**64)]
+    path.write_text("f,label\n2,0\n" + "9" * 50 + ",1\n")
+    with pytest.raises(
+        InvalidValueError, match=r"too large for float32 \(first: 1e\+50 in column 'f', row 2"
+    ):
+        loaders.load_table(path, feature_columns=["f"], label_column="label")
 
 
 def test_a_float_label_beyond_int64_is_refused(tmp_path: Path) -> None:

@@ -752,11 +752,25 @@ def _check_columns(frame: Any, path: Path, wanted: list[str]) -> None:
             )
 
 
+def _python_numbers(values: np.ndarray, path: Path, column: str) -> np.ndarray:
+    """Python numbers (decimals, integers of any size) as float64."""
+    try:
+        return np.asarray([float(v) for v in values], dtype=np.float64)
+    except OverflowError:  # an integer beyond any float (e.g. 400 digits)
+        first = next(i for i, v in enumerate(values) if _overflows(v))
+        raise InvalidValueError(
+            f"Table {str(path)!r} has an integer too large for float32 in column {column!r}, "
+            f"{_row(first)}; expected finite numbers."
+        ) from None
+
+
 def _feature_matrix(frame: Any, path: Path, features: list[str]) -> np.ndarray:
     """The ``features`` as float32 ``(n, len(features))``; refuses non-numeric columns and
-    values that are infinite or too large for float32."""
+    values that are infinite or too large for float32. A column of Python numbers (Parquet
+    decimals, integers beyond 64 bits) is converted like the others."""
     import pandas as pd
 
+    converted: dict[str, np.ndarray] = {}
     for c in features:
         if frame[c].dtype.kind in "biuf":
             continue
@@ -766,6 +780,9 @@ def _feature_matrix(frame: Any, path: Path, features: list[str]) -> np.ndarray:
                 f"values of dtype {frame[c].dtype}."
             )
         values = frame[c].to_numpy()
+        if all(isinstance(v, int | float | Decimal) and not isinstance(v, bool) for v in values):
+            converted[c] = _python_numbers(values, path, c)
+            continue
         try:
             numbers = pd.to_numeric(frame[c], errors="coerce").to_numpy()
         except OverflowError:  # an integer beyond any float (e.g. 400 digits)
@@ -783,7 +800,12 @@ def _feature_matrix(frame: Any, path: Path, features: list[str]) -> np.ndarray:
             f"Expected numeric feature columns in {str(path)!r}; column {c!r} is not numeric "
             f"(it holds {what})."
         )
-    x = frame[features].to_numpy(dtype=np.float64)
+    if converted:
+        x = np.column_stack(
+            [converted[c] if c in converted else frame[c].to_numpy(np.float64) for c in features]
+        )
+    else:
+        x = frame[features].to_numpy(dtype=np.float64)
     bad = ~np.isfinite(x) | (np.abs(x) > np.finfo(np.float32).max)
     if bad.any():
         row, col = (int(v[0]) for v in np.nonzero(bad))
