@@ -70,8 +70,8 @@ def _noise_id(run: PreparedRun) -> dict[str, Any]:
     ``none`` for a run without noise."""
     if run.plan is None:
         return {"mode": "none"}
-    if run.privacy.noise == "seeded":
-        digest = hashlib.sha256(f"silodp-seed:{run.training.seed}".encode()).hexdigest()
+    if run.privacy.noise == "seeded":  # of the run's coin seed: one per seed and settings
+        digest = hashlib.sha256(f"silodp-seed:{run.coin_seed}".encode()).hexdigest()
         return {"mode": "seeded", "seed_id": digest[:16]}
     return {"mode": "secure", "seed_id": "os-csprng"}
 

@@ -9,6 +9,7 @@ here names an algorithm.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import shlex
@@ -29,7 +30,7 @@ from silodp.config import ExperimentConfig, PrivacyConfig, SweepCell, TrainingCo
 from silodp.data import FederatedData, FederatedDataset
 from silodp.data.partition import cap_records, cap_span
 from silodp.errors import InvalidValueError
-from silodp.federated.simulator import SCALING_STREAM, SETUP_STREAM, run_coins
+from silodp.federated.simulator import SCALING_STREAM, SETUP_STREAM, coin_seed, run_coins
 from silodp.models import MODEL_INPUTS, build_model, dtype_name, input_mismatch
 
 __all__ = ["PreparedRun", "check_model_fits", "dp_scaling", "prepare_run", "privacy_caps"]
@@ -62,6 +63,9 @@ class PreparedRun:
     calibration: dict[str, Any]
     notes: list[str] = dataclasses.field(default_factory=list)
     cell: SweepCell | None = None
+    #: the seed of its seeded coins: the run seed keyed by what the run computes
+    #: (:func:`~silodp.federated.simulator.coin_seed`); unused by secure coins
+    coin_seed: int = 0
 
     def account_command(self, rounds: int | None = None) -> str | None:
         """A ``silodp account`` call that reproduces this run's ε after ``rounds`` rounds
@@ -428,10 +432,11 @@ def prepare_run(
             }
     if sigma is not None:
         algo_config = dataclasses.replace(algo_config, noise_multiplier=sigma)
-    setup_coins = run_coins(privacy.noise, training.seed, SETUP_STREAM)
     label = (
         name if cell is None else f"{name}/{cell.label(config.algorithm_settings(name), privacy)}"
     )
+    coins_seed = coin_seed(training.seed, _identity(name, config, training, privacy, sigma))
+    setup_coins = run_coins(privacy.noise, coins_seed, SETUP_STREAM)
     return PreparedRun(
         name=label,
         algorithm=make_algorithm(name, algo_config, train, coins=setup_coins),
@@ -449,6 +454,31 @@ def prepare_run(
         calibration=calibration,
         notes=notes,
         cell=cell,
+        coin_seed=coins_seed,
+    )
+
+
+def _identity(
+    name: str,
+    config: ExperimentConfig,
+    training: TrainingConfig,
+    privacy: PrivacyConfig,
+    sigma: float | None,
+) -> str:
+    """What a run computes, as text: its algorithm and settings, model, data and σ (the
+    identity its seeded coins are keyed by, :func:`~silodp.federated.simulator.coin_seed`)."""
+    return json.dumps(
+        {
+            "algorithm": name,
+            "settings": config.algorithm_settings(name),
+            "training": dataclasses.asdict(training),
+            "privacy": dataclasses.asdict(privacy),
+            "model": dataclasses.asdict(config.model),
+            "data": dataclasses.asdict(config.data),
+            "noise_multiplier": sigma,
+        },
+        sort_keys=True,
+        default=str,
     )
 
 
@@ -504,7 +534,9 @@ def dp_scaling(
     span = statistics_span(config, data.train.num_silos)
     share = config.data.scaling_budget * privacy.epsilon
     sigma = find_sigma(lambda s: conversions.gdp_epsilon(math.sqrt(span) / s, privacy.delta), share)
-    coins = run_coins(privacy.noise, config.training.seed, SCALING_STREAM)
+    data_settings = json.dumps(dataclasses.asdict(config.data), sort_keys=True, default=str)
+    identity = f"dp-scaling\0{sigma!r}\0{span}\0{data_settings}"
+    coins = run_coins(privacy.noise, coin_seed(config.training.seed, identity), SCALING_STREAM)
     # on the records training will use: a subject then sits in at most ``span`` silos
     capped = cap_span(data.train, span=span, seed=config.data.seed)
     stats = dp_feature_stats(

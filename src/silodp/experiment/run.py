@@ -132,7 +132,7 @@ def engine_arguments(
         "test": data.test,
         "accountant": accountant,
         "silos_per_round": run.silos_per_round,
-        "seed": run.training.seed,
+        "seed": run.coin_seed,
         "eval_every": run.training.eval_every if eval_every is None else eval_every,
         "noise": run.privacy.noise,
         "ledger": ledger,

@@ -13,6 +13,7 @@ Every silo update's DP events go to the accountant in the same round they were p
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -70,6 +71,19 @@ SILO_STREAM, SAMPLING_STREAM, SERVER_STREAM = 0, 1, 2
 #: Run-wide streams: the set-up's randomness (e.g. the secret the silos share) and the DP
 #: feature statistics'; keyed as "round 0" (rounds count from 1) with streams no round uses
 SETUP_STREAM, SCALING_STREAM = 3, 4
+
+
+def coin_seed(seed: int, identity: str) -> int:
+    """The seed of one run's seeded coins: the run seed keyed by ``identity`` (what the run
+    computes: its resolved settings). Runs of different settings on one seed then draw
+    independent coins; with the same coins, two released models of different settings
+    (another clip, σ or algorithm) would subtract each other's noise away, and a ledger
+    composing them as independent releases would read far below what they reveal together.
+    A 63-bit integer (as an int64 carries it to a silo) whose bit 62 is set: every coin seed
+    is two 32-bit words long, so no key is a prefix of another."""
+    seed = check_int("seed", seed, 0)
+    digest = hashlib.sha256(f"silodp-coins\0{seed}\0{identity}".encode()).digest()
+    return (int.from_bytes(digest[:8], "little") >> 1) | (1 << 62)
 
 
 def round_coins(noise: str, seed: int, round_index: int, stream: int, silo: int = 0) -> Coins:
