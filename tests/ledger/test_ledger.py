@@ -374,6 +374,29 @@ def test_a_shared_total_composes_each_run_over_its_own_span(tmp_path: Path) -> N
     assert spent > gdp_epsilon(math.sqrt(rounds * steps) / sigma, 1e-5) * 1.5
 
 
+def test_a_shared_total_of_runs_against_different_adversaries_is_the_strongest(
+    tmp_path: Path,
+) -> None:
+    """Two uldp_avg runs with a server-drawn subject sample, one accounted against the
+    released model (amplified) and one against the strongest adversary (the server knows the
+    sample): the total was composed at the first run's adversary and read below the second
+    run's own ε."""
+    shared = tmp_path / "shared.sqlite"
+    raw = _raw(ledger=str(shared), noise_multiplier=1.0, subject_rate=0.2)
+    raw.update(algorithms=["uldp_avg"])
+    raw["privacy"]["subject_sampler"] = "server"
+    raw["training"] = {"rounds": 3, "local_epochs": 1, "batch_size": 32, "lr": 0.5}
+    first = run_experiment(
+        parse_config({**raw, "privacy": {**raw["privacy"], "adversary": "released"}}),
+        tmp_path / "a",
+    )
+    second = run_experiment(parse_config(raw), tmp_path / "b")
+    one, two = (r["runs"][0]["epsilon"]["subject"] for r in (first, second))
+    assert one < two  # the server knows the sample: no amplification against it
+    total = ledger_report(shared)["total"]["federated"]
+    assert total["epsilon"]["subject"] > two
+
+
 def test_a_resume_reopens_the_run_it_registered_as(tmp_path: Path) -> None:
     """Two runs of one config on a shared ledger (two results directories): each resumes its
     own registration, not the last one of that name, so its ε composes its own events."""

@@ -110,11 +110,14 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
             if declared:  # the total the declared budget is checked against
                 limit = next(iter(declared.values()))
                 first["delta"] = limit["delta"]
-                if "target" in first:
-                    first["target"] = limit["adversary"]
+                against = {b.get("adversary", "strongest") for b in declared.values()}
             else:  # at the smallest δ of the runs: a total never reads below one of them
                 deltas = [records[i].accountant.get("delta") for i in ids]
                 first["delta"] = min((d for d in deltas if d is not None), default=None)
+                against = {records[i].accountant.get("target", "strongest") for i in ids}
+            if "target" in first:  # one adversary for every unit; where they differ, the
+                # strongest, against which no unit's total reads below another adversary's
+                first["target"] = against.pop() if len(against) == 1 else "strongest"
             try:
                 replayed = ledger.replay(ids, accountant_from_spec(first))
             except (ValueError, TypeError) as err:  # e.g. a round whose clients ran different σ
