@@ -148,6 +148,36 @@ def test_run_records_every_event_and_ledger_agrees_with_the_summary(tmp_path: Pa
     assert result.exit_code == 1 and "mismatch" in result.output
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        'UPDATE events SET privacy = \'{"scope": "silo"}\'',
+        'UPDATE runs SET accountant = \'{"kind": "federated"}\'',
+        "UPDATE runs SET noise = '[]'",
+        'UPDATE rounds SET written = \'{"subject": "x"}\'',
+    ],
+)
+def test_rows_edited_into_shapes_silodp_never_writes_are_named_errors(
+    tmp_path: Path, edit: str
+) -> None:
+    """Hand-edited rows were tracebacks (KeyError, TypeError, AttributeError) in
+    ``ledger show`` and ``ledger verify``; a named error now says the row is not silodp's."""
+    run_experiment(parse_config(_raw()), tmp_path)
+    path = tmp_path / "user_ldp" / "ledger.sqlite"
+    db = sqlite3.connect(path)
+    db.execute(edit)
+    db.commit()
+    db.close()
+    codes = set()
+    for command in ("show", "verify"):
+        result = runner.invoke(app, ["ledger", command, str(path)])
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+        codes.add(result.exit_code)
+        if result.exit_code == 2:
+            assert "does not have the form silodp writes" in result.output
+    assert 2 in codes
+
+
 def test_same_epsilon_treats_unbounded_alike_and_finite_to_tolerance() -> None:
     assert (
         same_epsilon(None, None) and same_epsilon(None, math.inf) and same_epsilon(None, math.nan)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from silodp.accounting.interface import accountant_from_spec
+from silodp.errors import SilodpError
 from silodp.io import json_number
 from silodp.ledger.store import Ledger, LedgerError
 
@@ -42,9 +43,17 @@ def _reading(path: str | Path) -> Iterator[Ledger]:
     with Ledger(path, read_only=True) as ledger:
         try:
             yield ledger
+        except SilodpError:
+            raise
         except (sqlite3.DatabaseError, json.JSONDecodeError) as err:
             raise LedgerError(
                 f"Expected a readable silodp ledger at {str(path)!r}: {err}."
+            ) from err
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
+            # a row edited by hand into a shape silodp never writes
+            raise LedgerError(
+                f"Expected a readable silodp ledger at {str(path)!r}: a row does not have the "
+                f"form silodp writes ({type(err).__name__}: {err})."
             ) from err
 
 
