@@ -392,3 +392,62 @@ def test_cli_audit_says_the_shared_ledger_and_budget_are_not_charged(
         handle.write(f'\n[algorithm.local_item_dp]\nledger = "{ledger}"\n')
     own = CliRunner().invoke(app, ["audit", str(plain), "--out", str(tmp_path / "o3")])
     assert f"local_item_dp's shared ledger and budget ({ledger}; -) are not charged" in (own.stderr)
+
+
+def test_cli_audit_says_when_a_claim_could_not_be_contradicted_or_is_of_another_notion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim above the largest bound the audit could show passed with a plain row; a bound
+    above a replace-one claim (canaries are added or removed) exited 1 as a contradiction."""
+    path, _ = _config(tmp_path, ["local_item_dp"], "noise_multiplier = 1.0")
+    report = _fake_report("local_item_dp", 3.0, 0.4)
+    report.update(max_lower_bound=2.2, adjacency="add/remove")
+    monkeypatch.setattr("silodp.audit.run.audit_algorithm", lambda *a, **kw: report)
+    args = ["audit", str(path), "--out", str(tmp_path / "out"), "--quiet"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0 and "could not contradict its claim" in result.output
+    report.update(max_lower_bound=9.0, adjacency="replace-one", lower_bound=3.5)
+    result = CliRunner().invoke(app, args + ["--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert "replace-one claim, which add/remove canaries do not test" in result.output
+    report.update(adjacency="add/remove")
+    assert CliRunner().invoke(app, args + ["--overwrite"]).exit_code == 1
+
+
+def test_a_many_runs_audit_of_a_non_private_algorithm_completes(tmp_path: Path) -> None:
+    """fedavg's later runs were refused (no ε and no σ), after the first had been written."""
+    _, cfg = _config(tmp_path, ["fedavg"], "noise_multiplier = 1.0")
+    data = build_federated_data(cfg.data)
+    out = tmp_path / "out"
+    report = audit_algorithm(
+        cfg, data, "fedavg", out, design="many-runs", runs=4, seed=0, log=lambda m: None
+    )
+    assert report["runs"] == 4 and report["claimed_epsilon"] is None
+    assert (out / "fedavg" / "audit.json").is_file()
+
+
+def test_an_audit_cut_short_leaves_no_earlier_result_beside_its_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, cfg = _config(tmp_path, ["local_item_dp"], "noise_multiplier = 1.0")
+    data = build_federated_data(cfg.data)
+    run_dir = tmp_path / "out" / "local_item_dp"
+    run_dir.mkdir(parents=True)
+    for old in ("audit.json", "audit_roc.png"):
+        (run_dir / old).write_text("an earlier audit's")
+
+    def cut(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("silodp.audit.run.train_run", cut)
+    with pytest.raises(KeyboardInterrupt):
+        audit_algorithm(cfg, data, "local_item_dp", tmp_path / "out", canaries=20, seed=0)
+    assert not (run_dir / "audit.json").exists() and not (run_dir / "audit_roc.png").exists()
+
+
+def test_cli_audit_checks_the_unit_of_every_algorithm_before_training(tmp_path: Path) -> None:
+    path, _ = _config(tmp_path, ["local_item_dp", "higradavg_dp"], "noise_multiplier = 1.0")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["audit", str(path), "--unit", "record", "--out", str(out)])
+    assert result.exit_code == 2 and "'higradavg_dp' reports ε for (subject)" in result.output
+    assert not (out / "local_item_dp").exists()

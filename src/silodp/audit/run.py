@@ -48,6 +48,8 @@ from silodp.models import build_model
 __all__ = ["ATTACK", "DESIGNS", "audit_algorithm", "default_unit"]
 
 DESIGNS = ("one-run", "many-runs")
+#: an audited run's result and its plot, in ``out/<algorithm>/``
+AUDIT_FILE, ROC_FILE = "audit.json", "audit_roc.png"
 
 ATTACK = (
     "white-box dedicated-feature canaries: each canary owns an input feature no other record "
@@ -218,6 +220,8 @@ def audit_algorithm(
     rng = np.random.default_rng(seed if seed is not None else secrets.randbits(128))
     amplitude = AMPLITUDE_PER_CLIP * max(1.0, float(probe.algorithm.config.clip))
     run_dir = out / name
+    for old in (AUDIT_FILE, ROC_FILE):  # an earlier audit's result never sits beside this run
+        (run_dir / old).unlink(missing_ok=True)
     if design == "one-run":
         check_int("canaries", canaries, 2)
         _check_fits(data, probe.train, canaries, unit)
@@ -236,6 +240,9 @@ def audit_algorithm(
         claimed = _claimed(summary, unit, run_dir)
         delta = run.privacy.delta
         best = best_one_run_epsilon(scores, included, delta=delta, significance=significance)
+        ceiling = best_one_run_epsilon(
+            included * 1.0, included, delta=delta, significance=significance
+        ).epsilon
         bound: dict[str, Any] = {
             "epsilon": best.epsilon,
             "guesses": best.guesses,
@@ -266,7 +273,11 @@ def audit_algorithm(
                 _, summary = train_run(run, audited, run_dir, None)
                 final = _final_params(run_dir)
                 claimed = _claimed(summary, unit, run_dir)
-                fixed = _audit_config(config, name, noise_multiplier=sigma, epsilon=None)
+                fixed = (  # σ as calibrated for the first run; a non-private one as it is
+                    cfg
+                    if sigma is None
+                    else _audit_config(config, name, noise_multiplier=sigma, epsilon=None)
+                )
             else:  # independent coins in every run, seeded noise included
                 seeded = _audit_config(fixed, name, seed=fixed.training.seed + j)
                 run = prepare_run(name, seeded, audited)
@@ -280,6 +291,9 @@ def audit_algorithm(
             scores, included, delta=delta, significance=significance
         )
         bound = {"epsilon": eps, "threshold": threshold}
+        ceiling = split_threshold_epsilon(
+            included * 1.0, included, delta=delta, significance=significance
+        )[0]
         counts = {"canaries": runs, "included": int(included.sum()), "runs": runs}
     fpr, tpr = roc_curve(scores, included)
     report = {
@@ -296,6 +310,9 @@ def audit_algorithm(
         "adjacency": probe.algorithm.adjacency_of(unit) if unit in reported else None,
         "claimed_epsilon_by_adversary": claimed["epsilon_by_adversary"],
         "lower_bound": bound["epsilon"],
+        # the largest bound this audit could show (every guess right): at or below the
+        # claim, the audit could not have contradicted it
+        "max_lower_bound": ceiling,
         "confidence": 1 - significance,
         "bound": bound,
         "wall_time_s": round(time.perf_counter() - started, 1),
@@ -303,10 +320,10 @@ def audit_algorithm(
         "seeded_auditor": seed is not None,
     }
     write_json(
-        run_dir / "audit.json",
+        run_dir / AUDIT_FILE,
         {**report, "scores": scores.tolist(), "inclusion": included.tolist()},
     )
-    plot_audit(fpr, tpr, report, run_dir / "audit_roc.png")
+    plot_audit(fpr, tpr, report, run_dir / ROC_FILE)
     return report
 
 

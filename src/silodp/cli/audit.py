@@ -82,6 +82,7 @@ def audit(
     A lower bound above the claimed ε means the claim is wrong (at that confidence). Writes
     OUT/<algorithm>/ with the audited run, audit.json and audit_roc.png.
     Exit codes: 0 done, 1 a lower bound above its claimed ε, 2 bad input."""
+    from silodp.algorithms import ALGORITHMS
     from silodp.audit.canaries import CANARY_UNITS
     from silodp.audit.run import DESIGNS, audit_algorithm
     from silodp.config import load_config
@@ -111,6 +112,13 @@ def audit(
                 raise SilodpError(
                     f"Expected --algorithm to be one of the config's algorithms "
                     f"({', '.join(cfg.algorithms)}); got {name!r}."
+                )
+            units = ALGORITHMS[name].units
+            if unit is not None and units and unit not in units:  # before anything trains
+                raise SilodpError(
+                    f"Expected --unit to be a unit {name!r} reports ε for ({', '.join(units)}); "
+                    f"got {unit!r}: it claims nothing at that unit, so no bound could "
+                    "contradict it."
                 )
         check_output(out, names, overwrite)
         log = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
@@ -158,6 +166,8 @@ def audit(
         conf = f"{1 - significance:.0%}"
         typer.echo(f"\nempirical lower bounds on ε ({conf} confidence), released-model attacker:")
         typer.echo(_table(reports))
+        for note in _caveats(reports):
+            typer.echo(f"note: {note}")
         typer.echo(f"\nresults in {out}/ (audit.json, audit_roc.png per algorithm)")
     if above:
         typer.secho(
@@ -183,5 +193,27 @@ def _stopped(out: Path, reports: list[dict[str, Any]], *, terminated: bool) -> N
 
 
 def _violates(report: dict[str, Any]) -> bool:
+    """A lower bound above an add/remove claim (canaries are added or removed: a bound above
+    a replace-one claim does not contradict it, that notion not implying this one)."""
     claimed = report["claimed_epsilon"]
-    return claimed is not None and report["lower_bound"] > claimed
+    comparable = report.get("adjacency") in (None, "add/remove")
+    return claimed is not None and comparable and report["lower_bound"] > claimed
+
+
+def _caveats(reports: list[dict[str, Any]]) -> list[str]:
+    """What the table's rows cannot show: claims no bound of that audit could exceed, and
+    bounds above a claim of another adjacency."""
+    notes = []
+    for r in reports:
+        claimed, ceiling = r["claimed_epsilon"], r.get("max_lower_bound")
+        if claimed is not None and ceiling is not None and ceiling <= claimed:
+            notes.append(
+                f"{r['algorithm']}: this audit could not contradict its claim (every guess "
+                f"right would show {display.lower(ceiling)}); more canaries or runs raise that"
+            )
+        elif claimed is not None and not _violates(r) and r["lower_bound"] > claimed:
+            notes.append(
+                f"{r['algorithm']}: its bound is above a {r['adjacency']} claim, which "
+                "add/remove canaries do not test (not a contradiction)"
+            )
+    return notes
