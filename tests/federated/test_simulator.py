@@ -209,3 +209,31 @@ def test_seeded_runs_of_other_settings_draw_independent_noise(tmp_path) -> None:
         noise = float((m1[k] - clean[k]).abs().max())
         recovered = m1[k] + 1024.0 * (m1[k] - m2[k]) / (2048.0 - 1024.0)
         assert float((recovered - clean[k]).abs().max()) > 0.1 * noise > 0
+
+
+def test_seeded_coins_are_keyed_by_the_records_and_not_by_where_results_go() -> None:
+    """Other records draw other coins, as other settings do; a ledger,
+    a budget or a number's spelling (1 or 1.0) change nothing a run computes, nor its coins
+    (every engine trains the same model, bit for bit)."""
+    import dataclasses
+    from pathlib import Path
+
+    from silodp.config import load_config
+    from silodp.data.build import build_federated_data
+    from silodp.experiment.prepare import prepare_run
+
+    config = load_config(Path(__file__).resolve().parents[2] / "configs" / "smoke.toml")
+    data = build_federated_data(config.data)
+    seed = prepare_run("local_item_dp", config, data).coin_seed
+    elsewhere = config.with_ledger("/tmp/elsewhere.sqlite")
+    assert config.hyperparameters["clip"] == 1.0
+    elsewhere = dataclasses.replace(
+        elsewhere,
+        hyperparameters={**elsewhere.hyperparameters, "clip": 1},
+        privacy=dataclasses.replace(elsewhere.privacy, budget={"record": 100.0}),
+    )
+    assert prepare_run("local_item_dp", elsewhere, data).coin_seed == seed
+    # another record set (a record the caps drop anyway changes nothing trained, nor coins)
+    fewer = dataclasses.replace(data, train=data.train.subset(np.arange(0, len(data.train), 2)))
+    assert prepare_run("local_item_dp", config, fewer).coin_seed != seed
+    assert prepare_run("local_group_dp", config, data).coin_seed != seed

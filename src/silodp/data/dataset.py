@@ -8,6 +8,7 @@ where a loader had them; errors and summaries name subjects and silos by them.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -268,6 +269,19 @@ class FederatedDataset:
             np.add.at(hist, (self.silo, self.subject), 1)
             self._cache["hist"] = hist
         return self._cache["hist"]
+
+    def digest(self) -> str:
+        """SHA-256 of the records: features, labels, silos and subjects, each with its dtype
+        and shape, and the numbers of classes and silos (computed once)."""
+        if "digest" not in self._cache:
+            h = hashlib.sha256(b"silodp-records-v1")
+            h.update(f"classes={self.num_classes};silos={self.num_silos};".encode())
+            for name in ("x", "y", "silo", "subject"):
+                a = np.ascontiguousarray(getattr(self, name))
+                h.update(f"{name}:{a.dtype.str}{a.shape};".encode())
+                h.update(a.data)
+            self._cache["digest"] = h.hexdigest()
+        return str(self._cache["digest"])
 
     def max_records_per_subject_per_silo(self) -> int:
         """Largest ``n_{s,a}``: records of one subject inside one silo."""

@@ -435,7 +435,8 @@ def prepare_run(
     label = (
         name if cell is None else f"{name}/{cell.label(config.algorithm_settings(name), privacy)}"
     )
-    coins_seed = coin_seed(training.seed, _identity(name, config, training, privacy, sigma))
+    identity = _identity(name, algo_config, config, train, silos_per_round)
+    coins_seed = coin_seed(training.seed, identity)
     setup_coins = run_coins(privacy.noise, coins_seed, SETUP_STREAM)
     return PreparedRun(
         name=label,
@@ -459,27 +460,38 @@ def prepare_run(
 
 
 def _identity(
-    name: str,
-    config: ExperimentConfig,
-    training: TrainingConfig,
-    privacy: PrivacyConfig,
-    sigma: float | None,
+    name: str, run_config: Any, config: ExperimentConfig, train: FederatedDataset, silos: int
 ) -> str:
-    """What a run computes, as text: its algorithm and settings, model, data and σ (the
-    identity its seeded coins are keyed by, :func:`~silodp.federated.simulator.coin_seed`)."""
+    """What a run computes, as text: its algorithm's resolved settings (σ included), the
+    model, the silos per round and a digest of the records it trains on (the identity its
+    seeded coins are keyed by, :func:`~silodp.federated.simulator.coin_seed`). Where the
+    results go (ledger, budget, evaluation) is left out, and numbers are compared as values
+    (``clip = 1`` is ``clip = 1.0``)."""
     return json.dumps(
-        {
-            "algorithm": name,
-            "settings": config.algorithm_settings(name),
-            "training": dataclasses.asdict(training),
-            "privacy": dataclasses.asdict(privacy),
-            "model": dataclasses.asdict(config.model),
-            "data": dataclasses.asdict(config.data),
-            "noise_multiplier": sigma,
-        },
+        _as_values(
+            {
+                "algorithm": name,
+                "settings": dataclasses.asdict(run_config),
+                "model": dataclasses.asdict(config.model),
+                "silos_per_round": silos,
+                "records": train.digest(),
+            }
+        ),
         sort_keys=True,
-        default=str,
     )
+
+
+def _as_values(value: Any) -> Any:
+    """``value`` with every number a float and every other leaf its text."""
+    if isinstance(value, dict):
+        return {str(k): _as_values(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_as_values(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return float(value)
+    return str(value)
 
 
 def statistics_span(config: ExperimentConfig, num_silos: int) -> int:
@@ -534,8 +546,8 @@ def dp_scaling(
     span = statistics_span(config, data.train.num_silos)
     share = config.data.scaling_budget * privacy.epsilon
     sigma = find_sigma(lambda s: conversions.gdp_epsilon(math.sqrt(span) / s, privacy.delta), share)
-    data_settings = json.dumps(dataclasses.asdict(config.data), sort_keys=True, default=str)
-    identity = f"dp-scaling\0{sigma!r}\0{span}\0{data_settings}"
+    bounds = json.dumps(_as_values(config.data.feature_bounds))
+    identity = f"dp-scaling\0{sigma!r}\0{span}\0{bounds}\0{data.train.digest()}"
     coins = run_coins(privacy.noise, coin_seed(config.training.seed, identity), SCALING_STREAM)
     # on the records training will use: a subject then sits in at most ``span`` silos
     capped = cap_span(data.train, span=span, seed=config.data.seed)

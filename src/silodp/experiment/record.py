@@ -92,7 +92,8 @@ def noise_record(mode: str) -> dict[str, Any]:
         }
     return {
         "mode": "seeded",
-        "source": "PCG64 seeded from training.seed: reproducible, not for production",
+        "source": "PCG64 seeded from training.seed, keyed by the run's settings and records: "
+        "reproducible, not for production",
     }
 
 
