@@ -860,15 +860,23 @@ def _label_array(frame: Any, path: Path, label_column: str) -> np.ndarray:
             f"got values of types {sorted(kinds)}."
         )
     if kinds == {"str"}:
-        spaced = next((i for i, v in enumerate(values) if not v.strip() or v != v.strip()), None)
-        if spaced is not None:
-            label = values[spaced]
-            what = "a blank label" if not label.strip() else "a label with spaces around it"
+        blank = next((i for i, v in enumerate(values) if not v.strip()), None)
+        if blank is not None:
             raise InvalidValueError(
-                f"Expected non-blank class labels without surrounding spaces (which would make "
-                f"' yes' and 'yes' two classes) in column {label_column!r} of {str(path)!r}; "
-                f"got {what}, {str(label)!r}, in {_row(spaced)}."
+                f"Expected non-blank class labels in column {label_column!r} of "
+                f"{str(path)!r}; got {str(values[blank])!r} in {_row(blank)}."
             )
+        # spaces written alike (a CSV with ", " separators) are harmless; two spellings of one
+        # label (" yes" beside "yes") would be two classes
+        spelled: dict[str, str] = {}
+        for i, v in enumerate(values):
+            other = spelled.setdefault(v.strip(), v)
+            if other != v:
+                raise InvalidValueError(
+                    f"Expected each class label of column {label_column!r} of {str(path)!r} "
+                    f"written one way; {other!r} and {str(v)!r} (in {_row(i)}) differ only in "
+                    "the spaces around them, and would be two classes."
+                )
     return values
 
 
@@ -963,6 +971,8 @@ def _id_column(
                 f"{_to_python(values[first])!r} in {_row(first)}."
             )
     if series.dtype.kind not in "biuf":
+        if len(values) and all(isinstance(v, bytes) for v in values):  # binary (hashed) ids
+            values = np.asarray([v.hex() for v in values], dtype=object)
         _check_one_value(values, path, column, "id")
         values = np.asarray([str(v) for v in values], dtype=object)
     uniques, inverse = np.unique(values, return_inverse=True)
