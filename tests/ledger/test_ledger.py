@@ -416,8 +416,10 @@ def test_a_shared_total_of_runs_against_different_adversaries_is_the_strongest(
     raw.update(algorithms=["uldp_avg"])
     raw["privacy"]["subject_sampler"] = "server"
     raw["training"] = {"rounds": 3, "local_epochs": 1, "batch_size": 32, "lr": 0.5}
+    # a budget declared against the released model (the total read at its adversary)
+    budget = {"adversary": "released", "budget": {"subject": 1000.0}}
     first = run_experiment(
-        parse_config({**raw, "privacy": {**raw["privacy"], "adversary": "released"}}),
+        parse_config({**raw, "privacy": {**raw["privacy"], **budget}}),
         tmp_path / "a",
     )
     second = run_experiment(parse_config(raw), tmp_path / "b")

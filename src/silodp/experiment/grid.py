@@ -257,7 +257,7 @@ def cell_config(spec: GridSpec, cell: Cell) -> Any:
         listed = set(raw.get(ALGORITHMS) or ())
         raw["algorithm"] = {k: v for k, v in sections.items() if k in listed}
     try:
-        return parse_config(raw)
+        return parse_config(raw).with_absolute_ledgers()
     except ConfigError as err:
         raise ConfigError(f"Sweep cell {cell.id}: {err}") from err
 

@@ -473,6 +473,8 @@ def run_experiment(
     """
     tracking.check_installed(config.tracking)
     out = check_writable_dir(out_dir, name="out_dir")
+    if not resume:  # written absolute: a resume from anywhere finds the same ledgers
+        config = config.with_absolute_ledgers()
     with holding_results(out):
         from silodp.experiment.sweep import run_sweep
 
@@ -714,9 +716,9 @@ def replace_previous(out: Path, config: ExperimentConfig, log: Callable[[str], N
     there (a symbolic link is removed, not followed).
     """
     keep: set[Path] = set()
-    if config.privacy.ledger:
-        shared = Path(config.privacy.ledger).resolve()
-        keep = {shared, *(shared.with_name(shared.name + s) for s in ("-wal", "-shm"))}
+    for named in config.ledgers():
+        shared = Path(named).resolve()
+        keep |= {shared, *(shared.with_name(shared.name + s) for s in ("-wal", "-shm"))}
     names = sorted({*previous_runs(out), *(n.split("/")[0] for n in config.algorithms)})
     dirs = [out / n for n in names if (out / n).is_dir() and not (out / n).is_symlink()]
     if not dirs and not any(os.path.lexists(out / n) for n in EXPERIMENT_OUTPUTS):

@@ -49,7 +49,7 @@ def _reading(path: str | Path) -> Iterator[Ledger]:
             raise LedgerError(
                 f"Expected a readable silodp ledger at {str(path)!r}: {err}."
             ) from err
-        except (KeyError, TypeError, AttributeError, ValueError) as err:
+        except (KeyError, TypeError, AttributeError) as err:
             # a row edited by hand into a shape silodp never writes
             raise LedgerError(
                 f"Expected a readable silodp ledger at {str(path)!r}: a row does not have the "
@@ -60,8 +60,9 @@ def _reading(path: str | Path) -> Iterator[Ledger]:
 def ledger_report(path: str | Path) -> dict[str, Any]:
     """Runs, rounds (complete or interrupted), events, and ε per unit and route recomputed
     from the events: per run, and for every group of runs of one accounting kind composed
-    together (what a shared ledger has spent on its data, at the δ of its first run), and
-    the budget declared on it.
+    together (what a shared ledger has spent on its data: at the declared budget's δ, else
+    the smallest of the runs', against their adversary, or the strongest where runs and
+    budget differ), and the budget declared on it.
 
     ``schema_version`` is the version of the file; an older one is read as the current one
     without migrating the file.
@@ -116,16 +117,16 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
         declared = ledger.budget()
         for kind, ids in kinds.items():
             first = dict(records[ids[0]].accountant)
+            against = {records[i].accountant.get("target", "strongest") for i in ids}
             if declared:  # the total the declared budget is checked against
                 limit = next(iter(declared.values()))
                 first["delta"] = limit["delta"]
-                against = {b.get("adversary", "strongest") for b in declared.values()}
+                against |= {b.get("adversary", "strongest") for b in declared.values()}
             else:  # at the smallest δ of the runs: a total never reads below one of them
                 deltas = [records[i].accountant.get("delta") for i in ids]
                 first["delta"] = min((d for d in deltas if d is not None), default=None)
-                against = {records[i].accountant.get("target", "strongest") for i in ids}
-            if "target" in first:  # one adversary for every unit; where they differ, the
-                # strongest, against which no unit's total reads below another adversary's
+            if "target" in first:  # the runs' and budgets' adversary; where they differ, the
+                # strongest, against which the total reads below no run's own ε
                 first["target"] = against.pop() if len(against) == 1 else "strongest"
             try:
                 replayed = ledger.replay(ids, accountant_from_spec(first))
@@ -147,8 +148,8 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
             total[kind] = {
                 "runs": ids,
                 "delta": replayed.spec().get("delta"),
-                # whom the total holds against: the declared budget's adversary, else the
-                # first run's
+                # whom the total holds against: the runs' and the declared budget's
+                # adversary, or the strongest where they differ
                 "adversary": replayed.spec().get("target", "strongest"),
                 "epsilon": {
                     u: None
