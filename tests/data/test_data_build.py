@@ -254,6 +254,17 @@ def test_a_tables_test_file_with_the_subject_column_counts_and_keeps_its_subject
         )
 
 
+def _train_and_test(train: Path, test: Path) -> DataConfig:
+    """A table config of a training and a test file with subject ids in ``pid``."""
+    return DataConfig(
+        source="table",
+        path=str(train),
+        test_path=str(test),
+        subject_column="pid",
+        label_values=(0, 1),
+    )
+
+
 def test_one_subject_id_written_two_ways_across_train_and_test_files_is_refused(
     tmp_path: Path,
 ) -> None:
@@ -265,13 +276,7 @@ def test_one_subject_id_written_two_ways_across_train_and_test_files_is_refused(
     pd.DataFrame({"f": [1.0, 2.0], "label": [0, 1], "pid": ["07", "8"]}).to_csv(
         tmp_path / "test.csv", index=False
     )
-    cfg = DataConfig(
-        source="table",
-        path=str(tmp_path / "train.csv"),
-        test_path=str(tmp_path / "test.csv"),
-        subject_column="pid",
-        label_values=(0, 1),
-    )
+    cfg = _train_and_test(tmp_path / "train.csv", tmp_path / "test.csv")
     with pytest.raises(InvalidValueError, match=r"\['07', '7'\] are one number"):
         build_federated_data(cfg)
 
@@ -288,13 +293,7 @@ def test_long_integer_subject_ids_of_a_train_and_a_test_file_are_compared_exactl
     pd.DataFrame({"f": [1.0, 2.0], "label": [0, 1], "pid": ids[1:3]}).to_parquet(
         tmp_path / "test.parquet"
     )
-    cfg = DataConfig(
-        source="table",
-        path=str(tmp_path / "train.parquet"),
-        test_path=str(tmp_path / "test.parquet"),
-        subject_column="pid",
-        label_values=(0, 1),
-    )
+    cfg = _train_and_test(tmp_path / "train.parquet", tmp_path / "test.parquet")
     data = build_federated_data(cfg)
     assert data.train.subject_names == [str(i) for i in ids]
     assert len(data.test) == 2 and describe(data)["split"]["shared_subjects"] == 2
