@@ -311,6 +311,14 @@ def test_cli_audit_table_tells_an_infinite_claim_from_no_claim() -> None:
     assert not _violates(_fake_report("local_item_dp", None, 5.0, claim="infinite"))
 
 
+def test_the_plot_tells_an_infinite_claim_from_no_claim() -> None:
+    """The plot said "not private" of an infinite claim, which the table shows as inf."""
+    from silodp.audit.plot import unbounded_claim_label
+
+    assert "inf" in unbounded_claim_label(_fake_report("x", None, 5.0, claim="infinite"))
+    assert "not private" in unbounded_claim_label(_fake_report("x", None, 5.0, claim="not private"))
+
+
 def test_cli_audit_refuses_a_unit_the_algorithm_claims_nothing_at(tmp_path: Path) -> None:
     path, _ = _config(tmp_path, ["uldp_avg"], "noise_multiplier = 1.0")
     out = tmp_path / "out"

@@ -11,7 +11,7 @@ import numpy as np
 from silodp import display
 from silodp.plotting import plt, save_figure
 
-__all__ = ["dp_tradeoff_tpr", "plot_audit"]
+__all__ = ["dp_tradeoff_tpr", "plot_audit", "unbounded_claim_label"]
 
 
 def dp_tradeoff_tpr(epsilon: float, delta: float, fpr: np.ndarray) -> np.ndarray:
@@ -23,6 +23,13 @@ def dp_tradeoff_tpr(epsilon: float, delta: float, fpr: np.ndarray) -> np.ndarray
     return np.clip(
         np.minimum(np.exp(epsilon) * a + delta, 1 - np.exp(-epsilon) * (1 - delta - a)), 0, 1
     )
+
+
+def unbounded_claim_label(report: dict[str, Any]) -> str:
+    """The legend of a claim without a finite ε: an infinite one, or a non-private run's."""
+    if report.get("claim") == "infinite":
+        return "claimed ε = inf (no bound)"
+    return "claimed: not private (no bound)"
 
 
 def plot_audit(fpr: np.ndarray, tpr: np.ndarray, report: dict[str, Any], path: Path) -> Path:
@@ -43,7 +50,7 @@ def plot_audit(fpr: np.ndarray, tpr: np.ndarray, report: dict[str, Any], path: P
         )
     else:
         shown_lower = display.lower(lower)
-        ax.plot([], [], color="C3", label="claimed: not private (no bound)")
+        ax.plot([], [], color="C3", label=unbounded_claim_label(report))
     ax.plot(
         grid,
         dp_tradeoff_tpr(lower, delta, grid),

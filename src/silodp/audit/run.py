@@ -318,6 +318,7 @@ def audit_algorithm(
         "wall_time_s": round(time.perf_counter() - started, 1),
         "run_dir": str(run_dir),
         "seeded_auditor": seed is not None,
+        "auditor_seed": seed,
     }
     write_json(
         run_dir / AUDIT_FILE,
