@@ -392,7 +392,8 @@ def test_silo_sampling_runs_a_subset_each_round_and_accounts_it(tmp_path: Path) 
     args = shlex.split(summary["runs"][0]["account_command"])[1:] + ["--json"]
     planned = json.loads(CliRunner().invoke(app, args).output)
     for unit, value in rows[-1]["epsilon"].items():
-        assert value <= planned["epsilon"][unit] * (1 + 1e-9)
+        # up to the PLD grid: the run composes round by round (coarsened), the plan at once
+        assert value <= planned["epsilon"][unit] * (1 + 1e-4)
 
 
 def test_uldp_needs_every_silo_each_round(tmp_path: Path) -> None:
