@@ -38,7 +38,7 @@ run: install
 	$(BIN)/silodp run --out $(OUT) --overwrite
 
 test: install browser-deps
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=30
 
 test-fast: install
 	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow"
