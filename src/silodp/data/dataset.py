@@ -9,7 +9,7 @@ where a loader had them; errors and summaries name subjects and silos by them.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +125,18 @@ def _check_names(name: str, names: Any, count: int, *, exact: bool) -> list[str]
             "silo or subject."
         )
     return out
+
+
+def hash_arrays(h: Any, parts: Mapping[str, np.ndarray | None]) -> None:
+    """Feeds ``parts`` to the hash ``h``: each array's name, dtype and shape, then its bytes
+    (``None``: its name only)."""
+    for name, array in parts.items():
+        if array is None:
+            h.update(f"{name}:none;".encode())
+            continue
+        a = np.ascontiguousarray(array)
+        h.update(f"{name}:{a.dtype.str}{a.shape};".encode())
+        h.update(a.data)  # the contiguous buffer itself: no copy
 
 
 @dataclass(frozen=True, eq=False)
@@ -276,10 +288,7 @@ class FederatedDataset:
         if "digest" not in self._cache:
             h = hashlib.sha256(b"silodp-records-v1")
             h.update(f"classes={self.num_classes};silos={self.num_silos};".encode())
-            for name in ("x", "y", "silo", "subject"):
-                a = np.ascontiguousarray(getattr(self, name))
-                h.update(f"{name}:{a.dtype.str}{a.shape};".encode())
-                h.update(a.data)
+            hash_arrays(h, {name: getattr(self, name) for name in ("x", "y", "silo", "subject")})
             self._cache["digest"] = h.hexdigest()
         return str(self._cache["digest"])
 

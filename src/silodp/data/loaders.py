@@ -837,7 +837,8 @@ def _check_one_value(values: np.ndarray, path: Path, column: str, what: str) -> 
 def _label_array(frame: Any, path: Path, label_column: str) -> np.ndarray:
     """The label column's values: integers, booleans or strings. A fractional or infinite
     number is not a class, one column holds one kind of label, and a string label is not
-    blank and has no spaces around it (``" yes"`` beside ``"yes"`` would be a third class)."""
+    blank nor written with other spaces around it than another (``" yes"`` beside ``"yes"``
+    would be a third class)."""
     column = frame[label_column]
     values = column.to_numpy()
     kind = column.dtype.kind

@@ -10,10 +10,9 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from silodp.config import ExperimentConfig
 from silodp.data import FederatedData
+from silodp.data.dataset import hash_arrays
 from silodp.errors import InvalidValueError
 from silodp.experiment.record import PRIVATE_DIR
 from silodp.io import write_json
@@ -53,13 +52,7 @@ def data_digest(data: FederatedData) -> str:
         "test.y": test.y,
         "test.silo": test.silo,
     }
-    for name, array in parts.items():
-        if array is None:
-            h.update(f"{name}:none;".encode())
-            continue
-        a = np.ascontiguousarray(array)
-        h.update(f"{name}:{a.dtype.str}{a.shape};".encode())
-        h.update(a.data)  # the contiguous buffer itself: no copy
+    hash_arrays(h, parts)
     digest = h.hexdigest()
     _DIGESTS[data] = digest
     return digest
