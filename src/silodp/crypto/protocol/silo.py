@@ -435,7 +435,7 @@ class Silo:
     ) -> list[int]:
         """The arithmetic of step 5: one masked, re-randomised ciphertext per ``slots``
         parameters of ``matrix`` (rows: ``included``), with the noise and this round's
-        pairwise masks. Draws the lifting secrets, then one secret per ciphertext."""
+        pairwise masks. Draws one re-randomising secret per ciphertext."""
         pk, encoding = self._keys_ready()
         rerand = self._rerandomizer
         assert rerand is not None
