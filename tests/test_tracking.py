@@ -388,7 +388,7 @@ def test_a_run_stopped_at_its_target_logs_the_epsilon_it_was_charged(tmp_path: P
         "name": "stops",
         "algorithms": ["prifedsync"],
         "data": {"source": "digits", "num_silos": 4, "allocation": "shards",
-                 "shards_per_client": 2, "test_per_client": 20},
+                 "shards_per_client": 2},
         "model": {"name": "mlp"},
         "training": {"rounds": 3, "local_steps": 3, "batch_size": 8, "lr": 0.01,
                      "optimizer": "adam", "helper": "interpolate", "alpha": 0.1},

@@ -133,8 +133,8 @@ def test_a_cell_stopped_at_its_accuracy_target_is_charged_its_whole_plan(tmp_pat
     planned round; ε after the rounds run is kept as ``epsilon_at_stop``."""
     from silodp.ledger.report import ledger_report, verify_ledger
 
-    raw = _raw(training__rounds=3)
-    raw["sweep"] = {"client_rate": [0.5], "noise_multiplier": [1.0], "target_accuracy": 0.01}
+    raw = _stopping_cell()
+    raw["privacy"].pop("noise")
     summary = run_experiment(parse_config(raw), tmp_path)
     (item,) = summary["runs"]
     run_dir = tmp_path / item["algorithm"]
@@ -159,10 +159,36 @@ def test_a_cell_stopped_at_its_accuracy_target_is_charged_its_whole_plan(tmp_pat
 
 
 def _stopping_cell() -> dict:
-    raw = _raw(training__rounds=3)
+    """A cell that reaches its target at round 1 of 3, tested on the shared test split (with
+    ``test_per_client`` the run would not stop: see the next test)."""
+    raw = _raw(training__rounds=3, data__test_per_client=None)
     raw["sweep"] = {"client_rate": [0.5], "noise_multiplier": [1.0], "target_accuracy": 0.01}
     raw["privacy"]["noise"] = "seeded"
     return raw
+
+
+def test_per_client_test_sets_drawn_from_the_training_labels_do_not_stop_a_run(
+    tmp_path: Path,
+) -> None:
+    """Each client's test records follow its training labels: the round the target is
+    reached depends on them outside the noise, so the run trains every planned round and
+    releases the last model; the table still reads R at the round the target was reached."""
+    from silodp.experiment.run import stops_early
+
+    raw = _stopping_cell()
+    raw["data"]["test_per_client"] = 20
+    config = parse_config(raw)
+    assert not stops_early(config, config.sweep)
+    assert stops_early(parse_config(_stopping_cell()), config.sweep)
+    summary = run_experiment(config, tmp_path)
+    (item,) = summary["runs"]
+    assert item["status"] == "complete" and item["rounds_completed"] == 3
+    assert item["target_round"] == 1 and "stopped_at_round" not in item
+    assert any("trained every planned round" in note for note in item["notes"])
+    (row,) = summary["table"]
+    assert row["rounds"] == 1 and row["rounds_run"] == 3 and row["reached"]
+    assert row["epsilon_planned"] == pytest.approx(item["epsilon"]["record"], rel=1e-12)
+    assert row["epsilon"] < row["epsilon_planned"]
 
 
 def test_a_charged_cell_reports_the_plans_mu_and_routes(tmp_path: Path) -> None:

@@ -64,8 +64,9 @@ OUTPUTS: dict[str, Any] = {
     ],
     "evaluation": (
         "test_accuracy/test_loss (metrics.jsonl, summary.json, accuracy_loss.png, "
-        "comparison.png) are computed on the held-out test split, which no ε covers: "
-        "release them only if that split is public or its holders agree"
+        "comparison.png) are computed on the held-out test split, which no ε covers (with "
+        "data.test_per_client each client's test records also follow its training labels' "
+        "mix): release them only if that split is public or its holders agree"
     ),
     "silo_private": [
         f"{PRIVATE_DIR}/: un-noised, data-dependent diagnostics (records dropped by the "

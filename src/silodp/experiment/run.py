@@ -94,6 +94,21 @@ def _charged_note(out: dict[str, Any], rounds: int) -> str:
     )
 
 
+def stops_early(config: ExperimentConfig, sweep: SweepConfig | None) -> bool:
+    """Whether a run stops at the round its accuracy target is reached.
+
+    Not with ``data.test_per_client``: each client's test records are drawn with the label mix
+    of its training records, so the round the target is reached depends on the training
+    labels outside the noise (one record can decide whether a label is tested at all), and
+    choosing the released model by it would not be covered by ε. Such a run trains its whole
+    plan and releases the last round's model; the round the target was reached is still
+    recorded (``target_round``) and read by the tables.
+    """
+    if sweep is None or not sweep.stop_at_target:
+        return False
+    return config.data.test_per_client is None
+
+
 def target_round(results: list[RoundResult], target: SweepConfig | None) -> int | None:
     """First round whose mean ``target.target_metric`` accuracy reached the target."""
     if target is None:
@@ -226,7 +241,7 @@ def train_run(
     )
     start = 1
     previous: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
-    stops_at_target = sweep is not None and sweep.stop_at_target
+    stops_at_target = stops_early(config, sweep)
     if checkpoint is not None:
         engine.restore(checkpoint["engine"])
         start, previous = checkpoint["round"] + 1, checkpoint["rows"]
@@ -257,6 +272,14 @@ def train_run(
         fields = getattr(engine, "summary_fields", None)
         extra = {**(extra or {}), **(fields() if fields is not None else {})}
         out = summary(run, results, status, by_adversary, extra)
+        if sweep is not None and sweep.stop_at_target and not stops_at_target:
+            out["notes"] = [
+                *out["notes"],
+                "trained every planned round although the accuracy target may be reached "
+                "earlier (target_round): each client's test records follow its training "
+                "labels (data.test_per_client), so stopping there would choose the released "
+                "model by the training labels outside the noise",
+            ]
         if charged:  # stopped at the accuracy target: the plan is the guarantee
             out["epsilon_at_stop"] = out["epsilon"]
             out["epsilon_by_adversary_at_stop"] = out["epsilon_by_adversary"]
