@@ -98,7 +98,8 @@ CALIBRATION_DISCRETIZATION = 5e-3
 THREAT_MODEL = (
     "record-level, replacement adjacency; the rigorous ε holds against the server and any "
     "coalition of the other clients (strong, hence also weak, federated f-DP); noise is added "
-    "locally, no trust in the server is needed; CLT values are estimates"
+    "locally, so a server that runs the agreed plan learns no more (the silos run the plan "
+    "it sends unchecked: docs/guarantees.md C5); CLT values are estimates"
 )
 
 
