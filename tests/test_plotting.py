@@ -180,6 +180,36 @@ def test_a_sweep_run_without_a_finite_epsilon_is_not_drawn_as_the_baseline(
     assert f"uldp_avg_w (subject ε) ({plotting.NO_BOUND} in some cells)" in legend
 
 
+def test_a_finite_record_epsilon_does_not_stand_in_for_an_unbounded_subject_one(
+    tmp_path, figures
+) -> None:
+    """A row whose subject ε is unbounded was drawn at its small record ε, beside other
+    algorithms' subject ε, looking the more private."""
+    rows = [
+        {
+            "algorithm": "local_item_dp",
+            "baseline": False,
+            "accuracy_mean": 0.5,
+            "epsilon_record_max": 1.0,
+            "epsilon_subject_max": None,
+            "epsilon_subject_unbounded": True,
+        },
+        {
+            "algorithm": "uldp_avg",
+            "baseline": False,
+            "accuracy_mean": 0.6,
+            "epsilon_subject_max": 8.0,
+        },
+    ]
+    plotting.plot_utility_vs_epsilon(rows, tmp_path / "u.png")
+    legend = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    assert legend == [
+        f"local_item_dp (subject ε) ({plotting.NO_BOUND} in some cells)",
+        "uldp_avg (subject ε)",
+    ]
+    assert plotting.epsilon_spread(rows) == 1.0  # one finite point: nothing to spread
+
+
 def test_cells_against_different_adversaries_are_not_one_trade_off(tmp_path, figures) -> None:
     """A sweep over privacy.adversary at one σ: one line joined the released model's ε and a
     curious silo's, as if ε were traded for accuracy."""

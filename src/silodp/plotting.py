@@ -333,6 +333,11 @@ def grid_epsilon(row: Mapping[str, Any], unit: str) -> float | None:
     return None if value is None else float(value)
 
 
+def _reports(row: Mapping[str, Any], unit: str) -> bool:
+    """Whether a grid row has an ε at ``unit``, finite or not."""
+    return grid_epsilon(row, unit) is not None or bool(row.get(f"epsilon_{unit}_unbounded"))
+
+
 def _held_at(runs: Sequence[Mapping[str, Any]]) -> str:
     """``" at δ=1e-05, against strongest"`` when every run's ε is at one δ and against one
     adversary, else a pointer to where each run says it."""
@@ -434,15 +439,14 @@ def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Pa
         return f", δ={shown}, against {row['adversary']}"
 
     for row in rows:
-        unit = next(
-            (u for u in ("subject", "record", "silo") if grid_epsilon(row, u) is not None),
-            None,
-        )
-        if unit is None:  # a unit with no finite mean: named in the legend
-            for u in ("subject", "record", "silo"):
-                label = f"{row['algorithm']} ({u} ε{view(row)})"
-                if row.get(f"epsilon_{u}_unbounded") and label not in unbounded:
-                    unbounded.append(label)
+        # the first unit the row reports: a finite record ε must not stand in for an
+        # unbounded subject ε (the run would look more private than it is)
+        unit = next((u for u in ("subject", "record", "silo") if _reports(row, u)), None)
+        if unit is not None and row.get(f"epsilon_{unit}_unbounded"):
+            label = f"{row['algorithm']} ({unit} ε{view(row)})"
+            if label not in unbounded:  # no finite bound in some seed: named in the legend
+                unbounded.append(label)
+            unit = None
         if row.get("baseline") and row.get("accuracy_mean") is not None:
             ax.axhline(row["accuracy_mean"], color="grey", linestyle="--", linewidth=1)
         bound = grid_epsilon(row, unit) if unit is not None else None
@@ -492,9 +496,9 @@ def epsilon_spread(rows: Sequence[Mapping[str, Any]]) -> float:
     against ε figure is a vertical line)."""
     values: list[float] = []
     for row in rows:  # at the unit plot_utility_vs_epsilon draws for the row
-        found = (grid_epsilon(row, u) for u in ("subject", "record", "silo"))
-        bound = next((v for v in found if v), None)
-        if bound is not None:
+        unit = next((u for u in ("subject", "record", "silo") if _reports(row, u)), None)
+        bound = grid_epsilon(row, unit) if unit is not None else None
+        if bound and not row.get(f"epsilon_{unit}_unbounded"):
             values.append(bound)
     return max(values) / min(values) if values else 1.0
 
