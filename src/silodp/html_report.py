@@ -592,6 +592,8 @@ def _shown_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """A sweep's table row as shown: an ε (mean, largest over seeds) with no finite bound in
     some seed (its ``_unbounded`` mark) reads inf, not "-" (a unit not reported)."""
     out = {k: v for k, v in row.items() if not k.endswith("_unbounded")}
+    if row.get("algorithm") == "fedavg":  # no noise: no ε at any unit, not a missing one
+        out["algorithm"] = "fedavg (non-private)"
     for key in row:
         if key.endswith("_unbounded") and row[key]:
             for kind in ("_mean", "_max"):
@@ -611,6 +613,10 @@ def _sweep(src: Path, files: Path) -> tuple[str, str]:
         "at the delta and against the adversary shown)</h2>",
         _table(shown, columns),
     ]
+    for ledger in summary.get("ledgers") or []:  # a row's ε is its cell's; this, the data's
+        path = Path(ledger["path"])
+        if path.is_file():
+            parts.append(_ledger_totals(path, shared=True))
     figure = files / "accuracy_by_grid_point.png"
     if plotting.plot_accuracy_by_grid(rows, figure) is not None:
         parts += [

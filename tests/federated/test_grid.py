@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from silodp import display
 from silodp.cli import app
 from silodp.errors import ConfigError, OutputExistsError
 from silodp.experiment import grid as grid_module
@@ -166,6 +167,93 @@ def test_sweep_runs_resumes_and_tabulates(tmp_path: Path, monkeypatch: pytest.Mo
     other = load_grid(_files(tmp_path, SWEEP.replace("[1.0, 2.0]", "[1.0, 3.0]")))
     with pytest.raises(OutputExistsError, match="another sweep"):
         run_grid(other, out, log=lambda m: None)
+
+
+def test_a_base_config_edited_since_the_cells_ran_is_another_sweep(tmp_path: Path) -> None:
+    """The manifest names the grid and seeds only: an edited base config kept the old cells
+    ("done, kept") and tabulated the old config's numbers under the new one."""
+    sweep = """
+name = "grid-base"
+base = "base.toml"
+seeds = [0]
+baseline = false
+[grid]
+"privacy.noise_multiplier" = [1.0]
+"""
+    path = _files(tmp_path, sweep)
+    out = tmp_path / "out"
+    run_grid(load_grid(path), out, log=lambda m: None)
+    logged: list[str] = []
+    run_grid(load_grid(path), out, log=logged.append)  # unchanged: its cell is kept
+    assert [m.endswith(": done, kept") for m in logged] == [True]
+    (tmp_path / "base.toml").write_text(BASE.replace("group_size = 3", "group_size = 1"))
+    with pytest.raises(OutputExistsError, match="base config changed"):
+        run_grid(load_grid(path), out, log=lambda m: None)
+    summary = run_grid(load_grid(path), out, overwrite=True, log=lambda m: None)
+    (cell,) = (out / "cells").iterdir()
+    assert "group_size = 1" in (cell / "experiment.toml").read_text()
+    assert summary["cells"] == 1
+
+
+def test_a_seed_stopped_by_its_budget_is_counted_in_its_row(tmp_path: Path) -> None:
+    sweep = """
+name = "grid-budget"
+base = "base.toml"
+seeds = [0, 1]
+baseline = false
+[grid]
+algorithms = ["local_item_dp", "fedavg"]
+"""
+    path = _files(tmp_path, sweep)
+    out = tmp_path / "out"
+    run_grid(load_grid(path), out, log=lambda m: None)
+    cells = expand(load_grid(path))
+    cell = next(c for c in cells if c.seed == 1 and c.values["algorithms"] == "local_item_dp")
+    written = out / "cells" / cell.id / "summary.json"
+    summary = json.loads(written.read_text())
+    summary["runs"][0]["status"] = "budget_exhausted"
+    written.write_text(json.dumps(summary))
+    rows = run_grid(load_grid(path), out, log=lambda m: None)["rows"]
+    by_name = {r["algorithm"]: r for r in rows}
+    assert by_name["local_item_dp"]["budget_stopped"] == 1
+    assert by_name["local_item_dp"]["seeds"] == 2 and by_name["fedavg"]["budget_stopped"] == 0
+    table = (out / "results.md").read_text()
+    assert "| local_item_dp | 2 (1 stopped by the budget) |" in table
+    assert "| fedavg (non-private) | 2 |" in table and "pooled with the other seeds'" in table
+
+
+def test_cells_sharing_a_ledger_show_its_total(tmp_path: Path) -> None:
+    """Each row shows its cell's ε; what the cells spent together on the data is the shared
+    ledger's total, which the table did not show."""
+    from silodp.ledger.report import ledger_report
+
+    sweep = """
+name = "grid-ledger"
+base = "base.toml"
+seeds = [0]
+baseline = false
+[grid]
+"privacy.noise_multiplier" = [1.0, 2.0]
+"""
+    path = _files(tmp_path, sweep)
+    shared_path = tmp_path / "s.sqlite"
+    (tmp_path / "base.toml").write_text(
+        BASE.replace("[privacy]", f'[privacy]\nledger = "{shared_path}"')
+    )
+    out = tmp_path / "out"
+    summary = run_grid(load_grid(path), out, log=lambda m: None)
+    (ledger,) = summary["ledgers"]
+    total = ledger_report(ledger["path"])["total"]
+    (composed,) = total.values()  # one accounting kind: the two cells composed
+    assert ledger["total"] == total and len(composed["runs"]) == 2
+    shared = composed["epsilon"]["record"]
+    assert shared > max(r["epsilon_record_max"] for r in summary["rows"])
+    table = (out / "results.md").read_text()
+    assert f"record={display.upper(shared, places=2)}" in table and "Shared ledgers" in table
+    report = CliRunner().invoke(app, ["report", str(out), "--out", str(tmp_path / "r.html")])
+    assert report.exit_code == 0, report.output
+    page = (tmp_path / "r.html").read_text()
+    assert f"Shared ledger {shared_path}" in page
 
 
 def test_cli_sweep_refuses_bad_input_and_prints_the_table(tmp_path: Path) -> None:

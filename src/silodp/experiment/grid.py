@@ -24,6 +24,7 @@ and standard deviation over seeds of the final test accuracy and of ε per unit.
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import json
 import math
@@ -33,8 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from silodp import display
-from silodp.config import parse_config
+from silodp.config import parse_config, to_toml_dict
 from silodp.errors import ConfigError, InvalidValueError, OutputExistsError
 from silodp.experiment.run import (
     EXPERIMENT_FILE,
@@ -45,6 +48,8 @@ from silodp.experiment.run import (
     run_experiment,
 )
 from silodp.io import write_json, write_text
+from silodp.ledger import LedgerError
+from silodp.ledger.report import ledger_report
 from silodp.reports import columns_of, rows_csv
 
 __all__ = [
@@ -322,7 +327,16 @@ def _run_grid(
     on_cell: Callable[[CellProgress], None] | None,
 ) -> dict[str, Any]:
     cells = expand(spec)
-    manifest = {"name": spec.name, "cells": [c.to_json() for c in cells]}
+    configs = [cell_config(spec, cell) for cell in cells]
+    # each cell's whole config, digested: a base config edited since its cells ran is another
+    # sweep (kept cells would show the old config's numbers under the new one's name)
+    manifest = {
+        "name": spec.name,
+        "cells": [
+            {**c.to_json(), "config": _config_digest(config)}
+            for c, config in zip(cells, configs, strict=True)
+        ],
+    }
     existing = out / MANIFEST
     if not overwrite and not existing.exists():
         previous = previous_runs(out)
@@ -342,11 +356,12 @@ def _run_grid(
             ) from None
         if recorded != json.loads(json.dumps(manifest)):
             raise OutputExistsError(
-                f"{str(out)!r} holds another sweep (its {MANIFEST} differs: the sweep file or "
-                "its grid changed); choose another --out or pass --overwrite."
+                f"{str(out)!r} holds another sweep (its {MANIFEST} differs: the sweep file, "
+                "its grid or its base config changed since its cells ran); choose another "
+                "--out or pass --overwrite."
             )
     write_json(existing, manifest)
-    planned = [planned_rounds(cell_config(spec, cell)) for cell in cells]
+    planned = [planned_rounds(config) for config in configs]
     for i, cell in enumerate(cells, start=1):
         cell_dir = out / "cells" / cell.id
         what = ", ".join(f"{k}={v}" for k, v in cell.values.items())
@@ -370,16 +385,68 @@ def _run_grid(
         if (cell_dir / EXPERIMENT_FILE).is_file() and not overwrite:
             resume_experiment(cell_dir, progress=progress, log=log)
         else:
-            run_experiment(
-                cell_config(spec, cell), cell_dir, overwrite=True, progress=progress, log=log
-            )
+            run_experiment(configs[i - 1], cell_dir, overwrite=True, progress=progress, log=log)
         report("finished")
     rows = grid_rows(out)
+    ledgers = shared_ledger_totals(configs)
     write_text(out / "results.csv", rows_csv(rows, columns_of(rows)))
-    write_text(out / "results.md", _markdown(rows, spec))
+    write_text(out / "results.md", _markdown(rows, spec) + _ledger_lines(ledgers))
     summary = {"name": spec.name, "cells": len(cells), "rows": rows}
+    if ledgers:
+        summary["ledgers"] = ledgers
     write_json(out / "summary.json", summary)
     return summary
+
+
+def shared_ledger_totals(configs: Sequence[Any]) -> list[dict[str, Any]]:
+    """What each shared ledger the cells wrote through holds in total (every run on it, this
+    sweep's cells and any other): a row's ε is one cell's, the data's spending is this."""
+    paths = dict.fromkeys(p for config in configs for p in config.ledgers())
+    found = []
+    for path in paths:
+        if not Path(path).is_file():
+            continue
+        try:
+            found.append({"path": path, "total": ledger_report(path)["total"]})
+        except LedgerError as err:
+            found.append({"path": path, "error": str(err)})
+    return found
+
+
+def _ledger_lines(ledgers: Sequence[Mapping[str, Any]]) -> str:
+    if not ledgers:
+        return ""
+    lines = [
+        "",
+        "Shared ledgers: the total spent on the data by every run on each (`silodp "
+        "ledger show PATH` lists them):",
+        "",
+    ]
+    for ledger in ledgers:
+        where = f"`{ledger['path']}`"
+        if "error" in ledger:
+            lines.append(f"* {where}: cannot be read ({ledger['error']})")
+            continue
+        for kind, total in ledger["total"].items():
+            eps = ", ".join(
+                f"{u}={'inf' if v is None else display.upper(v, places=2)}"
+                for u, v in total.get("epsilon", {}).items()
+            )
+            delta = total.get("delta")
+            held = f" at δ={delta:g}" if isinstance(delta, int | float) else ""
+            against = f", against {total['adversary']}" if total.get("adversary") else ""
+            runs = ", ".join(str(r) for r in total.get("runs", []))
+            problem = f"; {total['error']}" if total.get("error") else ""
+            lines.append(
+                f"* {where} ({kind}): ε({eps or '-'}){held}{against} over runs {runs}{problem}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _config_digest(config: Any) -> str:
+    """A digest of a cell's resolved config, as its ``experiment.toml`` would hold it."""
+    text = tomli_w.dumps(to_toml_dict(config))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def unfinished_cells(out_dir: str | Path) -> list[str]:
@@ -448,10 +515,13 @@ def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
                     "personalised": [],
                     "epsilon": {},
                     "seeds": [],
+                    "budget_stopped": 0,
                     "held_at": set(),
                 },
             )
             group["seeds"].append(cell["seed"])
+            # trained fewer rounds than planned: its accuracy is pooled with the others'
+            group["budget_stopped"] += run.get("status") == "budget_exhausted"
             if run.get("epsilon"):  # the δ and adversary its ε holds at
                 group["held_at"].add((run.get("delta"), run.get("adversary")))
             group["accuracy"].append(run.get("test_accuracy"))
@@ -465,6 +535,7 @@ def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
             "baseline": group["baseline"],
             **group["values"],
             "seeds": len(group["seeds"]),
+            "budget_stopped": group["budget_stopped"],
         }
         row["accuracy_mean"], row["accuracy_std"] = _mean_std(group["accuracy"])
         if any(v is not None for v in group["personalised"]):  # PriFedSync's own models
@@ -529,7 +600,16 @@ def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
         return display.upper(value, places=2)  # an ε's mean and spread, rounded up
 
     for row in rows:
-        name = row["algorithm"] + (" (non-private baseline)" if row["baseline"] else "")
+        name = row["algorithm"] + (
+            " (non-private baseline)"
+            if row["baseline"]
+            else " (non-private)"
+            if row["algorithm"] == "fedavg"
+            else ""
+        )
+        seeds = str(row["seeds"])
+        if row.get("budget_stopped"):
+            seeds += f" ({row['budget_stopped']} stopped by the budget)"
         repeated = row["seeds"] > 1  # a single seed has no spread to show
 
         def std(key: str, row: Mapping[str, Any] = row, repeated: bool = repeated) -> Any:
@@ -538,7 +618,7 @@ def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
         cells = [
             name,
             *(str(row.get(k, "")) for k in grid_keys),
-            str(row["seeds"]),
+            seeds,
             pm(row["accuracy_mean"], std("accuracy_std"), accuracy),
         ]
         if personal:
@@ -565,4 +645,9 @@ def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
         "against the adversary shown, the largest over seeds (the bound every seed's run "
         'meets; "-": not private at that unit; inf: no finite guarantee there in some seed).',
     ]
+    if any(row.get("budget_stopped") for row in rows):
+        lines.append(
+            "A seed stopped by the budget trained fewer rounds than planned: its final "
+            "accuracy and the ε it spent are pooled with the other seeds'."
+        )
     return "\n".join(lines) + "\n"
