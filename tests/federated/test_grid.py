@@ -249,7 +249,7 @@ baseline = false
     shared = composed["epsilon"]["record"]
     assert shared > max(r["epsilon_record_max"] for r in summary["rows"])
     table = (out / "results.md").read_text()
-    assert f"record={display.upper(shared, places=2)}" in table and "Shared ledgers" in table
+    assert f"record={display.upper(shared)}" in table and "Shared ledgers" in table
     report = CliRunner().invoke(app, ["report", str(out), "--out", str(tmp_path / "r.html")])
     assert report.exit_code == 0, report.output
     page = (tmp_path / "r.html").read_text()

@@ -20,6 +20,7 @@ ledger_app = typer.Typer(
 
 
 def print_ledger(report: dict[str, Any]) -> None:
+    from silodp.ledger.report import total_line
     from silodp.ledger.store import SCHEMA_VERSION
 
     version = report["schema_version"]
@@ -46,16 +47,9 @@ def print_ledger(report: dict[str, Any]) -> None:
                 f"{run['rounds_run_again']}"
             )
     for kind, total in report["total"].items():
+        typer.echo(f"  {total_line(kind, total)}")
         if total.get("error"):
-            typer.echo(
-                f"  total over runs {total['runs']} ({kind} accounting): not composed, no bound "
-                f"({total['error']})"
-            )
             continue
-        eps = ", ".join(f"{u}={fmt(v)}" for u, v in total["epsilon"].items())
-        at = f" at δ={total['delta']:g}" if total.get("delta") is not None else ""
-        at += f" against {total.get('adversary', 'strongest')}"
-        typer.echo(f"  total over runs {total['runs']} ({kind} accounting): ε({eps}){at}")
         if total.get("without_noise"):
             typer.echo(
                 f"      inf: run(s) {total['without_noise']} released a model of this data "

@@ -49,7 +49,7 @@ from silodp.experiment.run import (
 )
 from silodp.io import write_json, write_text
 from silodp.ledger import LedgerError
-from silodp.ledger.report import ledger_report
+from silodp.ledger.report import ledger_report, total_line
 from silodp.reports import columns_of, rows_csv
 
 __all__ = [
@@ -428,18 +428,7 @@ def _ledger_lines(ledgers: Sequence[Mapping[str, Any]]) -> str:
             lines.append(f"* {where}: cannot be read ({ledger['error']})")
             continue
         for kind, total in ledger["total"].items():
-            eps = ", ".join(
-                f"{u}={'inf' if v is None else display.upper(v, places=2)}"
-                for u, v in total.get("epsilon", {}).items()
-            )
-            delta = total.get("delta")
-            held = f" at δ={delta:g}" if isinstance(delta, int | float) else ""
-            against = f", against {total['adversary']}" if total.get("adversary") else ""
-            runs = ", ".join(str(r) for r in total.get("runs", []))
-            problem = f"; {total['error']}" if total.get("error") else ""
-            lines.append(
-                f"* {where} ({kind}): ε({eps or '-'}){held}{against} over runs {runs}{problem}"
-            )
+            lines.append(f"* {where}: {total_line(kind, total)}")
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from silodp import display
 from silodp.accounting.interface import accountant_from_spec
 from silodp.errors import SilodpError
 from silodp.io import json_number
@@ -167,6 +168,17 @@ def ledger_report(path: str | Path) -> dict[str, Any]:
             "total": total,
             "budget": ledger.budget(),
         }
+
+
+def total_line(kind: str, total: dict[str, Any]) -> str:
+    """One composed total of :func:`ledger_report` in a line: ε per unit rounded up (inf: no
+    finite bound) at its δ and adversary, or why the runs were not composed."""
+    head = f"total over runs {total['runs']} ({kind} accounting)"
+    if total.get("error"):
+        return f"{head}: not composed, no bound ({total['error']})"
+    eps = ", ".join(f"{u}={display.upper(v)}" for u, v in total["epsilon"].items())
+    at = f" at δ={total['delta']:g}" if total.get("delta") is not None else ""
+    return f"{head}: ε({eps}){at} against {total.get('adversary', 'strongest')}"
 
 
 def verify_ledger(path: str | Path) -> list[str]:
