@@ -419,13 +419,13 @@ class ExperimentConfig:
             self, privacy=dataclasses.replace(self.privacy, ledger=path), overrides=overrides
         )
 
-    def with_absolute_ledgers(self) -> ExperimentConfig:
-        """This config with its ledger paths made absolute (relative ones are read from the
-        working directory): the config an experiment writes then names the same ledgers
-        wherever it is resumed from."""
+    def with_absolute_ledgers(self, base: str | Path | None = None) -> ExperimentConfig:
+        """This config with its ledger paths made absolute (relative ones are read from
+        ``base``, by default the working directory): the config an experiment writes then
+        names the same ledgers wherever it is resumed from."""
 
         def absolute(path: str) -> str:
-            return str(Path(path).expanduser().absolute())
+            return _absolute(path, base)
 
         privacy = self.privacy
         if privacy.ledger is not None:
@@ -618,12 +618,51 @@ def parse_config(raw: Mapping[str, Any]) -> ExperimentConfig:
         raise ConfigError(str(err)) from err
 
 
-def load_config(path: str | Path, *, written: bool = False) -> ExperimentConfig:
+def _absolute(path: str, base: str | Path | None) -> str:
+    """``path`` made absolute: a relative one is read from ``base`` (default: the working
+    directory)."""
+    found = Path(path).expanduser()
+    if found.is_absolute():
+        return str(found)
+    return str(Path(base) / found if base is not None else found.absolute())
+
+
+def _with_paths_from(config: ExperimentConfig, base: str | Path) -> ExperimentConfig:
+    """``config`` with its relative data and tracking paths read from ``base``."""
+
+    def absolute(path: str | None) -> str | None:
+        return None if path is None else _absolute(path, base)
+
+    data, tracking = config.data, config.tracking
+    if tracking is not None:
+        mlflow = tracking.mlflow
+        if mlflow is not None and mlflow.lower().startswith("sqlite:///"):
+            mlflow = "sqlite:///" + _absolute(mlflow[10:], base)  # sqlite:////abs/path
+        else:
+            mlflow = absolute(mlflow)
+        tracking = dataclasses.replace(
+            tracking, mlflow=mlflow, tensorboard=absolute(tracking.tensorboard)
+        )
+    return dataclasses.replace(
+        config,
+        data=dataclasses.replace(
+            data, path=absolute(data.path), test_path=absolute(data.test_path)
+        ),
+        tracking=tracking,
+    )
+
+
+def load_config(
+    path: str | Path, *, written: bool = False, base: str | Path | None = None
+) -> ExperimentConfig:
     """Reads and validates a TOML experiment config; its ledger paths are made absolute
     (read from the working directory). ``written``: one an experiment wrote when it started
     (``--resume`` reads it), where an older silodp also wrote defaults it no longer accepts
     (``num_features = 20``, ``num_classes = 4`` for a source that fixes its own); those are
-    left out, and its paths are kept as written."""
+    left out, and its paths are kept as written. ``base``: the directory relative paths
+    (ledgers, ``data.path``, ``data.test_path`` and ``tracking``) are read from, in place of
+    the working directory, e.g. the user's directory where another process (a federation's
+    ServerApp) runs the config; those paths are then made absolute."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"Expected a config file at {str(path)!r}; it does not exist.")
@@ -645,7 +684,9 @@ def load_config(path: str | Path, *, written: bool = False) -> ExperimentConfig:
                 del data[key]
     config = parse_config(raw)
     if not written:  # a written config keeps the ledger paths its experiment started with
-        config = config.with_absolute_ledgers()
+        config = config.with_absolute_ledgers(base)
+    if base is not None:
+        config = _with_paths_from(config, base)
     _check_data_paths(config.data, path)
     return config
 

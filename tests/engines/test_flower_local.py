@@ -129,3 +129,57 @@ def test_down_never_signals_a_process_that_reuses_a_recorded_pid(tmp_path):
         for p in (other, ours):
             p.kill()
             p.wait()
+
+
+def test_server_app_reads_relative_paths_from_the_submitting_directory(tmp_path, monkeypatch):
+    # the ServerApp runs where the federation was started; a config's relative ledger (and
+    # data) paths must still name the files in the directory `silodp run` was called from,
+    # or the run would spend on (and check its budget against) a fresh ledger elsewhere
+    from silodp.engines.flower import apps
+
+    home = tmp_path / "federation" / "home"
+    home.mkdir(parents=True)
+    (home / "config.toml").write_text("")
+    user = tmp_path / "user"
+    (user / "tables").mkdir(parents=True)
+    raw = json.loads(json.dumps(CONFIG))
+    raw["privacy"]["ledger"] = "shared.sqlite"
+    raw["algorithm"] = {"higradavg_dp": {"ledger": "ledgers/own.sqlite"}}
+    table = user / "tables" / "t.csv"
+    table.write_text("x,label\n" + "".join(f"{i / 10},{i % 2}\n" for i in range(40)))
+    raw["data"] = {"source": "table", "path": "tables/t.csv", "label_column": "label"}
+    raw["tracking"] = {"mlflow": "sqlite:///runs/mlflow.db", "tensorboard": "runs/tb"}
+    (user / "c.toml").write_text(tomli_w.dumps(raw))
+    launched: list[list[str]] = []
+
+    class Flwr:
+        def __init__(self, args, **kwargs):
+            launched.append(list(args))
+            self.stdout, self.returncode = iter(()), 1
+
+        def wait(self):
+            return 1
+
+    monkeypatch.setattr(deployment.subprocess, "Popen", Flwr)
+    monkeypatch.chdir(user)
+    CliRunner().invoke(
+        app,
+        ["run", "c.toml", "--engine", "flower-deploy", "--out", "out"]
+        + ["--federation", str(tmp_path / "federation")],
+    )
+    (args,) = launched
+    pairs = [args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--run-config"]
+    run_config = {key: json.loads(value) for key, value in pairs}
+    elsewhere = tmp_path / "federation"
+    monkeypatch.chdir(elsewhere)  # the ServerApp's working directory
+    config = apps.submitted_config(run_config)
+    assert config.privacy.ledger == str(user / "shared.sqlite")
+    assert config.for_algorithm("higradavg_dp")[1].ledger == str(user / "ledgers" / "own.sqlite")
+    assert config.data.path == str(table)
+    assert config.tracking is not None
+    assert config.tracking.mlflow == f"sqlite:///{user / 'runs' / 'mlflow.db'}"
+    assert config.tracking.tensorboard == str(user / "runs" / "tb")
+    # without the submitting directory, the same config reads them from its own
+    del run_config["workdir"]
+    with pytest.raises(Exception, match="tables/t.csv"):
+        apps.submitted_config(run_config)

@@ -2,7 +2,8 @@
 
 The ServerApp reads its run config: ``config`` (the experiment's TOML file, on the server's
 machine), ``out`` (the output directory), and optionally ``resume``, ``overwrite``,
-``timeout``, ``connect-timeout`` and ``on-failure``. The ClientApp reads its node config:
+``timeout``, ``connect-timeout``, ``on-failure`` and ``workdir`` (the directory the config's
+relative paths are read from: the submitting user's). The ClientApp reads its node config:
 ``data`` (the silo's records, a file of :func:`~silodp.engines.silo.write_silo_data`; its
 secret is kept beside it as ``<data>.key``), or in a simulation ``partition-id`` with the run
 config's ``silo-dir``.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
@@ -26,7 +27,10 @@ from silodp.engines.flower.transport import GridTransport, reply_content, reques
 from silodp.engines.silo import SiloRuntime, read_silo_data, silo_secret
 from silodp.errors import SilodpError
 
-__all__ = ["client_app", "server_app", "silo_data_path"]
+if TYPE_CHECKING:
+    from silodp.config import ExperimentConfig
+
+__all__ = ["client_app", "server_app", "silo_data_path", "submitted_config"]
 
 server_app = ServerApp()
 client_app = ClientApp()
@@ -91,10 +95,22 @@ def _option(config: Any, key: str, default: Any) -> Any:
     return config[key] if key in config else default
 
 
+def submitted_config(run_config: Any) -> ExperimentConfig:
+    """The experiment a run config submits: its ``config`` file, with relative ledger and
+    data paths read from ``workdir`` (the submitting user's directory, not this process's)
+    and ``ledger`` (``silodp run --ledger``) in place of the config's ledgers."""
+    from silodp.config import load_config
+
+    workdir = str(_option(run_config, "workdir", ""))
+    config = load_config(str(run_config["config"]), base=workdir or None)
+    if str(_option(run_config, "ledger", "")):  # silodp run --ledger
+        config = config.with_ledger(str(run_config["ledger"]))
+    return config
+
+
 @server_app.main()
 def experiment(grid: Grid, context: Context) -> None:
     """Runs the experiment of the run config's ``config`` file with the connected silos."""
-    from silodp.config import load_config
     from silodp.experiment.run import resume_experiment, run_experiment
 
     rc = context.run_config
@@ -108,9 +124,7 @@ def experiment(grid: Grid, context: Context) -> None:
     if bool(_option(rc, "resume", False)):
         resume_experiment(out, log=_say, progress=_round_lines, engine_factory=factory)
         return
-    config = load_config(str(rc["config"]))
-    if str(_option(rc, "ledger", "")):  # silodp run --ledger
-        config = config.with_ledger(str(rc["ledger"]))
+    config = submitted_config(rc)
     check_engine_config(config)  # before any run draws or records anything
     run_experiment(
         config,

@@ -498,6 +498,9 @@ def submit(
     out_dir = Path(out).resolve()
     settings = {
         "config": str(Path(config_path).resolve()),
+        # the config's relative ledger and data paths are read from here, as `silodp run`
+        # reads them (the ServerApp runs in the directory the federation was started from)
+        "workdir": str(Path.cwd()),
         "out": str(out_dir),
         "resume": resume,
         "overwrite": overwrite,
