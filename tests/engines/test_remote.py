@@ -363,6 +363,20 @@ def test_an_aborted_round_records_every_silo_that_answered(tmp_path):
     assert verify_ledger(ledger) == []
     (run,) = ledger_report(ledger)["runs"]
     assert run["status"] == "interrupted" and run["interrupted_rounds"] == [2]
+    # the summary's ε is what the ledger was charged (silos 0 and 1 sent round 2's noisy
+    # updates before silo 2 was found missing), not only round 1's
+    summary = json.loads((tmp_path / "a" / "local_item_dp" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds_completed"] == 1
+    assert summary["rounds_charged_not_completed"] == [2]
+    assert summary["epsilon"] == pytest.approx(run["epsilon"], rel=1e-12)
+    assert all(
+        summary["epsilon"][u] > summary["epsilon_of_completed_rounds"][u]
+        for u in summary["epsilon"]
+    )
+    assert summary["epsilon_by_adversary"]["server"]["record"] == pytest.approx(
+        summary["epsilon"]["record"]
+    )
+    assert any("round(s) 2 were charged" in note for note in summary["notes"])
 
     # resumed with every silo up: round 2 runs again as a new attempt; the cut attempt's
     # events still count, and no silo is recorded twice in one attempt of a round

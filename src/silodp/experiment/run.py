@@ -51,7 +51,7 @@ from silodp.experiment.record import (
 from silodp.federated import RoundResult, Simulator
 from silodp.federated.engine import Engine, spent_fields
 from silodp.io import check_writable_dir, write_json, write_text
-from silodp.ledger.run import BudgetExceededError
+from silodp.ledger.run import BudgetExceededError, RunLedger
 from silodp.ledger.store import SQLITE_HEADER
 from silodp.models import build_model
 
@@ -92,6 +92,46 @@ def _charged_note(out: dict[str, Any], rounds: int) -> str:
         f"that round depends on the data, so {what} (ε after the rounds run: {at_stop}, "
         "epsilon_at_stop, not a guarantee)"
     )
+
+
+def _charged_beyond(
+    ledger: RunLedger, results: Sequence[RoundResult], out: dict[str, Any]
+) -> dict[str, Any]:
+    """An interrupted run's summary fields for the rounds the ledger was charged that did not
+    complete (a remote round's silos are charged before its messages leave, and those that
+    answered released their noisy updates): ``epsilon`` and ``epsilon_by_adversary`` become
+    the ledger's charge for this run, the completed rounds' values are kept beside them, and
+    a note names the rounds. Empty when every charged round completed."""
+    try:
+        completed = {r.round for r in results}
+        open_rounds = sorted(ledger.recorded_rounds() - completed)
+        if not open_rounds:
+            return {}
+        charged = spent_fields(spent(ledger.charged()))
+    except Exception as err:  # the ledger is what failed: the summary says so
+        return {
+            "notes": [
+                *out["notes"],
+                f"the ledger could not be read back ({err}); rounds it was charged that did "
+                "not complete may be missing from epsilon: silodp ledger show gives its total",
+            ]
+        }
+    shown = ", ".join(
+        f"{u} {display.upper(v, 4)}" for u, v in charged["epsilon"].items() if v is not None
+    )
+    return {
+        "epsilon_of_completed_rounds": out["epsilon"],
+        "epsilon_by_adversary_of_completed_rounds": out["epsilon_by_adversary"],
+        **{k: charged[k] for k in ("epsilon", "epsilon_by_adversary")},
+        "rounds_charged_not_completed": open_rounds,
+        "notes": [
+            *out["notes"],
+            f"round(s) {', '.join(map(str, open_rounds))} were charged to the ledger and did "
+            f"not complete (what a silo sent before the stop may have been released), so ε is "
+            f"the ledger's charge for this run ({shown}); epsilon_of_completed_rounds is that "
+            "of the rounds completed",
+        ],
+    }
 
 
 def stops_early(config: ExperimentConfig, sweep: SweepConfig | None) -> bool:
@@ -285,6 +325,8 @@ def train_run(
             out["epsilon_by_adversary_at_stop"] = out["epsilon_by_adversary"]
             out.update(charged)
             out["notes"] = [*out["notes"], _charged_note(out, run.training.rounds)]
+        if status == "interrupted" and ledger is not None:
+            out.update(_charged_beyond(ledger, results, out))
         repeated = ledger.repeated_attempts() if ledger is not None else 0
         if repeated:
             out["notes"] = [

@@ -435,6 +435,11 @@ class RunLedger:
         cut short: a resumed run's accountant holds every one of them, in full)."""
         return {r for r, _, _, kind, _ in self.ledger.events(self.run_id) if kind == "round"}
 
+    def charged(self) -> Accountant:
+        """This run's spending as the ledger records it: every event composed, the rounds
+        cut short (in full) and a round still open included."""
+        return self.ledger.replay([self.run_id])
+
     def round_events(self, round_index: int) -> list[SiloPrivacy]:
         """The events recorded for ``round_index``, read back from the ledger."""
         events = self.ledger.events(self.run_id, round_index, self.attempt)
