@@ -148,6 +148,26 @@ def test_run_records_every_event_and_ledger_agrees_with_the_summary(tmp_path: Pa
     assert result.exit_code == 1 and "mismatch" in result.output
 
 
+def test_events_no_accountant_composes_are_a_verify_problem_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    run_experiment(parse_config(_raw()), tmp_path)
+    path = tmp_path / "user_ldp" / "ledger.sqlite"
+    db = sqlite3.connect(path)
+    (privacy,) = db.execute("SELECT privacy FROM events ORDER BY id LIMIT 1").fetchone()
+    edited = json.loads(privacy)
+    assert edited["scope"] != "aggregate"
+    edited["scope"] = "aggregate"  # one silo of round 1 now claims another scope
+    db.execute("UPDATE events SET privacy = ? WHERE id = 1", (json.dumps(edited),))
+    db.commit()
+    db.close()
+    (problem,) = verify_ledger(path)
+    assert problem.startswith("run 1 (user_ldp): its events cannot be composed")
+    result = runner.invoke(app, ["ledger", "verify", str(path)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "cannot be composed" in " ".join(result.output.split())
+
+
 @pytest.mark.parametrize(
     "edit",
     [

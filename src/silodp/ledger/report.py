@@ -20,7 +20,7 @@ from silodp import display
 from silodp.accounting.interface import accountant_from_spec
 from silodp.errors import SilodpError
 from silodp.io import json_number
-from silodp.ledger.store import Ledger, LedgerError
+from silodp.ledger.store import Ledger, LedgerError, RunRecord
 
 __all__ = ["ledger_report", "same_epsilon", "verify_ledger"]
 
@@ -194,33 +194,45 @@ def verify_ledger(path: str | Path) -> list[str]:
         if problems:
             return problems
         for record in ledger.runs():
-            accountant = accountant_from_spec(record.accountant)
-            events = ledger.events(record.id)
-            problems += [
-                f"run {record.id} ({record.name}): {len(privacy)} event(s) recorded with no "
-                "record of their round (composed in every total all the same)"
-                for row, _, privacy in ledger.round_groups(record.id, events)
-                if row is None
-            ]
-            releases = [p for _, _, _, kind, p in events if kind == "release"]
-            if releases:
-                accountant.compose_release(releases)
-            for row in ledger.rounds(record.id):
-                privacy = [
-                    p
-                    for r, a, _, kind, p in events
-                    if kind == "round" and (r, a) == (row["round"], row["attempt"])
-                ]
-                if privacy:
-                    accountant.compose_round(privacy, participants=row["participants"])
-                if row["status"] != "complete":
-                    continue
-                got = {u: e.epsilon for u, e in accountant.estimates().items()}
-                for unit, written in row["written"].items():
-                    value = got.get(unit, math.nan)
-                    if not same_epsilon(written, value):
-                        problems.append(
-                            f"run {record.id} ({record.name}) round {row['round']}: {unit} "
-                            f"ε written {written!r}, recomputed from the events {value!r}"
-                        )
+            try:
+                problems += _verify_run(ledger, record)
+            except ValueError as err:  # events edited into a form no accountant composes
+                problems.append(
+                    f"run {record.id} ({record.name}): its events cannot be composed ({err})"
+                )
         return problems
+
+
+def _verify_run(ledger: Ledger, record: RunRecord) -> list[str]:
+    """:func:`verify_ledger`'s problems with one run."""
+    problems: list[str] = []
+    accountant = accountant_from_spec(record.accountant)
+    events = ledger.events(record.id)
+    problems += [
+        f"run {record.id} ({record.name}): {len(privacy)} event(s) recorded with no "
+        "record of their round (composed in every total all the same)"
+        for row, _, privacy in ledger.round_groups(record.id, events)
+        if row is None
+    ]
+    releases = [p for _, _, _, kind, p in events if kind == "release"]
+    if releases:
+        accountant.compose_release(releases)
+    for row in ledger.rounds(record.id):
+        privacy = [
+            p
+            for r, a, _, kind, p in events
+            if kind == "round" and (r, a) == (row["round"], row["attempt"])
+        ]
+        if privacy:
+            accountant.compose_round(privacy, participants=row["participants"])
+        if row["status"] != "complete":
+            continue
+        got = {u: e.epsilon for u, e in accountant.estimates().items()}
+        for unit, written in row["written"].items():
+            value = got.get(unit, math.nan)
+            if not same_epsilon(written, value):
+                problems.append(
+                    f"run {record.id} ({record.name}) round {row['round']}: {unit} "
+                    f"ε written {written!r}, recomputed from the events {value!r}"
+                )
+    return problems
