@@ -590,3 +590,45 @@ def test_a_run_without_noise_stopped_before_its_release_was_recorded_records_it_
     raw["privacy"] = {**raw["privacy"], "ledger": str(shared), "budget": {"record": 1000.0}}
     with pytest.raises(BudgetExceededError, match="record"):
         run_experiment(parse_config(raw), tmp_path / "next")
+
+
+def test_a_run_without_noise_resumed_onto_a_ledger_budgeted_since_is_refused(
+    tmp_path: Path,
+) -> None:
+    """fedavg on a shared ledger, killed before its no-noise release was recorded; a run then
+    declared a budget there (the killed run had spent nothing yet). Resuming must not record
+    the release (ε = inf) past that budget."""
+    from silodp.config import parse_config
+    from silodp.errors import SilodpError
+    from silodp.experiment import run_experiment
+
+    raw = json.loads(json.dumps(BASE))
+    raw.update(name="no-noise", algorithms=["fedavg"])
+    config = tmp_path / "fedavg.toml"
+    config.write_text(tomli_w.dumps(raw))
+    shared, out = tmp_path / "shared.sqlite", tmp_path / "killed"
+    script = (
+        "import os, signal, sys\n"
+        "import silodp.ledger.run as lr\n"
+        "lr.RunLedger.record_release = lambda self, r: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "from silodp.cli import app\n"
+        f"sys.argv = ['silodp', 'run', {str(config)!r}, '--out', {str(out)!r}, "
+        f"'--ledger', {str(shared)!r}, '--quiet']\n"
+        "app()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-500:]
+    budgeted = json.loads(json.dumps(raw))
+    budgeted["algorithms"] = ["local_item_dp"]
+    budgeted["privacy"] = {
+        **raw["privacy"],
+        "ledger": str(shared),
+        "budget": {"record": 1000.0, "subject": 1000.0},
+    }
+    run_experiment(parse_config(budgeted), tmp_path / "budgeted", log=lambda m: None)
+    with pytest.raises(SilodpError, match="record|subject"):
+        resume_experiment(out, log=lambda m: None)
+    assert not (out / "fedavg" / "model.pt").exists()
+    with Ledger(shared, read_only=True) as ledger:
+        fedavg = next(r for r in ledger.runs() if r.name == "fedavg")
+        assert ledger.events(fedavg.id) == []

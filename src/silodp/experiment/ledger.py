@@ -433,6 +433,8 @@ def open_no_noise_ledger(
         reopened = resume_run_ledger(run, run_dir, accountant, config_hash)
         if reopened is not None:
             if not reopened.has_release:  # stopped between registering and recording it
+                # a budget declared there since (by another run) refuses it, as a new run
+                reopened.check({u: math.inf for u in reopened.budget}, "release without noise")
                 reopened.record_release(no_noise_release())
             return reopened
     ledger = open_run_ledger(run, run_dir, accountant, config_hash)
