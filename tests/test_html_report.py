@@ -4,6 +4,7 @@ of an experiment or a sweep, with the figures and tables beside it."""
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
 import statistics
@@ -95,6 +96,7 @@ def test_experiment_report_embeds_every_figure_and_copies_numbers(
         assert cells[f"ε ({unit})"] == upper(item["epsilon"][unit], 4)
         assert cells[f"ε ({unit})"] in text
     assert "silo-private" in text and "resolved config" in text and "Ledger" in text
+    assert "notes" not in text  # none of these runs has notes
     assert (files / "final.csv").read_text().startswith("algorithm,status,rounds,test accuracy")
     assert (files / "final.md").is_file()
     for name in (
@@ -377,6 +379,13 @@ def test_report_shows_the_weights_histograms_and_the_subjects_sampled(
     assert "q = 0.5" in text and "drawn by the server" in text and "drawn by the silos" in text
     # uldp_naive weights no subject: no section of its own
     assert "uldp_naive: subject weights" not in text
+    # each run's notes (e.g. that its aggregation was simulated), under the run
+    summary = json.loads((uldp / "summary.json").read_text())
+    noted = [r for r in summary["runs"] if r.get("notes")]
+    assert noted and text.count("notes") == len(noted)
+    page_html = (tmp_path / "u.html").read_text()
+    for run in noted:
+        assert all(html.escape(note) in page_html for note in run["notes"])
 
 
 def test_a_public_report_leaves_out_the_weights_and_the_counts(uldp: Path, tmp_path: Path) -> None:

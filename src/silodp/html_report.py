@@ -359,6 +359,9 @@ def _experiment(src: Path, files: Path, *, public: bool = False) -> tuple[str, s
         ledger = _run_ledger(run_dir)
         if ledger is not None:
             parts.append(_ledger_totals(*ledger))
+        if run.get("notes"):  # what its numbers mean: a resume's extra rounds, seeded coins
+            items = "".join(f"<li>{html.escape(str(note))}</li>" for note in run["notes"])
+            parts.append(f"<details><summary>notes</summary><ul>{items}</ul></details>")
     if not public:
         parts += _private(src, summary["runs"], files)
     return str(summary.get("name", src.name)), "\n".join(parts)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from silodp import faults
-from silodp.cli.common import Terminated, sigterm_interrupts
+from silodp.cli.common import Terminated, sigterm_interrupts, summary_table
 from silodp.config import parse_config
 from silodp.experiment import resume_experiment, run_experiment
 from silodp.ledger.report import ledger_report, verify_ledger
@@ -82,12 +82,22 @@ def test_a_second_stop_stops_at_once_and_the_cut_round_counts_in_full(
     assert summary["status"] == "interrupted" and summary["rounds_completed"] == 1
     (entry,) = ledger_report(out / "local_item_dp" / "ledger.sqlite")["runs"]
     assert entry["interrupted_rounds"] == [2]
+    # the interrupted summary's ε is the ledger's charge, the cut round included
+    assert summary["rounds_charged_not_completed"] == [2]
+    assert summary["epsilon"] == pytest.approx(entry["epsilon"], rel=1e-12)
+    assert summary["epsilon_of_completed_rounds"]["record"] < summary["epsilon"]["record"]
     monkeypatch.undo()
     # the target is the budget: the cut round leaves no room for the last one
-    resumed = resume_experiment(out)["runs"][0]
+    experiment = resume_experiment(out)
+    resumed = experiment["runs"][0]
     assert resumed["status"] == "budget_exhausted" and resumed["rounds_completed"] == 3
-    # the summary says why its ε is above its account_command's (the plan's)
+    # the summary says why its ε is above its account_command's (the plan's), and so does
+    # the table silodp run prints
     assert any("1 round(s) were cut short" in note for note in resumed["notes"])
+    assert resumed["round_attempts_cut_short"] == 1
+    assert "  local_item_dp: ε counts 1 round(s) cut short and run again on resume in full " in (
+        "\n".join(summary_table(experiment))
+    )
     written = json.loads((out / "local_item_dp" / "summary.json").read_text())
     assert written["notes"] == resumed["notes"]
 

@@ -225,6 +225,14 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
             out.append(f"  {r['algorithm']}: ε({unit}={fmt(value)}) against {' and '.join(names)}")
         if r.get("noise", {}).get("mode") == "seeded":
             out.append(f"  {r['algorithm']}: seeded noise, not for production")
+        if r.get("round_attempts_cut_short"):
+            out.append(
+                f"  {r['algorithm']}: ε counts {r['round_attempts_cut_short']} round(s) cut short "
+                "and run again on resume in full (silodp ledger show lists them)"
+            )
+        if r.get("rounds_charged_not_completed"):
+            rounds = ", ".join(map(str, r["rounds_charged_not_completed"]))
+            out.append(f"  {r['algorithm']}: ε counts round(s) {rounds}, charged and not completed")
     return out
 
 

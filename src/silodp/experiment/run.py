@@ -329,6 +329,7 @@ def train_run(
             out.update(_charged_beyond(ledger, results, out))
         repeated = ledger.repeated_attempts() if ledger is not None else 0
         if repeated:
+            out["round_attempts_cut_short"] = repeated
             out["notes"] = [
                 *out["notes"],
                 f"{repeated} round(s) were cut short and run again on resume: the ledger "
