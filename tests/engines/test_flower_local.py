@@ -183,3 +183,21 @@ def test_server_app_reads_relative_paths_from_the_submitting_directory(tmp_path,
     del run_config["workdir"]
     with pytest.raises(Exception, match="tables/t.csv"):
         apps.submitted_config(run_config)
+
+
+def test_a_silo_failure_on_flower_sim_names_the_resume_command(tmp_path, monkeypatch):
+    # rounds ran and were charged before the failure: not "bad input (nothing trained)"
+    from silodp.engines.remote import SiloFailureError
+
+    def simulate(config, out, **kwargs):
+        raise SiloFailureError("Round 3: silo 2: no answer within 600 s.")
+
+    monkeypatch.setattr(simulation, "simulate", simulate)
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(
+        app, ["run", str(_config(tmp_path)), "--engine", "flower-sim", "--out", "out"]
+    )
+    assert done.exit_code == 4, done.output
+    said = " ".join(done.output.split())
+    assert "Round 3: silo 2: no answer" in said
+    assert "continue with: silodp run --resume out --engine flower-sim" in said

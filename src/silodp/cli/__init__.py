@@ -28,6 +28,7 @@ from typer.core import TyperGroup
 from silodp.cli.common import (
     BUDGET_EXIT_CODE,
     INTERRUPTED_EXIT_CODE,
+    SILO_FAILURE_EXIT_CODE,
     TERMINATED_EXIT_CODE,
     Terminated,
     check_config_file,
@@ -299,8 +300,9 @@ def run(
     Progress goes to stderr: a bar per algorithm on a terminal, one line per round otherwise.
     Ctrl-C (or SIGTERM) stops the run, keeps every completed round and prints the command that
     continues it. Exit codes: 0 done, 2 bad input (nothing trained), 3 a privacy budget stopped
-    a run (its model and results so far are kept), 130 interrupted by Ctrl-C, 143 by
-    SIGTERM."""
+    a run (its model and results so far are kept), 4 a silo failed on flower-sim (the rounds
+    before it are kept; the message gives the command that continues), 130 interrupted by
+    Ctrl-C, 143 by SIGTERM."""
     if resume is not None:
         extra = [
             name
@@ -482,16 +484,25 @@ def _run_on_flower(
     try:
         if engine == "flower-sim":
             from silodp.engines.flower.simulation import simulate
+            from silodp.engines.remote import SiloFailureError
 
-            return simulate(
-                cfg,
-                out,
-                overwrite=overwrite,
-                resume=resume is not None,
-                timeout=timeout,
-                on_failure=on_failure,
-                log=typer.echo,
-            )
+            try:
+                return simulate(
+                    cfg,
+                    out,
+                    overwrite=overwrite,
+                    resume=resume is not None,
+                    timeout=timeout,
+                    on_failure=on_failure,
+                    log=typer.echo,
+                )
+            except SiloFailureError as err:  # rounds ran, and were charged, before it
+                fail(
+                    f"{err}\nThe rounds completed before it are kept, and what was charged is "
+                    f"in the ledger; continue with: silodp run --resume {out} --engine "
+                    "flower-sim",
+                    code=SILO_FAILURE_EXIT_CODE,
+                )
         from silodp.engines.flower.deployment import submit
 
         return submit(

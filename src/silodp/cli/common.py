@@ -25,6 +25,7 @@ from silodp import display
 
 __all__ = [
     "BUDGET_EXIT_CODE",
+    "SILO_FAILURE_EXIT_CODE",
     "INTERRUPTED_EXIT_CODE",
     "TERMINATED_EXIT_CODE",
     "Terminated",
@@ -42,6 +43,10 @@ __all__ = [
 
 #: the exit code of a run a privacy budget stopped
 BUDGET_EXIT_CODE = 3
+
+#: the exit code of a run a silo's failure stopped part-way (Flower engines): the rounds
+#: before it are kept and ``--resume`` continues it
+SILO_FAILURE_EXIT_CODE = 4
 
 #: the exit code of a command stopped by Ctrl-C (SIGINT), as shells report it
 INTERRUPTED_EXIT_CODE = 130
