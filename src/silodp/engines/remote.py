@@ -84,6 +84,11 @@ class SiloFailureError(SilodpError):
     """A silo failed, timed out or sent a malformed reply where the round cannot go on."""
 
 
+class NoReply(str):
+    """Why a node gave no reply the server can read although it may have released its
+    message (e.g. a transport error after it pulled the request): charged like no answer."""
+
+
 class Transport(Protocol):
     """Moves messages between the server and the nodes the silos run on."""
 
@@ -98,7 +103,8 @@ class Transport(Protocol):
         why there is none.
 
         Bytes: a reply reached the server (readable or not). A string: the node answered with
-        an error instead of a reply, so it released nothing. No entry: no answer within
+        an error instead of a reply, so it released nothing; a :class:`NoReply` string: an
+        error that does not rule out a released message. No entry: no answer within
         ``timeout`` seconds; a reply may still come later, so the node may have released its
         message."""
         ...
@@ -236,6 +242,10 @@ class RemoteEngine(Simulator):
         released: set[int] = set()
         for s in requests:
             reply = replies.get(self.nodes[s])
+            if isinstance(reply, NoReply):  # an error after which it may have sent its message
+                released.add(s)
+                failed[s] = f"no reply ({reply})"
+                continue
             if isinstance(reply, str):  # an error the silo raised: it sent nothing
                 failed[s] = reply
                 continue

@@ -10,6 +10,8 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
+from silodp.engines.remote import NoReply
+
 __all__ = ["RECORD", "GridTransport", "request_of", "reply_content"]
 
 logger = logging.getLogger(__name__)
@@ -70,13 +72,10 @@ class GridTransport:
             if reply.has_error():
                 if reply.error.code in SENT_NOTHING:
                     out[node] = f"the silo's process failed: {reply.error.reason}"
-                else:
-                    logger.warning(
-                        "node %d: Flower error %d (%s), taken as no answer: the silo may have "
-                        "released its message",
-                        node,
-                        reply.error.code,
-                        reply.error.reason,
+                else:  # charged like no answer: the silo may have released its message
+                    out[node] = NoReply(
+                        f"Flower error {reply.error.code}: {reply.error.reason}; the silo may "
+                        "have released its message"
                     )
                 continue
             try:
