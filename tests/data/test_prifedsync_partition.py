@@ -7,6 +7,7 @@ import pytest
 
 from silodp.data import partition as part
 from silodp.data.build import DataConfig, build_federated_data
+from silodp.data.describe import describe, format_description
 
 
 def _labels(n: int = 3000, classes: int = 10) -> np.ndarray:
@@ -79,6 +80,39 @@ def test_build_sets_per_client_test_splits() -> None:
     for s in range(5):
         seen = set(data.train.y[data.train.silo == s])
         assert set(data.test.y[data.test.silo_indices(s)]) <= seen
+
+
+def test_repeated_per_client_test_records_are_counted_and_warned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 10 shard clients x 100 test records from digits' ~360 test records: a client holding
+    # two labels draws ~50 of each from pools of ~36, so its test set repeats records
+    with caplog.at_level("WARNING", logger="silodp.data.build"):
+        data = build_federated_data(
+            DataConfig(source="digits", num_silos=10, allocation="shards", test_per_client=100)
+        )
+    split = describe(data)["split"]
+    assert split["test_records"] == 1000 == len(data.test)
+    assert data.test.silo is not None
+    # independently: the distinct test feature rows, and the repeats inside each client
+    rows = {tuple(x) for x in data.test.x.reshape(len(data.test), -1).tolist()}
+    assert split["distinct_test_records"] == len(rows) < 1000
+    within = sum(
+        int(data.test.silo_indices(c).size)
+        - len({tuple(x) for x in data.test.x[data.test.silo_indices(c)].reshape(-1, 64).tolist()})
+        for c in range(10)
+    )
+    assert split["repeated_test_records"] == within > 0
+    assert any("repeat a record already in the same client" in m for m in caplog.messages)
+    assert "repeated in a client" in format_description(describe(data))
+    # draws within the pools repeat nothing, and say so
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="silodp.data.build"):
+        small = build_federated_data(
+            DataConfig(source="digits", num_silos=5, allocation="shards", test_per_client=20)
+        )
+    assert describe(small)["split"]["repeated_test_records"] == 0
+    assert not any("repeat a record" in m for m in caplog.messages)
 
 
 def test_build_dirichlet_clients() -> None:

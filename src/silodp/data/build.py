@@ -433,11 +433,26 @@ def _build(cfg: DataConfig) -> FederatedData:
             rng=test_rng,
         )
         test = TestSplit(x=test.x[index], y=test.y[index], silo=client)
+        pairs = len(np.unique(client * (int(index.max()) + 1) + index))
+        repeated = len(index) - pairs
+        if repeated:
+            logger.warning(
+                "data.test_per_client=%d: %d of the %d test records repeat a record already "
+                "in the same client's test set (a label's test pool is smaller than a "
+                "client's draw of it), so test accuracy counts those records more than once",
+                cfg.test_per_client,
+                repeated,
+                len(index),
+            )
+        distinct = len(np.unique(index))
+    split = _split_summary(cfg, raw, train)
+    if split is not None and cfg.test_per_client is not None:
+        split = replace(split, distinct_test_records=distinct, repeated_test_records=repeated)
     data = FederatedData(
         train=train,
         test=test,
         name=_name(cfg, train.num_silos),
-        split=_split_summary(cfg, raw, train),
+        split=split,
         subjects_from=cfg.subjects_from,
         subjects_note=cfg.subjects_note,
         feature_names=tuple(raw.feature_names),

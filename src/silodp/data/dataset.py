@@ -400,12 +400,19 @@ class SplitSummary:
         carry no subject (subjects drawn for training records only, or a test file).
       shared_subjects: subjects with records on both sides (0 for a subject split);
         ``None`` where it cannot be known (as ``test_subjects``).
+      distinct_test_records: with ``data.test_per_client``, the distinct records of the
+        test pool the clients' test sets hold (clients may share records); else ``None``.
+      repeated_test_records: with ``data.test_per_client``, the draws that repeat a record
+        already in the same client's test set (a label's pool smaller than the client's
+        draw of it); else ``None``.
     """
 
     kind: str
     fraction: float | None
     test_subjects: int | None = None
     shared_subjects: int | None = None
+    distinct_test_records: int | None = None
+    repeated_test_records: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in SPLIT_KINDS:

@@ -49,7 +49,9 @@ def describe(data: FederatedData | FederatedDataset) -> dict[str, Any]:
     the features) and ``split``: ``kind`` (record, subject or file), ``fraction``,
     ``train_records``, ``test_records``, ``train_subjects``, ``test_subjects`` and
     ``shared_subjects`` (subjects with records on both sides; the last two are ``None``
-    where test records carry no subject).
+    where test records carry no subject), and with ``data.test_per_client``
+    ``distinct_test_records`` and ``repeated_test_records`` (draws repeating a record in the
+    same client's test set; ``test_records`` counts every draw).
     """
     if isinstance(data, FederatedData):
         out = _describe_train(data.train)
@@ -67,6 +69,9 @@ def describe(data: FederatedData | FederatedDataset) -> dict[str, Any]:
             "test_subjects": None if split is None else split.test_subjects,
             "shared_subjects": None if split is None else split.shared_subjects,
         }
+        if split is not None and split.distinct_test_records is not None:
+            out["split"]["distinct_test_records"] = split.distinct_test_records
+            out["split"]["repeated_test_records"] = split.repeated_test_records
         return out
     if not isinstance(data, FederatedDataset):
         raise InvalidValueError(
@@ -213,4 +218,14 @@ def _split_lines(split: dict[str, Any]) -> list[str]:
             f"{split['train_subjects']} / " + str(_unknown(split["test_subjects"])),
         ),
         _row("subjects on both sides", _unknown(split["shared_subjects"])),
+        *(
+            [
+                _row(
+                    "test records (distinct / repeated in a client)",
+                    f"{split['distinct_test_records']} / {split['repeated_test_records']}",
+                )
+            ]
+            if split.get("distinct_test_records") is not None
+            else []
+        ),
     ]
