@@ -362,7 +362,10 @@ def test_table_fixed_silo(tmp_path: Path) -> None:
     site_of = dict(zip(frame["f"].astype(np.float32).tolist(), frame["site"], strict=True))
     assert all(site_of[f] == s for f, s in zip(train.x[:, 0].tolist(), train.silo, strict=True))
     h = train.histogram()
-    assert h[:, 0].max() / h[:, 0].sum() > 0.6  # ~80% of the largest subject in its main silo
+    # ~80% of the largest subject in its main silo, or as much as that silo holds
+    top = h[:, 0]
+    main = int(top.argmax())
+    assert top[main] / top.sum() > 0.6 or top[main] == h[main].sum()
 
 
 @pytest.mark.skipif(not FASHION_ROOT.is_dir(), reason=f"{FASHION_ROOT} not installed")

@@ -214,28 +214,51 @@ def uldp_fixed_silo(
 ) -> np.ndarray:
     """ULDP-FL's allocation for data already split into silos (HeartDisease, TcgaBrca).
 
-    Subject ``a`` gets a Zipf(α) share ``t_a ∝ (a+1)^{-α}`` of the records and a main silo
-    ``m_a`` drawn with probability proportional to silo size (the "priority" silo). Inside silo
-    ``s`` each record goes to subject ``a`` with probability ``∝ main_fraction * t_a`` if
-    ``s = m_a`` and ``∝ (1 - main_fraction) * t_a / (S - 1)`` otherwise. Silo sizes are kept
-    exactly; about ``main_fraction`` of a subject's records sit in its main silo and the rest
-    are spread evenly. Returns the subject of each record.
+    Subject ``a`` gets a Zipf(α) share of the records (a multinomial draw with probabilities
+    ``∝ (a+1)^{-α}``, as ``zipf``) and a main silo ``m_a`` drawn with probability
+    proportional to silo size (the "priority" silo). Subjects then place their records in
+    turn, the largest first: each record goes to ``m_a`` with probability ``main_fraction``
+    and otherwise to one of the other non-empty silos uniformly; a record drawn for a silo
+    that is already full goes to the next silo (cyclically) with room. Silo sizes and the
+    subjects' record counts are kept exactly; a subject's main silo holds about
+    ``main_fraction`` of its records while the silos have room: a subject with more records
+    than its main silo can take spills the rest, and one placed after others filled some
+    silos gets the records drawn for them elsewhere, its main silo included. Returns the
+    subject of each record.
     """
     silo = _ids("silo", silo)
     num_subjects = check_int("num_subjects", num_subjects, 1)
     main_fraction = check_probability("main_fraction", main_fraction)
-    target = zipf_weights(num_subjects, alpha)
+    per_subject = _split_counts(len(silo), zipf_weights(num_subjects, alpha), rng)
     sizes = np.bincount(silo)
     num_silos = len(sizes)
     main = rng.choice(num_silos, size=num_subjects, p=sizes / sizes.sum())
-    rest = (1.0 - main_fraction) / (num_silos - 1) if num_silos > 1 else 0.0
+    nonempty = np.flatnonzero(sizes)
+    room = sizes.copy()
+    cells = np.zeros((num_silos, num_subjects), dtype=np.int64)
+    for a in np.argsort(-per_subject, kind="stable"):
+        if per_subject[a] == 0:
+            continue
+        others = nonempty[nonempty != main[a]]
+        p = np.zeros(num_silos)
+        p[main[a]] = main_fraction if len(others) else 1.0
+        if len(others):
+            p[others] = (1.0 - main_fraction) / len(others)
+        wanted = rng.multinomial(per_subject[a], p)
+        for s in np.flatnonzero(wanted):
+            left = int(wanted[s])
+            for step in range(num_silos):  # the silo drawn, then the next ones with room
+                t = (s + step) % num_silos
+                take = min(left, int(room[t]))
+                cells[t, a] += take
+                room[t] -= take
+                left -= take
+                if left == 0:
+                    break
     subject = np.empty(len(silo), dtype=np.int64)
-    for s in np.flatnonzero(sizes):
-        w = target * np.where(main == s, main_fraction, rest)
-        if w.sum() <= 0:  # no subject has s as main silo and main_fraction == 1
-            w = target.copy()
+    for s in nonempty:
         idx = np.flatnonzero(silo == s)
-        subject[idx] = rng.choice(num_subjects, size=len(idx), p=w / w.sum())
+        subject[idx] = rng.permutation(np.repeat(np.arange(num_subjects), cells[s]))
     return subject
 
 
