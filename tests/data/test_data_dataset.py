@@ -103,6 +103,28 @@ def test_token_features_kept_as_ints() -> None:
     assert ds.x.dtype == np.int64
 
 
+@pytest.mark.parametrize(
+    ("test", "message"),
+    [
+        ({"x": np.zeros((2, 3)), "y": np.array([0, 7])}, r"test labels in \[0, 2\).*got 7"),
+        ({"x": np.zeros((2, 5)), "y": np.array([0, 1])}, r"shape \(3,\), got \(5,\)"),
+        ({"x": np.zeros((0, 3)), "y": np.zeros(0)}, "at least one test record"),
+        (
+            {"x": np.zeros((2, 3)), "y": np.array([0, 1]), "silo": np.array([0, 3])},
+            r"test silos in \[0, 3\)",
+        ),
+    ],
+)
+def test_a_test_split_that_does_not_fit_the_training_data_is_named(
+    test: dict, message: str
+) -> None:
+    # refused when the federation is assembled, not as an IndexError in the first evaluation
+    from silodp.data.dataset import FederatedData
+
+    with pytest.raises(InvalidValueError, match=message):
+        FederatedData(train=FederatedDataset(**_parts()), test=TestSplit(**test))
+
+
 def test_test_split_length_check() -> None:
     with pytest.raises(ValueError, match="got 2 vs 3"):
         TestSplit(x=np.zeros((3, 2)), y=np.zeros(2))

@@ -339,6 +339,24 @@ def test_csv_ids_are_read_as_written(tmp_path: Path) -> None:
         loaders.load_table(path, feature_columns=["f"], label_column="label", subject_column="cust")
 
 
+def test_fractional_numeric_ids_are_refused(tmp_path: Path) -> None:
+    """A float column of measurements named as the subject column made each record its own
+    subject, so the subject-level ε silently became the record-level one."""
+    path = tmp_path / "t.parquet"
+    frame = pd.DataFrame({"f": [1.0, 2.0, 3.0], "label": [0, 1, 0], "cust": [1.0, 2.5, 1.0]})
+    frame.to_parquet(path)
+    with pytest.raises(
+        InvalidValueError, match=r"whole-number ids in column 'cust'.*2\.5 in row 2"
+    ):
+        loaders.load_table(path, feature_columns=["f"], label_column="label", subject_column="cust")
+    frame["cust"] = [1.0, 2.0, 1.0]  # whole numbers stored as floats are ids
+    frame.to_parquet(path)
+    table = loaders.load_table(
+        path, feature_columns=["f"], label_column="label", subject_column="cust"
+    )
+    assert table.subject.tolist() == [0, 1, 0]
+
+
 def test_long_integer_ids_are_compared_exactly(tmp_path: Path) -> None:
     """Distinct 19-digit ids were refused as one number written differently: compared as
     floats, they rounded to one."""

@@ -448,3 +448,24 @@ class FederatedData:
             raise InvalidValueError(
                 f"Expected subjects_from={self.subjects_from!r} to be one of {SUBJECT_ORIGINS}."
             )
+        train, test = self.train, self.test
+        if len(test) == 0:
+            raise InvalidValueError("Expected at least one test record, got an empty test split.")
+        if test.x.shape[1:] != train.x.shape[1:]:
+            raise InvalidValueError(
+                f"Expected test records of the training records' shape "
+                f"{tuple(train.x.shape[1:])}, got {tuple(test.x.shape[1:])}."
+            )
+        if int(test.y.min()) < 0 or int(test.y.max()) >= train.num_classes:
+            bad = int(test.y.max()) if int(test.y.max()) >= train.num_classes else int(test.y.min())
+            raise InvalidValueError(
+                f"Expected test labels in [0, {train.num_classes}) (the training data's "
+                f"num_classes), got {bad}."
+            )
+        if test.silo is not None and (
+            int(test.silo.min()) < 0 or int(test.silo.max()) >= train.num_silos
+        ):
+            raise InvalidValueError(
+                f"Expected test silos in [0, {train.num_silos}), got ids "
+                f"{int(test.silo.min())}..{int(test.silo.max())}."
+            )

@@ -971,6 +971,15 @@ def _id_column(
                 f"Expected finite ids in column {column!r} of {str(path)!r}; got "
                 f"{_to_python(values[first])!r} in {_row(first)}."
             )
+        # a measurement read as ids would make every record its own subject (or silo)
+        fractional = values != np.round(values)
+        if fractional.any():
+            first = int(np.flatnonzero(fractional)[0])
+            raise InvalidValueError(
+                f"Expected whole-number ids in column {column!r} of {str(path)!r} (or text "
+                f"ids); got {_to_python(values[first])!r} in {_row(first)}: is {column!r} a "
+                "feature rather than an id column?"
+            )
     if series.dtype.kind not in "biuf":
         if len(values) and all(isinstance(v, bytes) for v in values):  # binary (hashed) ids
             values = np.asarray([v.hex() for v in values], dtype=object)
