@@ -339,6 +339,21 @@ def test_csv_ids_are_read_as_written(tmp_path: Path) -> None:
         loaders.load_table(path, feature_columns=["f"], label_column="label", subject_column="cust")
 
 
+def test_a_text_label_pandas_reads_as_missing_names_label_values(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("f,label\n1,yes\n2,NA\n3,no\n")
+    with pytest.raises(InvalidValueError, match=r"in row 2.*NA, N/A, null or None.*label_values"):
+        loaders.load_table(path, feature_columns=["f"], label_column="label")
+    table = loaders.load_table(
+        path, feature_columns=["f"], label_column="label", label_values=("NA", "no", "yes")
+    )
+    assert table.y.tolist() == [2, 0, 1]
+    # a feature's empty cell gets no such hint
+    path.write_text("f,label\n1,yes\n,no\n")
+    with pytest.raises(InvalidValueError, match="expected a value in every row.$"):
+        loaders.load_table(path, feature_columns=["f"], label_column="label")
+
+
 def test_fractional_numeric_ids_are_refused(tmp_path: Path) -> None:
     """A float column of measurements named as the subject column made each record its own
     subject, so the subject-level ε silently became the record-level one."""

@@ -735,7 +735,9 @@ def _select_features(
     return features
 
 
-def _check_columns(frame: Any, path: Path, wanted: list[str]) -> None:
+def _check_columns(
+    frame: Any, path: Path, wanted: list[str], label_column: str | None = None
+) -> None:
     """Refuses a table lacking one of the ``wanted`` columns or a value in one of them."""
     absent = [c for c in wanted if c not in frame.columns]
     if absent:
@@ -745,10 +747,17 @@ def _check_columns(frame: Any, path: Path, wanted: list[str]) -> None:
     for column in wanted:
         missing = frame[column].isna().to_numpy()
         if missing.any():
+            hint = ""
+            if column == label_column and path.suffix.lower() != ".parquet":
+                hint = (
+                    " A CSV cell reading NA, N/A, null or None counts as missing: for such "
+                    "text labels, list the classes in data.label_values, which reads labels "
+                    "as written."
+                )
             raise InvalidValueError(
                 f"Column {column!r} of table {str(path)!r} has {int(missing.sum())} missing "
                 f"value(s) (first in {_row(int(np.flatnonzero(missing)[0]))}); expected "
-                "a value in every row."
+                f"a value in every row.{hint}"
             )
 
 
@@ -1052,7 +1061,7 @@ def load_table(
         )
     id_columns = [c for c in (label_column, silo_column, subject_column) if c is not None]
     features = _select_features(frame, path, feature_columns, id_columns)
-    _check_columns(frame, path, features + id_columns)
+    _check_columns(frame, path, features + id_columns, label_column)
     x = _feature_matrix(frame, path, features)
     raw_labels = _label_array(frame, path, label_column)
     y, values = _encode_labels(raw_labels, path, label_column, label_values)
