@@ -51,11 +51,8 @@ def test_ledger_option_reaches_flower_sim(tmp_path, monkeypatch):
     assert seen.get("ledger") == str(tmp_path / "shared.sqlite"), done.output
 
 
-def test_ledger_option_reaches_the_server_app(tmp_path, monkeypatch):
-    # flower-deploy hands the run to `flwr run`; the ledger travels in its run config
-    home = tmp_path / "federation" / "home"
-    home.mkdir(parents=True)
-    (home / "config.toml").write_text("")
+def _fake_flwr(monkeypatch) -> list[list[str]]:
+    """Replaces `flwr run` by a stand-in that writes nothing; the argument lists it got."""
     launched: list[list[str]] = []
 
     class Flwr:
@@ -67,6 +64,15 @@ def test_ledger_option_reaches_the_server_app(tmp_path, monkeypatch):
             return 1
 
     monkeypatch.setattr(deployment.subprocess, "Popen", Flwr)
+    return launched
+
+
+def test_ledger_option_reaches_the_server_app(tmp_path, monkeypatch):
+    # flower-deploy hands the run to `flwr run`; the ledger travels in its run config
+    home = tmp_path / "federation" / "home"
+    home.mkdir(parents=True)
+    (home / "config.toml").write_text("")
+    launched = _fake_flwr(monkeypatch)
     monkeypatch.chdir(tmp_path)
     done = CliRunner().invoke(
         app,
@@ -150,17 +156,7 @@ def test_server_app_reads_relative_paths_from_the_submitting_directory(tmp_path,
     raw["data"] = {"source": "table", "path": "tables/t.csv", "label_column": "label"}
     raw["tracking"] = {"mlflow": "sqlite:///runs/mlflow.db", "tensorboard": "runs/tb"}
     (user / "c.toml").write_text(tomli_w.dumps(raw))
-    launched: list[list[str]] = []
-
-    class Flwr:
-        def __init__(self, args, **kwargs):
-            launched.append(list(args))
-            self.stdout, self.returncode = iter(()), 1
-
-        def wait(self):
-            return 1
-
-    monkeypatch.setattr(deployment.subprocess, "Popen", Flwr)
+    launched = _fake_flwr(monkeypatch)
     monkeypatch.chdir(user)
     CliRunner().invoke(
         app,

@@ -555,16 +555,9 @@ def test_a_relative_shared_ledger_is_the_same_file_wherever_the_run_resumes(
     assert run["rounds"] == 4 and run["interrupted_rounds"] == [1]  # round 1 cut, run again
 
 
-def test_a_run_without_noise_stopped_before_its_release_was_recorded_records_it_on_resume(
-    tmp_path: Path,
-) -> None:
-    """fedavg on a shared ledger, killed after registering and before its no-noise release
-    was recorded: the resume trained and published the model with the release never
-    recorded, and a budgeted run was then let onto the ledger."""
-    from silodp.config import parse_config
-    from silodp.experiment import run_experiment
-    from silodp.ledger import BudgetExceededError
-
+def _fedavg_killed_before_its_release(tmp_path: Path) -> tuple[dict, Path, Path]:
+    """fedavg run on a shared ledger in a process killed after registering its run and
+    before recording its no-noise release: (its config, the ledger, its results)."""
     raw = json.loads(json.dumps(BASE))
     raw.update(name="no-noise", algorithms=["fedavg"])
     config = tmp_path / "fedavg.toml"
@@ -581,6 +574,20 @@ def test_a_run_without_noise_stopped_before_its_release_was_recorded_records_it_
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-500:]
+    return raw, shared, out
+
+
+def test_a_run_without_noise_stopped_before_its_release_was_recorded_records_it_on_resume(
+    tmp_path: Path,
+) -> None:
+    """fedavg on a shared ledger, killed after registering and before its no-noise release
+    was recorded: the resume trained and published the model with the release never
+    recorded, and a budgeted run was then let onto the ledger."""
+    from silodp.config import parse_config
+    from silodp.experiment import run_experiment
+    from silodp.ledger import BudgetExceededError
+
+    raw, shared, out = _fedavg_killed_before_its_release(tmp_path)
     resume_experiment(out, log=lambda m: None)
     assert (out / "fedavg" / "model.pt").is_file()
     with Ledger(shared, read_only=True) as ledger:
@@ -602,22 +609,7 @@ def test_a_run_without_noise_resumed_onto_a_ledger_budgeted_since_is_refused(
     from silodp.errors import SilodpError
     from silodp.experiment import run_experiment
 
-    raw = json.loads(json.dumps(BASE))
-    raw.update(name="no-noise", algorithms=["fedavg"])
-    config = tmp_path / "fedavg.toml"
-    config.write_text(tomli_w.dumps(raw))
-    shared, out = tmp_path / "shared.sqlite", tmp_path / "killed"
-    script = (
-        "import os, signal, sys\n"
-        "import silodp.ledger.run as lr\n"
-        "lr.RunLedger.record_release = lambda self, r: os.kill(os.getpid(), signal.SIGKILL)\n"
-        "from silodp.cli import app\n"
-        f"sys.argv = ['silodp', 'run', {str(config)!r}, '--out', {str(out)!r}, "
-        f"'--ledger', {str(shared)!r}, '--quiet']\n"
-        "app()\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=600)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-500:]
+    raw, shared, out = _fedavg_killed_before_its_release(tmp_path)
     budgeted = json.loads(json.dumps(raw))
     budgeted["algorithms"] = ["local_item_dp"]
     budgeted["privacy"] = {
