@@ -262,6 +262,7 @@ def test_cli_audit_writes_reports_and_refuses_bad_input(tmp_path: Path) -> None:
     assert 0 <= report["lower_bound"] <= report["claimed_epsilon"]
     written = json.loads((out / "local_item_dp" / "audit.json").read_text())
     assert len(written["scores"]) == 60 and sum(written["inclusion"]) == report["included"]
+    assert written["noise"] == report["noise"] == "seeded"  # the config's coins: said
     assert (out / "local_item_dp" / "ledger.sqlite").is_file()
 
 

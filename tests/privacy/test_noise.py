@@ -30,8 +30,8 @@ from silodp.privacy.noise import (
 from silodp.privacy.randomness import Coins
 
 # Significance level: a test with secure coins fails spuriously with probability < ALPHA.
-# statistical tests draw from seeded coins: deterministic, and each was checked to accept
-# the right law and reject the wrong one at this level
+# Statistical tests draw from seeded coins (deterministic); those that say so also reject a
+# wrong law at this level (e.g. σ 2-10% off, an acceptance ratio 10% off)
 ALPHA = 1e-7
 
 
@@ -134,7 +134,8 @@ def test_float32_box_muller_cannot_reach_the_tails_the_sampler_reaches() -> None
 
 
 def test_tail_counts_match_the_gaussian() -> None:
-    """10^7 draws: the count beyond 4.5σ is Poisson with the exact mean (about 68)."""
+    """10^7 draws: the count beyond 4.5σ is Poisson with the exact mean (about 73; at a 5%
+    larger σ it would be about 195, which this rejects)."""
     scale = 32.0
     k = rounded_gaussian(10_000_000, scale=scale, coins=Coins.seeded(105))
     cut = math.ceil(4.5 * scale)
@@ -205,6 +206,28 @@ def test_fallback_positions_alone_have_the_exact_cell_probabilities() -> None:
     obs = np.concatenate([counts[keep], [counts[~keep].sum()]])
     exp = np.concatenate([probs[keep], [probs[~keep].sum()]]) * n
     assert stats.chisquare(obs, exp).pvalue > ALPHA
+
+
+def test_exact_acceptance_alone_accepts_at_the_mass_ratio() -> None:
+    """``_accept_exact`` by itself, where the ratio ``p_k / p_k*`` is far from 1 (the sampler's
+    own scales keep it within 2^-58 of 1, where no sample could tell a wrong ratio): it
+    accepts at the ratio, and a ratio 10% off is rejected."""
+    from silodp.privacy.exact_cdf import _accept_exact
+
+    scale = Fraction(3, 2)
+
+    def mass(k: int) -> float:
+        return float(stats.norm.cdf((k + 0.5) / 1.5) - stats.norm.cdf((k - 0.5) / 1.5))
+
+    coins = Coins.seeded(109)
+    ratio = mass(2) / mass(1)  # = mass(-2) / mass(-1), about 0.53
+    n = 3000
+    accepted = 0
+    for k, kstar in ((2, 1), (-2, -1)):
+        accepted += sum(_accept_exact(_Lazy(0, 0, coins), k, kstar, scale) for _ in range(n))
+    assert stats.binomtest(accepted, 2 * n, ratio).pvalue > ALPHA
+    for wrong in (0.9 * ratio, 1.1 * ratio):
+        assert stats.binomtest(accepted, 2 * n, wrong).pvalue < ALPHA
 
 
 def test_fallback_acceptance_alone_has_the_exact_fine_law(monkeypatch) -> None:

@@ -11,8 +11,8 @@ Two designs:
   mechanism is not (ε, δ)-DP, with confidence ``1 - significance``.
 * **Many runs** (Jagielski, Ullman & Oprea 2020). Each run includes one canary with
   probability ½; a threshold on the attack's score gives false-positive and false-negative
-  rates whose Clopper–Pearson upper bounds give ``ε ≥ log((1 - δ - FNR⁺) / FPR⁺)``
-  (:func:`clopper_pearson_epsilon`).
+  rates whose Clopper–Pearson upper bounds give ``ε ≥ log((1 - δ - FNR⁺) / FPR⁺)``, or the
+  same with the two rates swapped, whichever is larger (:func:`clopper_pearson_epsilon`).
 
 Both are lower bounds that hold whatever the attack is; a weak attack only makes them small.
 """
@@ -99,8 +99,9 @@ class Guesses:
 
 def guess_counts(m: int) -> list[tuple[int, int]]:
     """The (positive, negative) guess counts tried on ``m`` canaries, fixed before any score is
-    seen: the top and bottom 1%, 2%, 5%, 10%, 20%, 30% and 50% of the scores, and the top
-    alone at 1%, 5% and 10%."""
+    seen: 1%, 2%, 5%, 10%, 20%, 30% and 50% of the canaries, half from the top of the scores
+    and half from the bottom (1% of 1,000: the top 5 and the bottom 5), and the top alone at
+    1%, 5% and 10%."""
     pairs: list[tuple[int, int]] = []
     for frac in (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5):
         k = max(1, int(m * frac / 2))

@@ -305,6 +305,9 @@ def audit_algorithm(
         **counts,
         "delta": delta,
         "noise_multiplier": sigma,
+        # seeded training coins: the claim guards nobody who knows the config (the auditor
+        # does), so a bound under it says only that the statistics found no contradiction
+        "noise": cfg.for_algorithm(name)[1].noise,
         "claimed_epsilon": claimed["epsilon"],
         "claim": claimed["status"],
         "adjacency": probe.algorithm.adjacency_of(unit) if unit in reported else None,
