@@ -642,30 +642,6 @@ def test_a_budget_on_a_unit_no_algorithm_reports_is_refused(tmp_path: Path) -> N
     assert not (tmp_path / "out").exists()
 
 
-def test_a_budget_inherited_by_an_algorithm_that_does_not_account_its_unit_is_refused(
-    tmp_path: Path,
-) -> None:
-    # user_ldp accounts silo, local_item_dp does not: under a silo budget it would train with
-    # no bound at that unit while its ledger declared the budget
-    privacy = "noise_multiplier = 2.0\ngroup_size = 3\nbudget = {silo = 12.0}"
-    config = _config(
-        tmp_path / "c.toml", algorithms=("user_ldp", "local_item_dp"), rounds=1, privacy=privacy
-    )
-    result = runner.invoke(app, ["run", str(config), "--out", str(tmp_path / "out")])
-    assert result.exit_code == 2
-    assert "units among those local_item_dp reports (record, subject), got silo" in (
-        " ".join(result.output.split())
-    )
-    assert not (tmp_path / "out").exists()
-    # its own budget, at a unit it accounts, makes the choice explicit
-    text = config.read_text() + "\n[algorithm.local_item_dp]\nbudget = {record = 50.0}\n"
-    config.write_text(text)
-    out = tmp_path / "out2"
-    result = runner.invoke(app, ["run", str(config), "--out", str(out), "--quiet"])
-    assert result.exit_code == 0, result.output
-    assert (out / "local_item_dp" / "summary.json").is_file()
-
-
 def test_resume_refuses_options_it_would_ignore(tmp_path: Path) -> None:
     # a resumed run continues with its own config, directory and ledger: another given beside
     # --resume is an error, not silently dropped

@@ -387,18 +387,6 @@ class ExperimentConfig:
                     f"({', '.join(sorted(reported)) or 'none'}), got {', '.join(unreported)}: "
                     "a budget on a unit no run accounts would never stop one."
                 )
-            for name in self.algorithms:
-                units = ALGORITHMS[name].units
-                inherited = "budget" not in self.overrides.get(name, {})
-                missing = sorted(set(self.privacy.budget) - set(units))
-                if units and inherited and missing:  # fedavg: no guarantee at all, said so
-                    raise ConfigError(
-                        f"Expected privacy.budget units among those {name} reports "
-                        f"({', '.join(units)}), got {', '.join(missing)}: {name} bounds no ε "
-                        f"there, so the budget would never stop it while its ledger declares "
-                        f"it. Give it its own budget at units it reports ([algorithm.{name}] "
-                        "budget = {record = ...}) or run it from another config."
-                    )
         if (
             self.training.silos_per_round is not None
             and self.training.silos_per_round > self.data.num_silos

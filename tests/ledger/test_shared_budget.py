@@ -397,6 +397,30 @@ def test_a_budget_beside_fedavg_and_runs_of_other_units_binds_each_run_at_its_ow
         _run(path, tmp_path / "refused")
 
 
+def test_a_budget_at_a_unit_a_run_does_not_account_is_not_declared_on_its_own_ledger(
+    tmp_path: Path,
+) -> None:
+    """A silo budget beside local_item_dp (no silo-level ε): its own ledger declared
+    ``silo ε ≤ 12`` ("binds every run that writes here") while nothing bound the run there.
+    The ledger now holds the units it accounts, as its config.toml does, and its summary says
+    the budget does not bind it."""
+    raw = json.loads(json.dumps(BASE))
+    raw.update(name="own", algorithms=["user_ldp", NAME])
+    raw["privacy"]["budget"] = {"silo": 12.0}
+    path = tmp_path / "own.toml"
+    path.write_text(tomli_w.dumps(raw))
+    runs = {r["algorithm"]: r for r in _run(path, tmp_path / "out")["runs"]}
+    with Ledger(tmp_path / "out" / NAME / "ledger.sqlite", read_only=True) as held:
+        assert held.budget() == {}
+    with Ledger(tmp_path / "out" / "user_ldp" / "ledger.sqlite", read_only=True) as held:
+        assert set(held.budget()) == {"silo"}
+    assert any(
+        note.startswith(f"privacy.budget at silo does not bind {NAME}")
+        for note in runs[NAME]["notes"]
+    )
+    assert not any("does not bind" in note for note in runs["user_ldp"]["notes"])
+
+
 @pytest.mark.parametrize(
     "algorithms",
     [["local_item_dp", "prifedsync"], ["fedavg", "prifedsync"], ["prifedsync", "local_item_dp"]],

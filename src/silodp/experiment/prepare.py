@@ -397,6 +397,13 @@ def prepare_run(
         logger.warning("%s.", NOT_PRIVATE_NOTE)
     elif probe.private:
         notes = _delta_notes(name, probe.units, privacy.delta, train)
+        unbound = [u for u in privacy.budget or {} if u not in probe.units]
+        if unbound and privacy.ledger is None:  # (a shared ledger refuses such a run)
+            notes.append(
+                f"privacy.budget at {', '.join(unbound)} does not bind {name}: it reports no ε "
+                f"there (only at {', '.join(probe.units)}), so nothing bounds what it spends "
+                "at that unit"
+            )
         sizes = train.silo_sizes()
         subjects = (train.histogram() > 0).sum(axis=1)
         plan = PrivacyPlan(
