@@ -166,6 +166,11 @@ def test_server_app_reads_relative_paths_from_the_submitting_directory(tmp_path,
     (args,) = launched
     pairs = [args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--run-config"]
     run_config = {key: json.loads(value) for key, value in pairs}
+    # Flower refuses a run config key the app does not declare ("Invalid run configuration")
+    import tomllib
+
+    app_config = tomllib.loads((deployment.APP_DIR / "pyproject.toml").read_text())
+    assert set(run_config) <= set(app_config["tool"]["flwr"]["app"]["config"])
     elsewhere = tmp_path / "federation"
     monkeypatch.chdir(elsewhere)  # the ServerApp's working directory
     config = apps.submitted_config(run_config)
