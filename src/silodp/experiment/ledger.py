@@ -52,20 +52,14 @@ logger = logging.getLogger(__name__)
 LEDGER_FILE = "ledger.sqlite"
 
 
-def accounted_budget(run: PreparedRun) -> dict[str, float]:
-    """The units of ``privacy.budget`` that ``run`` accounts: what binds it (an experiment's
-    budget binds each of its runs at the units it reports, as its written config says; on a
-    shared ledger a budget at any other unit is refused, :func:`check_declarable`)."""
-    return {u: v for u, v in (run.privacy.budget or {}).items() if u in run.algorithm.units}
-
-
 def budget_of(run: PreparedRun) -> dict[str, float]:
     """``privacy.budget`` (its units the run accounts), else, on the run's own ledger, the
     target ε at the calibration unit of a calibrated run. On a shared ledger only a declared
     budget binds the total: a target is what the run itself spends (calibration meets it),
     not a cap on what others spent."""
-    if accounted_budget(run):
-        return accounted_budget(run)
+    own = run.accounted_budget()
+    if own:
+        return own
     if run.privacy.ledger is not None:
         return {}
     if run.calibration.get("method") == "calibrated" and run.algorithm.calibration_unit:
@@ -397,7 +391,7 @@ def open_run_ledger(
         accountant=accountant,
         noise=_noise_id(run),
         budget=budget_of(run),
-        declared=run.privacy.budget if run.privacy.ledger is not None else accounted_budget(run),
+        declared=run.privacy.budget if run.privacy.ledger is not None else run.accounted_budget(),
         config_hash=config_hash,
         plan_check=lambda total: _plan_epsilon(run, total),
     )

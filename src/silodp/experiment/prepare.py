@@ -67,6 +67,13 @@ class PreparedRun:
     #: (:func:`~silodp.federated.simulator.coin_seed`); unused by secure coins
     coin_seed: int = 0
 
+    def accounted_budget(self) -> dict[str, float]:
+        """The units of ``privacy.budget`` this run accounts: what binds it (an experiment's
+        budget binds each of its runs at the units it reports; on a shared ledger a budget at
+        any other unit is refused)."""
+        units = self.algorithm.units
+        return {u: v for u, v in (self.privacy.budget or {}).items() if u in units}
+
     def account_command(self, rounds: int | None = None) -> str | None:
         """A ``silodp account`` call that reproduces this run's ε after ``rounds`` rounds
         (default: all), for the worst-case silo taking part in every round."""

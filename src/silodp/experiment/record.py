@@ -122,8 +122,7 @@ def resolved_config(run: PreparedRun) -> dict[str, Any]:
         group_size=run.group_size,
         span=run.span,
         # the units this run accounts: a budget elsewhere binds the experiment's other runs
-        budget={u: v for u, v in (run.privacy.budget or {}).items() if u in algorithm.units}
-        or None,
+        budget=run.accounted_budget() or None,
     )
     resolved = dataclasses.replace(
         run.config,
