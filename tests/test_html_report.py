@@ -198,7 +198,7 @@ def test_sweep_report_has_its_table_and_utility_against_epsilon(tmp_path: Path) 
     manifest = json.loads((tmp_path / "sweep" / "grid.json").read_text())
     points = _rounds_over_seeds(tmp_path / "sweep", manifest["cells"])
     assert sorted(points) == ["privacy.noise_multiplier=1.0", "privacy.noise_multiplier=3.0"]
-    accuracy, epsilon = points["privacy.noise_multiplier=3.0"]
+    accuracy, epsilon, views = points["privacy.noise_multiplier=3.0"]
     assert list(accuracy) == ["fedavg (non-private)", "local_item_dp (subject ε)"]
     assert list(epsilon) == ["local_item_dp (subject ε)"]
     cells = sorted((tmp_path / "sweep" / "cells").glob("*noise_multiplier=3.0*"))
@@ -211,8 +211,19 @@ def test_sweep_report_has_its_table_and_utility_against_epsilon(tmp_path: Path) 
         values = [run[r - 1]["test_accuracy"] for run in rows]
         assert m == pytest.approx(statistics.mean(values))
         assert s == pytest.approx(statistics.stdev(values))
-    rounds, mean, _ = epsilon["local_item_dp (subject ε)"]
-    assert mean[-1] == pytest.approx(statistics.mean(run[-1]["epsilon"]["subject"] for run in rows))
+    assert views and {(v["delta"], v["adversary"]) for v in views} == {(1e-5, "strongest")}
+    # ε: the largest over the seeds (the bound each seed's run meets), with no band; the
+    # seeds' ε are equal here (σ is fixed), so one seed's is raised to tell max from mean
+    raised = cells[1] / "local_item_dp" / "metrics.jsonl"
+    rows[1] = [{**r, "epsilon": {"subject": 1.5 * r["epsilon"]["subject"]}} for r in rows[1]]
+    raised.write_text("".join(json.dumps(r) + "\n" for r in rows[1]))
+    _, epsilon, _ = _rounds_over_seeds(tmp_path / "sweep", manifest["cells"])[
+        "privacy.noise_multiplier=3.0"
+    ]
+    rounds, largest, spread = epsilon["local_item_dp (subject ε)"]
+    assert rounds == [1, 2] and set(spread) == {0.0}
+    for r, e in zip(rounds, largest, strict=True):
+        assert e == rows[1][r - 1]["epsilon"]["subject"] > rows[0][r - 1]["epsilon"]["subject"]
     text = " ".join(page.text)
     assert "fedavg" in text and "local_item_dp" in text and "accuracy_std" in text
     assert (tmp_path / "s_files" / "utility_vs_epsilon.png").read_bytes().startswith(PNG)
@@ -648,3 +659,13 @@ def test_a_prifedsync_sweep_report_can_be_written_again(tmp_path: Path) -> None:
     files = tmp_path / "r_files"
     assert not [p for p in files.iterdir() if p.is_dir()]
     assert any(p.name.endswith("_epsilon.png") for p in files.iterdir())
+
+
+def test_sigma_and_epsilon_cells_are_rounded_up() -> None:
+    """σ copied from the report into a config must still meet its target, as the console's
+    does: 6.3253 is shown 6.326, not the nearest 6.325; other numbers round to nearest."""
+    from silodp.html_report import _cell
+
+    assert _cell(6.3253, "σ") == "6.326"
+    assert _cell(6.3253, "ε (subject)") == "6.326"
+    assert _cell(6.3253, "test accuracy") == "6.325"

@@ -159,6 +159,11 @@ def test_a_sweep_run_without_a_finite_epsilon_is_not_drawn_as_the_baseline(
     assert styles["uldp_avg_w (subject ε)"][0] != "grey"
     legend = [t.get_text() for t in right.get_legend().get_texts()]
     assert legend == ["uldp_avg (subject ε)", f"uldp_avg_w (subject ε) ({plotting.NO_BOUND})"]
+    # the ε axis says what the ε holds at, once the runs are given
+    views = [{"delta": 1e-5, "adversary": "strongest"}] * 2
+    plotting.plot_rounds_over_seeds(accuracy, epsilon, tmp_path / "r2.png", "grid point", views)
+    label = figures.pop().axes[1].get_ylabel()
+    assert "at δ=1e-05, against strongest" in label and "largest over seeds" in label
     rows = [
         {
             "algorithm": "uldp_avg",

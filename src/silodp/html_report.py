@@ -254,8 +254,10 @@ def _cell(value: Any, column: str) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        if column.startswith(("ε", "epsilon")):
-            return display.upper(value, 4)  # privacy bounds: rounded up
+        # privacy bounds, and σ (copied into a config, a rounded-up σ still meets its target):
+        # rounded up, as the console shows them
+        if column.startswith(("ε", "epsilon", "σ")):
+            return display.upper(value, 4)
         return f"{value:.4g}"
     return str(value)
 
@@ -642,8 +644,10 @@ def _sweep(src: Path, files: Path) -> tuple[str, str]:
     cells = _json(src / "grid.json")["cells"]
     points = _rounds_over_seeds(src, cells)
     if points:
-        parts.append("<h2>Accuracy and ε per round (mean ± std over seeds)</h2>")
-    for i, (point, (accuracy, epsilon)) in enumerate(points.items()):
+        parts.append(
+            "<h2>Accuracy (mean ± std over seeds) and ε (the largest over seeds) per round</h2>"
+        )
+    for i, (point, (accuracy, epsilon, views)) in enumerate(points.items()):
         if i == MAX_ROUND_FIGURES:
             parts.append(
                 f"<p>{len(points) - i} more grid points: run <code>silodp report</code> on "
@@ -651,12 +655,14 @@ def _sweep(src: Path, files: Path) -> tuple[str, str]:
             )
             break
         figure = files / f"rounds_{i:03d}.png"
-        plotting.plot_rounds_over_seeds(accuracy, epsilon, figure, point)
+        plotting.plot_rounds_over_seeds(accuracy, epsilon, figure, point, views)
         parts.append(
             _figure(
                 figure,
-                f"{point}: test accuracy (left) and ε (right) against round, mean over seeds "
-                "with a band of ± one standard deviation; dashed grey: the non-private baseline",
+                f"{point}: test accuracy (left, mean over seeds with a band of ± one "
+                f"standard deviation) and ε{plotting.held_at(views) if views else ''} "
+                "(right, the largest over the seeds that reached the round) against round; "
+                "dashed grey: the non-private baseline",
             )
         )
     series = _personalised_over_seeds(src, cells)
@@ -690,12 +696,15 @@ UNIT_ORDER = ("subject", "record", "silo")
 
 def _rounds_over_seeds(
     src: Path, cells: Sequence[Mapping[str, Any]]
-) -> dict[str, tuple[dict[str, plotting.Band], dict[str, plotting.Band]]]:
+) -> dict[str, tuple[dict[str, plotting.Band], dict[str, plotting.Band], list[dict[str, Any]]]]:
     """Per grid point (the cell's values other than its algorithms), per algorithm: test
-    accuracy and ε per round, mean and standard deviation over the seeds that reached the
-    round. A baseline cell joins every grid point whose values include its own."""
+    accuracy per round, mean and standard deviation over the seeds that reached the round,
+    and ε per round, the largest over those seeds (the bound each of them meets; no band);
+    and the ``delta`` and ``adversary`` of the point's private runs. A baseline cell joins
+    every grid point whose values include its own."""
     accuracy: dict[str, dict[str, dict[int, list[float]]]] = {}
     epsilon: dict[str, dict[str, dict[int, list[float]]]] = {}
+    views: dict[str, list[dict[str, Any]]] = {}
     baselines: list[tuple[dict[str, Any], str, list[dict[str, Any]]]] = []
     private_points: dict[str, dict[str, Any]] = {}
     for cell in cells:
@@ -715,6 +724,9 @@ def _rounds_over_seeds(
             label = run["algorithm"] + (f" ({unit} ε)" if unit else "")
             _pool(accuracy.setdefault(point, {}).setdefault(label, {}), rows, "test_accuracy")
             if unit is not None:
+                views.setdefault(point, []).append(
+                    {"delta": run.get("delta"), "adversary": run.get("adversary")}
+                )
                 by_round = epsilon.setdefault(point, {}).setdefault(label, {})
                 for row in rows:
                     value = (row.get("epsilon") or {}).get(unit)
@@ -729,7 +741,8 @@ def _rounds_over_seeds(
     return {
         point: (
             {label: _band(r) for label, r in sorted(curves.items(), key=_baseline_first) if r},
-            {label: _band(r) for label, r in epsilon.get(point, {}).items() if r},
+            {label: _largest(r) for label, r in epsilon.get(point, {}).items() if r},
+            views.get(point, []),
         )
         for point, curves in accuracy.items()
     }
@@ -771,6 +784,12 @@ def _personalised_over_seeds(
         label: {kind: _band(by_round) for kind, by_round in curves.items() if by_round}
         for label, curves in pooled.items()
     }
+
+
+def _largest(by_round: Mapping[int, Sequence[float]]) -> plotting.Band:
+    """Per round, the largest value (an ε every seed's run meets), with no spread."""
+    rounds = sorted(by_round)
+    return rounds, [max(by_round[r]) for r in rounds], [0.0] * len(rounds)
 
 
 def _band(by_round: Mapping[int, Sequence[float]]) -> plotting.Band:

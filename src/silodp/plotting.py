@@ -17,6 +17,7 @@ from silodp import display  # noqa: E402
 from silodp.io import atomic_write  # noqa: E402
 
 __all__ = [
+    "held_at",
     "plot_batch_histograms",
     "plot_comparison",
     "plot_data_distribution",
@@ -338,7 +339,7 @@ def _reports(row: Mapping[str, Any], unit: str) -> bool:
     return grid_epsilon(row, unit) is not None or bool(row.get(f"epsilon_{unit}_unbounded"))
 
 
-def _held_at(runs: Sequence[Mapping[str, Any]]) -> str:
+def held_at(runs: Sequence[Mapping[str, Any]]) -> str:
     """``" at δ=1e-05, against strongest"`` when every run's ε is at one δ and against one
     adversary, else a pointer to where each run says it."""
     deltas = {r.get("delta") for r in runs}
@@ -390,7 +391,7 @@ def plot_units(runs: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
     else:  # every ε is inf: nothing to scale, the annotations say it
         ax.set_yticks([])
     ax.set_ylabel("final ε")  # the axis is short: what the ε hold for goes in the title
-    ax.set_title(f"ε{_held_at(private)}; inf: no guarantee at that unit", fontsize=9)
+    ax.set_title(f"ε{held_at(private)}; inf: no guarantee at that unit", fontsize=9)
     ax.legend(title="unit")
     ax.grid(alpha=0.3, axis="y")
     return save_figure(fig, path)
@@ -483,7 +484,7 @@ def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Pa
     ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     private = [r for r in rows if r.get("adversary") is not None]
-    ax.set_xlabel(f"final ε, largest over seeds{_held_at(private) if private else ''}")
+    ax.set_xlabel(f"final ε, largest over seeds{held_at(private) if private else ''}")
     ax.set_ylabel("final test accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
@@ -662,13 +663,19 @@ def plot_personalised_over_seeds(
 
 
 def plot_rounds_over_seeds(
-    accuracy: Mapping[str, Band], epsilon: Mapping[str, Band], path: Path, title: str
+    accuracy: Mapping[str, Band],
+    epsilon: Mapping[str, Band],
+    path: Path,
+    title: str,
+    runs: Sequence[Mapping[str, Any]] = (),
 ) -> Path:
-    """Test accuracy (left) and ε (right, log scale) against round per algorithm, each the
-    mean over seeds with a band of ± one standard deviation; a run without ε (the
-    non-private baseline, labelled "(non-private)") is drawn on the left only, dashed and
-    grey; a private one whose ε has no finite bound (a label naming its unit's ε, no band)
-    is named on the right."""
+    """Test accuracy (left) against round per algorithm, the mean over seeds with a band of
+    ± one standard deviation, and ε (right, log scale) as given in ``epsilon`` (a sweep's
+    report gives the largest over seeds, with no band: the bound every seed's run meets);
+    ``runs`` (their ``delta`` and ``adversary``) say what the ε holds at, on its axis. A run
+    without ε (the non-private baseline, labelled "(non-private)") is drawn on the left
+    only, dashed and grey; a private one whose ε has no finite bound (a label naming its
+    unit's ε, no band) is named on the right."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     drawn: dict[str, list[tuple[int, float]]] = {}
@@ -719,7 +726,8 @@ def plot_rounds_over_seeds(
     left.grid(alpha=0.3)
     left.legend(fontsize="x-small")
     right.set_xlabel("round")
-    right.set_ylabel("ε (the unit in each label)")
+    held = held_at(runs) if runs else ""
+    right.set_ylabel(f"ε{held}\nlargest over seeds (the unit in each label)", fontsize="small")
     if epsilon:
         right.set_yscale("log")
     if right.lines:
