@@ -408,3 +408,91 @@ def test_a_run_stopped_at_its_target_logs_the_epsilon_it_was_charged(tmp_path: P
     for who, units in item["epsilon_by_adversary"].items():
         last = _scalars(directory, f"epsilon_by_adversary/{who}/record")[-1]
         assert last[0] == 3 and last[1] >= units["record"]
+
+
+def test_an_interrupted_run_logs_the_ledger_charge_of_its_cut_round(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped once a silo of round 2 was charged (its update may have been released): the
+    summary's ε is the ledger's charge, and the trackers said only round 1's ε. They now
+    log the charge (``charged_epsilon/...`` at round 2) and the summary; a resume still logs
+    round 2 when it runs again."""
+    from silodp import faults
+
+    tb = tmp_path / "tb"
+    config = _config(
+        {"mlflow": str(store), "tensorboard": str(tb)},
+        name="tiny-charged",
+        algorithms=["local_item_dp"],
+        training={**TINY["training"], "rounds": 3},
+        privacy={"noise_multiplier": 1.5, "group_size": 3},
+    )
+    real = faults.reached
+
+    def cut(point: str, round_index: int) -> None:
+        if (point, round_index) == ("silo_recorded", 2):
+            raise KeyboardInterrupt
+        real(point, round_index)
+
+    monkeypatch.setattr(faults, "reached", cut)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, out, log=lambda m: None)
+    monkeypatch.setattr(faults, "reached", real)
+    summary = json.loads((out / "local_item_dp" / "summary.json").read_text())
+    assert summary["rounds_charged_not_completed"] == [2]
+    charged = summary["epsilon"]["record"]
+    assert charged > summary["epsilon_of_completed_rounds"]["record"]
+    (run,) = _runs(store, "tiny-charged")
+    assert _history(store, run.info.run_id, "charged_epsilon/record") == [(2, charged)]
+    assert [s for s, _ in _history(store, run.info.run_id, "epsilon/record")] == [1]
+    assert "summary.json" in {a.path for a in _client(store).list_artifacts(run.info.run_id)}
+    directory = tb / "tiny-charged" / "local_item_dp"
+    ((step, value),) = _scalars(directory, "charged_epsilon/record")
+    assert step == 2 and value >= charged  # float32, rounded up
+
+    resume_experiment(out, log=lambda m: None)
+    rows = _rows(out / "local_item_dp")
+    for key in ("test_accuracy", "epsilon/record"):
+        assert _history(store, run.info.run_id, key) == _expected(rows, key)
+        assert [s for s, _ in _scalars(directory, key)] == [1, 2, 3]
+    # the round run again is charged both attempts: not below the charge logged at the cut
+    assert rows[1]["epsilon"]["record"] >= charged
+
+
+def test_a_resumed_run_finds_its_tensorboard_logs_set_aside_by_a_later_run(
+    tmp_path: Path,
+) -> None:
+    """Run A is interrupted; run B of the same config, into another directory, sets A's
+    logs aside. Resuming A appended to B's logs (and skipped the rounds B had logged); it
+    now continues A's own, wherever they were set aside."""
+    tb = tmp_path / "tb"
+    config = _config(
+        {"tensorboard": str(tb)},
+        name="tiny-aside",
+        training={**TINY["training"], "rounds": 3},
+        privacy={"noise_multiplier": 1.5, "group_size": 3},
+    )
+
+    def stop_in_round_two(name: str, rounds: int) -> Any:
+        def update(row: dict[str, Any]) -> None:
+            if row["round"] == 2:
+                raise KeyboardInterrupt
+
+        return update
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, first, progress=stop_in_round_two, log=lambda m: None)
+    run_experiment(config, second, log=lambda m: None)
+    named = tb / "tiny-aside" / "uldp_sgd"
+    (aside,) = named.parent.glob("uldp_sgd.replaced-*")
+    files = sorted(named.glob("events.out.tfevents.*"))
+    resume_experiment(first, log=lambda m: None)
+    assert sorted(named.glob("events.out.tfevents.*")) == files  # B's logs untouched
+    for run_dir, directory in ((first, aside), (second, named)):
+        rows = _rows(run_dir / "uldp_sgd")
+        for key in ("test_accuracy", "epsilon/subject"):
+            got = _scalars(directory, key)
+            assert [s for s, _ in got] == [1, 2, 3]
+            assert [v for _, v in got] == pytest.approx([v for _, v in _expected(rows, key)])

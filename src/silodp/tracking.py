@@ -19,7 +19,15 @@ already says otherwise; local stores need no network.
 
 TensorBoard: one subdirectory ``<experiment name>/<run name>`` of the log directory per run.
 A run started afresh sets the logs of an earlier run of the same name aside (renamed
-``<run name>.replaced-<UTC time>``); a resumed run appends to its own.
+``<run name>.replaced-<UTC time>``); a resumed run appends to its own, found by the run
+directory it logs (named in the file :data:`TB_RUN_KEY`), also where a later run of the same
+name set it aside.
+
+An interrupted run whose ledger was charged a round that did not complete (its summary's
+``rounds_charged_not_completed``) logs that charge, at the last such round, as
+``charged_epsilon/<unit>`` (and ``charged_epsilon_by_adversary/...``): the dashboard's ε is
+not below the ledger's. These metrics are not rounds, so a resume still logs the round that
+runs again.
 
 The packages are imported only when a store is configured; :func:`check_installed` says
 before anything trains which are missing, and :func:`check_writable` whether each store can be
@@ -77,6 +85,10 @@ PUBLIC_FILES = ("summary.json", "config.toml", "metrics.jsonl")
 #: the database and the artifact directory of an MLflow store given as a directory
 MLFLOW_DB = "mlflow.db"
 MLFLOW_ARTIFACTS = "mlartifacts"
+#: the prefix of the metrics of a charge beyond the completed rounds (not a round's row)
+CHARGED = "charged_"
+#: the file in a run's TensorBoard directory naming the run directory it logs (hashed)
+TB_RUN_KEY = "silodp_run_key"
 #: the longest parameter value MLflow stores
 MAX_PARAM_LENGTH = 6000
 #: MLflow's status of a run ending with each silodp status
@@ -277,6 +289,9 @@ class Writer(Protocol):
     def log_round(self, row: Row) -> None:
         """Logs a round's released row (skipping a round it logged before a resume)."""
 
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Logs ``metrics`` at ``step``, not as a round (a resume does not skip that round)."""
+
     def close(self, status: str, run_dir: Path | None = None) -> None:
         """Ends the run with a silodp ``status``; with ``run_dir``, logs its public files."""
 
@@ -297,6 +312,21 @@ class Tracker:
     def log_round(self, row: Row) -> None:
         self._each(lambda w: w.log_round(row), "log a round")
 
+    def log_charged(self, summary: Mapping[str, Any]) -> None:
+        """Logs an interrupted run's ledger charge beyond its completed rounds (``epsilon``
+        and ``epsilon_by_adversary`` of a summary with ``rounds_charged_not_completed``) as
+        ``charged_epsilon...`` metrics at the last such round; nothing otherwise."""
+        open_rounds = summary.get("rounds_charged_not_completed") or []
+        if not open_rounds:
+            return
+        row = {
+            "epsilon": summary.get("epsilon") or {},
+            "epsilon_by_adversary": summary.get("epsilon_by_adversary") or {},
+        }
+        metrics = {CHARGED + k: v for k, v in round_metrics(row).items()}
+        step = max(int(r) for r in open_rounds)
+        self._each(lambda w: w.log_metrics(metrics, step), "log the ledger's charge")
+
     def chain(
         self, then: Callable[[dict[str, Any]], None] | None
     ) -> Callable[[dict[str, Any]], None] | None:
@@ -314,6 +344,21 @@ class Tracker:
     def close(self, status: str, run_dir: Path | None = None) -> None:
         self._each(lambda w: w.close(status, run_dir), "end the run")
         self._writers = []
+
+    def close_stopped(self, err: BaseException, run_dir: Path) -> None:
+        """Ends a run that stopped with ``err`` once it wrote its summary: logs the ledger's
+        charge beyond its completed rounds (:meth:`log_charged`, from ``summary.json``),
+        then its public files, ``interrupted`` or ``failed``."""
+        if not self._writers:
+            return
+        try:
+            summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as read:
+            logger.warning("tracking: the run's summary could not be read (%s)", read)
+            summary = {}
+        if isinstance(summary, Mapping):
+            self.log_charged(summary)
+        self.close(_status_of(err), run_dir)
 
     def _each(self, call: Callable[[Writer], None], what: str) -> None:
         for writer in list(self._writers):
@@ -444,7 +489,8 @@ class _MlflowWriter:
         if found:
             self._run_id = found[0].info.run_id
             client.update_run(self._run_id, status="RUNNING")
-            self._logged = self._last_step(found[0].data.metrics)
+            rounds = [k for k in found[0].data.metrics if not k.startswith(CHARGED)]
+            self._logged = self._last_step(rounds)
             return
         tags = {
             "silodp.experiment": run.experiment,
@@ -473,6 +519,13 @@ class _MlflowWriter:
         if metrics:
             self._client.log_batch(self._run_id, metrics=metrics)
         self._logged = step
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        logged = [Metric(k, v, self._stamp, step) for k, v in metrics.items()]
+        if logged:
+            self._client.log_batch(self._run_id, metrics=logged)
 
     def close(self, status: str, run_dir: Path | None = None) -> None:
         for path in public_files(run_dir) if run_dir is not None else ():
@@ -505,15 +558,54 @@ def _event_files(directory: Path) -> list[Path]:
 
 
 def _last_step(directory: Path) -> int:
-    """The last step with a summary in the event files of ``directory`` (0: none)."""
+    """The last step with a round's summary in the event files of ``directory`` (0: none;
+    ``charged_...`` values are not rounds)."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     last = 0
     for path in _event_files(directory):
         for event in EventFileLoader(str(path)).Load():
-            if event.HasField("summary"):
+            if event.HasField("summary") and any(
+                not v.tag.startswith(CHARGED) for v in event.summary.value
+            ):
                 last = max(last, int(event.step))
     return last
+
+
+def _tb_key(directory: Path) -> str | None:
+    """The run key in ``directory`` (``None``: none there)."""
+    try:
+        return (directory / TB_RUN_KEY).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def _resumed_dir(directory: Path, key: str) -> Path:
+    """Where a resumed run with ``key`` appends its TensorBoard logs: its own directory,
+    also once a later run of the same name set it aside (the latest such); ``directory`` if
+    it holds no other run's logs (none, or logs written before runs were keyed); else a new
+    ``<run name>.run-<key>`` beside it, never another run's logs."""
+    found = _tb_key(directory)
+    if found == key or (found is None and _event_files(directory)) or not directory.exists():
+        return directory
+    if directory.parent.is_dir():
+        aside = sorted(
+            p
+            for p in directory.parent.iterdir()
+            if p.is_dir() and p.name.startswith(f"{directory.name}.replaced-")
+        )
+        mine = [p for p in aside if _tb_key(p) == key]
+        if mine:
+            logger.info(
+                "tracking: a later run of %s set this run's TensorBoard logs aside; they "
+                "continue in %s",
+                directory.name,
+                mine[-1],
+            )
+            return mine[-1]
+    if found is None and not _event_files(directory):
+        return directory
+    return directory.with_name(f"{directory.name}.run-{key[:12]}")
 
 
 def _set_aside(directory: Path) -> None:
@@ -538,13 +630,17 @@ class _TensorBoardWriter:
         from torch.utils.tensorboard import SummaryWriter
 
         directory = tensorboard_dir(logdir, run)
+        key = _run_key(run.run_dir)
         if resume:
+            directory = _resumed_dir(directory, key)
             self._logged = _last_step(directory)
         else:
             _set_aside(directory)
             self._logged = 0
         first = not _event_files(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        if _tb_key(directory) is None:
+            (directory / TB_RUN_KEY).write_text(key + "\n", encoding="utf-8")
         self._writer = SummaryWriter(log_dir=str(directory))
         #: the wall time of every round's scalars (not their own: see the MLflow writer)
         self._walltime = time.time()
@@ -563,6 +659,13 @@ class _TensorBoardWriter:
             self._writer.add_scalar(key, value, step, walltime=self._walltime)
         self._writer.flush()  # a round is long; what it logged survives a crash
         self._logged = step
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            if key.startswith(CHARGED + "epsilon"):  # an upper bound stays one in float32
+                value = float32_up(value)
+            self._writer.add_scalar(key, value, step, walltime=self._walltime)
+        self._writer.flush()
 
     def close(self, status: str, run_dir: Path | None = None) -> None:
         self._writer.close()

@@ -391,11 +391,13 @@ def train_run(
                     through = max(ledger.recorded_rounds(), default=stopped)
                 charged.update(_charged_epsilon(accountant, through))
                 charged["stopped_at_round"] = stopped
-        except BaseException:
+        except BaseException as err:
             for held in (ledger, no_noise):
                 if held is not None:
                     held.finish("interrupted")
                     held.close()
+            # the trackers end with what the summary says was charged (not only the rounds)
+            tracker.close_stopped(err, run_dir)
             raise
         for held in (ledger, no_noise):
             if held is not None:
