@@ -482,3 +482,59 @@ def test_run_without_out_writes_beside_the_configs_name(
     assert result.exit_code == 0, result.output
     assert (tmp_path / "runs" / "mine" / "summary.json").is_file()
     assert not (tmp_path / "runs" / "demo").exists()
+
+
+def test_an_accuracy_of_an_earlier_model_than_the_released_one_says_its_round(
+    tmp_path: Path,
+) -> None:
+    """``training.eval_every = 2``, stopped after round 3: model.pt is round 3's, which was
+    not evaluated; the summary's accuracy is round 2's and said nothing of it (the console
+    table and the report showed it as the released model's)."""
+    from typing import Any
+
+    from silodp.config import parse_config
+    from silodp.experiment import run_experiment
+    from silodp.html_report import _final_rows
+
+    config = parse_config(
+        {
+            "name": "tiny-eval-every",
+            "algorithms": ["local_item_dp"],
+            "data": {"source": "digits", "num_silos": 3, "num_subjects": 30, "max_records": 300},
+            "model": {"name": "mlp"},
+            "training": {
+                "rounds": 5,
+                "local_steps": 2,
+                "batch_size": 32,
+                "lr": 0.5,
+                "eval_every": 2,
+            },
+            "privacy": {"noise_multiplier": 1.5, "group_size": 3},
+        }
+    )
+
+    def stop_after_round_three(name: str, rounds: int) -> Any:
+        def update(row: dict[str, Any]) -> None:
+            if row["round"] == 3:
+                raise KeyboardInterrupt
+
+        return update
+
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, out, progress=stop_after_round_three, log=lambda m: None)
+    run = json.loads((out / "local_item_dp" / "summary.json").read_text())
+    rows = [json.loads(line) for line in (out / "local_item_dp" / "metrics.jsonl").open()]
+    assert [r.get("test_accuracy") is not None for r in rows] == [False, True, False]
+    assert run["rounds_completed"] == 3 and run["test_accuracy_round"] == 2
+    assert run["test_accuracy"] == rows[1]["test_accuracy"]
+    assert any("round 2's model" in n and "round 3's" in n for n in run["notes"])
+    lines = summary_table({"runs": [run]})
+    assert f"{run['test_accuracy']:.3f} (r2)" in lines[1]
+    assert any(line.strip().startswith("(rN): the accuracy of round N's model") for line in lines)
+    table, columns = _final_rows({"runs": [run]})
+    assert "accuracy of round" in columns and table[0]["accuracy of round"] == 2
+    # evaluated at its last round: no mark, no column
+    run = {**run, "test_accuracy_round": 3}
+    assert "(r" not in summary_table({"runs": [run]})[1]
+    assert "accuracy of round" not in _final_rows({"runs": [run]})[1]

@@ -659,13 +659,3 @@ def test_a_prifedsync_sweep_report_can_be_written_again(tmp_path: Path) -> None:
     files = tmp_path / "r_files"
     assert not [p for p in files.iterdir() if p.is_dir()]
     assert any(p.name.endswith("_epsilon.png") for p in files.iterdir())
-
-
-def test_sigma_and_epsilon_cells_are_rounded_up() -> None:
-    """σ copied from the report into a config must still meet its target, as the console's
-    does: 6.3253 is shown 6.326, not the nearest 6.325; other numbers round to nearest."""
-    from silodp.html_report import _cell
-
-    assert _cell(6.3253, "σ") == "6.326"
-    assert _cell(6.3253, "ε (subject)") == "6.326"
-    assert _cell(6.3253, "test accuracy") == "6.325"

@@ -254,10 +254,8 @@ def _cell(value: Any, column: str) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        # privacy bounds, and σ (copied into a config, a rounded-up σ still meets its target):
-        # rounded up, as the console shows them
-        if column.startswith(("ε", "epsilon", "σ")):
-            return display.upper(value, 4)
+        if column.startswith(("ε", "epsilon")):
+            return display.upper(value, 4)  # privacy bounds: rounded up
         return f"{value:.4g}"
     return str(value)
 
@@ -284,6 +282,11 @@ def _final_rows(summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[
     units = sorted({u for r in summary["runs"] for u in (r.get("epsilon") or {})})
     # PriFedSync: the personalised models' and the global model's mean accuracy over clients
     personal = [c for c in PERSONAL if any(r.get(PERSONAL[c]) is not None for r in summary["runs"])]
+    # a run whose released model (its last round's) was not evaluated: the accuracy's round
+    earlier = any(
+        r.get("test_accuracy_round") not in (None, r.get("rounds_completed"))
+        for r in summary["runs"]
+    )
     rows = []
     for run in summary["runs"]:
         row = {
@@ -291,6 +294,7 @@ def _final_rows(summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[
             "status": run.get("status"),
             "rounds": run.get("rounds_completed"),
             "test accuracy": run.get("test_accuracy"),
+            **({"accuracy of round": run.get("test_accuracy_round")} if earlier else {}),
             **{c: run.get(PERSONAL[c]) for c in personal},
             **{f"ε ({u})": _bound(run.get("epsilon") or {}, u) for u in units},
             "σ": run.get("noise_multiplier"),
@@ -298,7 +302,8 @@ def _final_rows(summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[
             "against": run.get("adversary") if run.get("epsilon") else None,
         }
         rows.append(row)
-    columns = ["algorithm", "status", "rounds", "test accuracy", *personal]
+    columns = ["algorithm", "status", "rounds", "test accuracy"]
+    columns += ["accuracy of round", *personal] if earlier else personal
     return rows, [*columns, *(f"ε ({u})" for u in units), "σ", "δ", "against"]
 
 

@@ -178,8 +178,13 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
     if per_row:
         header += ["at δ", "against"]
     rows = []
+    earlier = False  # an accuracy of a model before the released one (not evaluated)
     for r, target in zip(runs, targets, strict=True):
         acc = format(r["test_accuracy"], ".3f") if r.get("test_accuracy") is not None else "–"
+        evaluated = r.get("test_accuracy_round")
+        if evaluated is not None and r.get("rounds_completed") not in (None, evaluated):
+            acc += f" (r{evaluated})"
+            earlier = True
         row = [r["algorithm"], protects(r), acc]
         if personal:
             value = r.get("personalised_accuracy")
@@ -212,6 +217,11 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
     elif per_row:
         out.append(
             "  each run's ε is at its own δ, against its own adversary (strongest: every party)"
+        )
+    if earlier:
+        out.append(
+            "  (rN): the accuracy of round N's model; the released model is a later round's, "
+            "not evaluated (training.eval_every)"
         )
     marked = any("!" in cell for row in rows for cell in row[first_epsilon:])
     if marked and len({t for t in targets if t is not None}) == 1:

@@ -66,7 +66,9 @@ OUTPUTS: dict[str, Any] = {
         "test_accuracy/test_loss (metrics.jsonl, summary.json, accuracy_loss.png, "
         "comparison.png) are computed on the held-out test split, which no ε covers (with "
         "data.test_per_client each client's test records also follow its training labels' "
-        "mix): release them only if that split is public or its holders agree"
+        "mix): release them only if that split is public or its holders agree; "
+        "summary.json's are of round test_accuracy_round's model (the last evaluated, see "
+        "training.eval_every)"
     ),
     "silo_private": [
         f"{PRIVATE_DIR}/: un-noised, data-dependent diagnostics (records dropped by the "
@@ -144,6 +146,15 @@ def _last(results: Sequence[RoundResult], key: str) -> Any:
     return None
 
 
+def _last_round_with(results: Sequence[RoundResult], key: str) -> int | None:
+    """The last round whose ``key`` was evaluated (``None``: none was)."""
+    for r in reversed(results):
+        value = getattr(r, key) if hasattr(r, key) else r.metrics.get(key)
+        if value is not None:
+            return r.round
+    return None
+
+
 def summary(
     run: PreparedRun,
     results: Sequence[RoundResult],
@@ -199,6 +210,16 @@ def summary(
         out[key] = _last(results, key)
     if last is not None and last.estimates is not None:
         out["epsilon_estimates"] = last.to_json()["epsilon_estimates"]
+    evaluated = _last_round_with(results, "test_accuracy")
+    out["test_accuracy_round"] = evaluated
+    if last is not None and evaluated is not None and evaluated != last.round:
+        out["notes"] = [
+            *out["notes"],
+            f"test_accuracy (and the other evaluated metrics) is of round {evaluated}'s "
+            f"model: the released model.pt is round {last.round}'s, which was not evaluated "
+            f"(training.eval_every = {run.training.eval_every}; the run ended before its "
+            "last planned round)",
+        ]
     out.update(algorithm.summary_fields())
     out.update(extra or {})
     return out
