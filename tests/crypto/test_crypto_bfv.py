@@ -132,6 +132,91 @@ def test_one_silos_ciphertext_decrypts_to_a_masked_value() -> None:
     assert dec.invariant_noise_budget(fresh) - dec.invariant_noise_budget(flooded) >= 100
 
 
+def _c1(ct) -> np.ndarray:
+    """The second component ``c1`` of a (non-NTT, two-component) ciphertext: its
+    coefficients modulo every prime of its level."""
+    assert ct.size() == 2 and not ct.is_ntt_form()
+    size = ct.coeff_modulus_size() * ct.poly_modulus_degree()
+    data = ct.dyn_array()
+    return np.array([data.at(i) for i in range(size, 2 * size)], dtype=np.uint64)
+
+
+def test_each_message_is_re_randomised_by_a_fresh_encryption_of_zero() -> None:
+    """A silo's ``c1`` is ``sum_a c1(w_a) P_a + c1(z)``: the server's own weight ciphertexts
+    times the silo's blinded data ``P_a``, plus the ``c1`` of a fresh ``Enc(0)`` ``z`` (flooding,
+    noise and masks only touch ``c0``). Were one ``z`` reused, the difference of two messages'
+    ``c1`` would be ``sum_a c1(w_a) (P_a - P'_a)``: known bases, the silo's data. Two silos
+    with the same counts and deltas, a delta repeating every ``N`` coordinates (two blocks
+    with the same ``P_a``) and two rounds (the same weights) give eight messages per prime
+    whose ``P_a`` are all equal, so their ``c1`` differ only by their ``z``: all must differ,
+    in almost every coefficient."""
+    n = BfvParameters().poly_degree
+    hist = {0: {"a": 1, "b": 2}, 1: {"a": 1, "b": 2}}
+    rng = np.random.default_rng(8)
+    same = {a: np.tile(rng.uniform(-1.0, 1.0, n), 2) for a in ("a", "b")}
+    session = _session(hist, 2 * n, 4)
+    assert session.plan.blocks == 2
+    weights = session.weights()
+    zero = [0] * (2 * n)
+    c1s = [[] for _ in session.plan.plain_moduli]
+    for round_index in (0, 1):
+        for silo in session.silos.values():
+            reply = silo.weighted_sum(weights, same, zero, round_index)
+            for j, blocks in enumerate(reply):
+                c1s[j].extend(_c1(ct) for ct in blocks)
+    for per_prime in c1s:
+        assert len(per_prime) == 8
+        for x in range(8):
+            for y in range(x):
+                assert np.mean(per_prime[x] == per_prime[y]) < 0.01
+
+
+def test_masked_messages_hide_each_silo_and_change_every_round() -> None:
+    """The round masks are derived per round (label ``round/<t>``): with the same masks every
+    round, the difference of a silo's decrypted messages of two rounds would be that of its
+    weighted sums, in the clear. With identical inputs in rounds 0 and 1, every coordinate of
+    each silo's decrypted message changes (mod every prime), only by the masks, and a single
+    silo's message recombines (CRT) to nothing decodable (as with Paillier,
+    ``test_masked_sums_hide_each_silo_and_change_every_round``)."""
+    hist, deltas, _ = _problem(9, 2, 3, 3, 20)
+    session = _session(hist, 3, 20)
+    server, plan = session.server, session.plan
+    enc = plan.encoding
+    weights = session.weights()
+    coded = {s: [s + 1, -(s + 2), 7] for s in hist}  # the same noise both rounds
+
+    def decrypted(reply) -> list[np.ndarray]:  # per prime, the residues of the dim coordinates
+        out = []
+        for j, ctx in enumerate(server.contexts):
+            plain = new_plaintext()
+            decryptor(ctx, server.keys.secret_keys[j]).decrypt(reply[j][0], plain)
+            out.append(ctx.coefficients(plain)[: plan.dim])
+        return out
+
+    big_t = enc.modulus
+    for s, silo in session.silos.items():
+        first = decrypted(silo.weighted_sum(weights, deltas[s], coded[s], 0))
+        second = decrypted(silo.weighted_sum(weights, deltas[s], coded[s], 1))
+        for j, t in enumerate(plan.plain_moduli):
+            assert np.all(first[j] != second[j])  # fresh masks per round
+            unmasked = [
+                (msg[j] + np.uint64(t) - silo._masks(f"round/{r}", j, plan.dim)) % np.uint64(t)
+                for r, msg in ((0, first), (1, second))
+            ]
+            np.testing.assert_array_equal(*unmasked)  # they differ by the masks only
+        # a single silo's message is uniformly masked: nowhere near a decodable value
+        total = (
+            sum(
+                first[j].astype(object) * (big_t // t * pow(big_t // t, -1, t))
+                for j, t in enumerate(plan.plain_moduli)
+            )
+            % big_t
+        )
+        for v in total:
+            signed = int(v) - big_t if v > big_t // 2 else int(v)
+            assert abs(signed) > enc.aggregate_bound
+
+
 def test_flooding_leaves_the_sum_of_many_silos_decryptable() -> None:
     plan = plan_bfv_round(
         BfvParameters(),

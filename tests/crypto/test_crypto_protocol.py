@@ -303,6 +303,43 @@ def test_masked_sums_hide_each_silo_and_change_every_round() -> None:
             )
 
 
+def test_silo_ciphertexts_carry_randomness_the_key_holder_cannot_predict() -> None:
+    """Every ciphertext a silo sends is multiplied by a fresh ``r^n``
+    (:mod:`~silodp.crypto.rerandomize`). The key holder reads any ciphertext's encryption
+    randomness ``rho = c^(n^-1 mod phi) mod n``; without that factor, ``rho`` of parameter ``j``
+    would be ``prod_a rho(w_a)^(r_a n_{s,a} M e_{s,a,j})``: the randomness the server chose for
+    its own weights raised to the silo's un-noised encoded deltas (the noise and the masks
+    enter as ``1 + t n``, of randomness 1), so e.g. its Legendre symbol mod ``p`` shows their
+    parity. The test computes that product (with the silo's blinds and deltas) and checks that
+    each ciphertext's ``rho`` differs from it by a factor other than 1, a new one each time."""
+    hist, deltas, noise = _problem(16, 2, 3, 4, 20)
+    config = _config(2, 3, 20, packing=False)  # one coordinate per ciphertext
+    session = WeightingSession(config, hist, source=ChaCha20Prg(bytes([11]) * 32))
+    key, enc = session.server._keys.private_key, session.server.encoding
+    n = gmpy2.mpz(key.public_key.n)
+    n_inv = gmpy2.invert(n, (key.p - 1) * (key.q - 1))
+
+    def randomness(c: int) -> gmpy2.mpz:  # c = (1 + m n) rho^n mod n^2, so c = rho^n mod n
+        return gmpy2.powmod(gmpy2.mpz(c) % n, n_inv, n)
+
+    weights = session.server.open_round(0, 4)
+    fresh = []
+    for s, silo in session.silos.items():
+        reply = silo.weighted_sum(weights, deltas[s], noise[s])
+        predicted = [gmpy2.mpz(1)] * 4
+        for a in silo.own_subjects:
+            i = config.subject_ids.index(a)
+            lift = silo._blinds[i] * silo._counts[i] * enc.multiplier % n
+            base = gmpy2.powmod(randomness(weights.ciphertexts[i]), lift, n)
+            for j, e in enumerate(enc.encode_deltas(deltas[s][a])):
+                predicted[j] = predicted[j] * gmpy2.powmod(base, e, n) % n
+        assert len(reply.ciphertexts) == 4
+        for c, rho in zip(reply.ciphertexts, predicted, strict=True):
+            fresh.append(randomness(c) * gmpy2.invert(rho, n) % n)
+    assert 1 not in fresh  # re-randomised: rho is not the predictable product
+    assert len(set(fresh)) == len(fresh)  # by a fresh factor per ciphertext and silo
+
+
 def test_weight_ciphertexts_are_fresh_and_hide_the_inverse() -> None:
     hist, _, _ = _problem(13, 2, 3, 1, 20)
     session = WeightingSession(_config(2, 3, 20), hist)
