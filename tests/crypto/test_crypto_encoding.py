@@ -187,6 +187,16 @@ def test_encoded_noise_is_checked_against_its_bound_and_type() -> None:
         enc.check_encoded_noise(np.array([1, 0.5], dtype=object))
     with pytest.raises(ValueError, match="1-d"):
         enc.check_encoded_noise(np.zeros((2, 2), dtype=np.int64))
+    # a list of Python ints, as encode_noise gives, with a value at or above 2^63 and a
+    # negative one (numpy reads such a list as float64, which was refused)
+    wide = 2**63 + 1  # uint64 alone; beside a negative value, numpy reads float64
+    assert top >= wide and np.asarray([wide, -1]).dtype == np.float64
+    assert enc.check_encoded_noise([wide, -1, 0]) == [wide, -1, 0]
+    assert enc.check_encoded_noise([top, -top, 0]) == [top, -top, 0]
+    with pytest.raises(ValueError, match="integer"):
+        enc.check_encoded_noise([1, 0.5])
+    with pytest.raises(ValueOutOfRangeError, match="encoded noise"):
+        enc.check_encoded_noise([top + 1, -1])
 
 
 def test_vectorised_rounding_equals_the_exact_scalar_rounding() -> None:

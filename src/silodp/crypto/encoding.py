@@ -430,8 +430,16 @@ class WeightingEncoding:
     def check_encoded_noise(self, values: object) -> list[int]:
         """Noise already on the aggregate's grid (integers ``round(y)``, e.g. exact rounded
         Gaussian samples) as Python ints; refuses non-integers and values beyond the declared
-        ``noise_bound`` (:class:`~silodp.crypto.errors.ValueOutOfRangeError`)."""
-        arr = np.asarray(values)
+        ``noise_bound`` (:class:`~silodp.crypto.errors.ValueOutOfRangeError`). A list of Python
+        ints (as :meth:`encode_noise` returns) is read as it is: numpy would turn one holding
+        a negative value and one at or above 2^63 into floats."""
+        if isinstance(values, list | tuple) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in values
+        ):
+            arr = np.empty(len(values), dtype=object)
+            arr[:] = values
+        else:
+            arr = np.asarray(values)
         if arr.ndim != 1 or not (arr.dtype.kind in "iu" or arr.dtype == object):
             raise ValueError(
                 f"Expected encoded noise as a 1-d array of integers, got {arr.dtype} {arr.shape}."
