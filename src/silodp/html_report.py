@@ -664,10 +664,11 @@ def _sweep(src: Path, files: Path) -> tuple[str, str]:
         parts.append(
             _figure(
                 figure,
-                f"{point}: test accuracy (left, mean over seeds with a band of ± one "
-                f"standard deviation) and ε{plotting.held_at(views) if views else ''} "
-                "(right, the largest over the seeds that reached the round) against round; "
-                "dashed grey: the non-private baseline",
+                f"{point}: test accuracy (left, the mean with a band of ± one standard "
+                f"deviation) and ε{plotting.held_at(views) if views else ''} (right, the "
+                "largest) against round, over the seeds that reached the round (a seed "
+                "stopped early, e.g. by its budget, leaves the later rounds' curves); dashed "
+                "grey: the non-private baseline",
             )
         )
     series = _personalised_over_seeds(src, cells)
