@@ -74,6 +74,16 @@ def _expected(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
     return [(step, value) for step, value in values if value is not None]
 
 
+def _stop_in_round_two(name: str, rounds: int) -> Any:
+    """A progress callback that stops the run (as Ctrl-C) once round 2 is recorded."""
+
+    def update(row: dict[str, Any]) -> None:
+        if row["round"] == 2:
+            raise KeyboardInterrupt
+
+    return update
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One MLflow store for the module (creating its database takes seconds)."""
@@ -160,16 +170,9 @@ def test_an_interrupted_run_is_killed_and_resuming_continues_it(
         privacy={"noise_multiplier": 1.5, "group_size": 3},
     )
 
-    def stop_in_round_two(name: str, rounds: int) -> Any:
-        def update(row: dict[str, Any]) -> None:
-            if row["round"] == 2:
-                raise KeyboardInterrupt
-
-        return update
-
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        run_experiment(config, out, progress=stop_in_round_two, log=lambda m: None)
+        run_experiment(config, out, progress=_stop_in_round_two, log=lambda m: None)
     (run,) = _runs(store, "tiny-resume")
     assert run.info.status == "KILLED" and run.data.tags["silodp.status"] == "interrupted"
     assert [s for s, _ in _history(store, run.info.run_id, "test_accuracy")] == [1, 2]
@@ -474,16 +477,9 @@ def test_a_resumed_run_finds_its_tensorboard_logs_set_aside_by_a_later_run(
         privacy={"noise_multiplier": 1.5, "group_size": 3},
     )
 
-    def stop_in_round_two(name: str, rounds: int) -> Any:
-        def update(row: dict[str, Any]) -> None:
-            if row["round"] == 2:
-                raise KeyboardInterrupt
-
-        return update
-
     first, second = tmp_path / "a", tmp_path / "b"
     with pytest.raises(KeyboardInterrupt):
-        run_experiment(config, first, progress=stop_in_round_two, log=lambda m: None)
+        run_experiment(config, first, progress=_stop_in_round_two, log=lambda m: None)
     run_experiment(config, second, log=lambda m: None)
     named = tb / "tiny-aside" / "uldp_sgd"
     (aside,) = named.parent.glob("uldp_sgd.replaced-*")
