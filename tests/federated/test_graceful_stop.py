@@ -106,3 +106,32 @@ def test_a_stop_outside_the_rounds_is_raised_at_once(tmp_path: Path) -> None:
     with pytest.raises(Terminated), sigterm_interrupts():
         os.kill(os.getpid(), signal.SIGTERM)
         raise AssertionError("not stopped")  # pragma: no cover
+
+
+def test_a_forked_worker_keeps_a_stop_for_later_without_saying_it_again(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A terminal's Ctrl-C reaches the protocol's forked workers too, which inherit the
+    handler: each printed the "stopping once the round ..." line (three lines for one
+    Ctrl-C). Only the process that installed the handler says it; a worker keeps the stop
+    as its parent does."""
+    from silodp import stopping
+
+    with sigterm_interrupts(), stopping.rounds_running():
+        pid = os.fork()
+        if pid == 0:  # the worker: the stop is kept, not raised, and nothing is printed
+            code = 1
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                try:
+                    stopping.check()
+                except KeyboardInterrupt:
+                    code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            stopping.check()
+    assert capfd.readouterr().err.count("stopping once the round in progress") == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -59,6 +60,11 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, stopping a run as Ctrl-C does (every ``finally`` runs, children included)."""
 
 
+#: the process that installed :func:`_stop` (worker processes forked from it inherit the
+#: handler, and a terminal's Ctrl-C reaches them too: only this one says what it does)
+_handler_owner: int | None = None
+
+
 def _stop(signum: int, frame: object) -> None:
     """Ctrl-C or SIGTERM: deferred to the end of the round in progress while rounds run
     (:mod:`silodp.stopping`), else (or the second time) raised at once."""
@@ -66,6 +72,8 @@ def _stop(signum: int, frame: object) -> None:
 
     stop: KeyboardInterrupt = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
     if stopping.defer(stop):
+        if os.getpid() != _handler_owner:  # a forked worker: its parent says it, once
+            return
         again = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
         typer.echo(
             f"\nstopping once the round in progress is recorded and checkpointed ({again} "
@@ -85,6 +93,8 @@ def sigterm_interrupts() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    global _handler_owner
+    _handler_owner = os.getpid()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     # SIGINT ignored (a background job's): left so
     handled = [s for s, h in previous.items() if s == signal.SIGTERM or h is not signal.SIG_IGN]
