@@ -273,6 +273,8 @@ def test_uldp_group_reports_epsilon_in_the_first_simulated_round() -> None:
         assert result.epsilon["record"] == math.inf
     released = sim.accountant.estimates_by_adversary()["released"]["record"].epsilon
     assert math.isfinite(released) and released > 0
+    # the threat model a run's summary states says so (it said the ε holds against the silos)
+    assert "record ε not against the silos" in algo.threat_model
     assert results[0].epsilon["subject"] < results[1].epsilon["subject"]
     assert all(torch.isfinite(v).all() for v in sim.params.values())
 

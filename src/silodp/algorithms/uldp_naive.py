@@ -148,6 +148,11 @@ class UldpGroup(LocalItemDP):
     name = "uldp_group"
     calibration_unit = "subject"
     group_scope = "federation"
+    threat_model = (
+        "local noise: the subject ε holds against the server and other silos; the record ε "
+        "not against the silos (inf there): the federation-wide cap shows a silo which of "
+        "its records are kept, which a record elsewhere decides"
+    )
 
     def uses_span(self) -> bool:
         """No: beside the federation-wide cap, capping the span would let one added record
