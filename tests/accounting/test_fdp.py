@@ -64,6 +64,25 @@ def test_clt_mu_matches_opacus(sigma: float, q: float, steps: int) -> None:
     assert clt_mu(1.1 * sigma, q, steps) < 0.95 * ours
 
 
+def test_a_tiny_sigma_gives_an_unbounded_estimate_not_an_error() -> None:
+    """Below σ ≈ 0.0375, e^{σ^-2} overflows a float: the CLT μ (an estimate, never the
+    guarantee) raised OverflowError, which stopped the rigorous accounting and calibration
+    (the σ search probes small σ) of plans whose target is reachable."""
+    assert clt_mu(0.03, 0.01, 1) == math.inf
+    assert clt_mu(0.03, 0.01, 1, batch_sampling="poisson") == math.inf
+    assert clt_mu(0.03, 0.0, 1) == 0.0  # nothing sampled: nothing to estimate
+    assert math.isfinite(clt_mu(0.04, 0.01, 1))
+    plan = _plan(noise_multiplier=0.03, sample_rates=(0.01,) * 5, local_steps=1, rounds=1)
+    report = account_prifedsync(plan)[-1]
+    assert report.mu["client_max"] == math.inf
+    assert report.epsilon["record"] > 0  # the rigorous route still answers (inf is a bound)
+    sigma = calibrate_prifedsync(plan, target_epsilon=10.0)
+    reached = account_prifedsync(
+        _plan(noise_multiplier=sigma, sample_rates=(0.01,) * 5, local_steps=1, rounds=1)
+    )[-1]
+    assert 0.1 < sigma < 1.0 and reached.epsilon["record"] <= 10.0
+
+
 def test_report_mu_weak_strong_and_linear_in_sqrt_steps_rounds() -> None:
     plan = _plan(sample_rates=(0.01, 0.02, 0.005), rounds=50)
     report = account_prifedsync(plan)[-1]

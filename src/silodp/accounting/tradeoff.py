@@ -9,6 +9,7 @@ replacement adjacency, and the CLT μ estimates of the paper's Theorem 2.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -66,12 +67,20 @@ def clt_mu(
     check_int("steps", steps, 0)
     check_choice("batch_sampling", batch_sampling, BATCH_SAMPLING)
     c = q * math.sqrt(steps)
+    if c == 0.0:
+        return 0.0
+    if sigma**-2 > MAX_EXP:  # e^{σ^-2} overflows a float: an estimate without bound
+        return math.inf
     if batch_sampling == "poisson":
         return c * math.sqrt(math.expm1(sigma**-2))
     inner = (
         math.exp(sigma**-2) * stats.norm.cdf(1.5 / sigma) + 3.0 * stats.norm.cdf(-0.5 / sigma) - 2.0
     )
     return math.sqrt(2.0) * c * math.sqrt(max(inner, 0.0))
+
+
+#: the largest x with e^x a finite float (``math.exp`` overflows above it)
+MAX_EXP = math.log(sys.float_info.max)
 
 
 def _gdp_epsilon_or_zero(mu: float, delta: float) -> float:
