@@ -659,3 +659,27 @@ def test_a_prifedsync_sweep_report_can_be_written_again(tmp_path: Path) -> None:
     files = tmp_path / "r_files"
     assert not [p for p in files.iterdir() if p.is_dir()]
     assert any(p.name.endswith("_epsilon.png") for p in files.iterdir())
+
+
+def test_a_sweep_seed_stopped_at_its_target_is_drawn_at_the_epsilon_it_was_charged(
+    tmp_path: Path,
+) -> None:
+    """A seed stopped at its accuracy target after round 2 was charged all 5 planned rounds;
+    the sweep's per-round ε curve ended at round 2's lower ε (its own epsilon.png draws the
+    charge)."""
+    cell = tmp_path / "cells" / "c1"
+    (cell / "uldp_avg").mkdir(parents=True)
+    rows = [{"round": r, "test_accuracy": 0.5, "epsilon": {"subject": float(r)}} for r in (1, 2)]
+    (cell / "uldp_avg" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = {
+        "algorithm": "uldp_avg",
+        "epsilon": {"subject": 4.5},
+        "rounds_charged": 5,
+        "delta": 1e-5,
+        "adversary": "strongest",
+    }
+    (cell / "summary.json").write_text(json.dumps({"runs": [run]}))
+    cells = [{"id": "c1", "values": {"algorithms": ["uldp_avg"]}, "baseline": False}]
+    (_, epsilon, _) = _rounds_over_seeds(tmp_path, cells)["all cells"]
+    rounds, largest, _ = epsilon["uldp_avg (subject ε)"]
+    assert rounds == [1, 2, 5] and largest == [1.0, 2.0, 4.5]

@@ -492,3 +492,96 @@ def test_a_resumed_run_finds_its_tensorboard_logs_set_aside_by_a_later_run(
             got = _scalars(directory, key)
             assert [s for s, _ in got] == [1, 2, 3]
             assert [v for _, v in got] == pytest.approx([v for _, v in _expected(rows, key)])
+
+
+def test_a_stop_while_the_outputs_are_written_logs_the_summary(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped after the last round, while the plots and summary are written: the trackers
+    were closed with nothing of the summary, and the summary said the ledger could not be
+    read back (it was closed)."""
+    from silodp import faults
+
+    config = _config(
+        {"mlflow": str(store)},
+        name="tiny-outputs",
+        algorithms=["local_item_dp"],
+        privacy={"noise_multiplier": 1.5, "group_size": 3},
+    )
+    real = faults.reached
+
+    def cut(point: str, round_index: int) -> None:
+        if point == "run_recorded":
+            raise KeyboardInterrupt
+        real(point, round_index)
+
+    monkeypatch.setattr(faults, "reached", cut)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, out, log=lambda m: None)
+    summary = json.loads((out / "local_item_dp" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds_completed"] == 2
+    assert not any("could not be read back" in note for note in summary["notes"])
+    (run,) = _runs(store, "tiny-outputs")
+    assert run.info.status == "KILLED"
+    assert "summary.json" in {a.path for a in _client(store).list_artifacts(run.info.run_id)}
+
+
+def _tb_run(tb: Path, run_dir: Path) -> tracking.TrackedRun:
+    return tracking.TrackedRun(experiment="tb-keys", name="algo", run_dir=run_dir, config={})
+
+
+def _tb_log(tb: Path, run_dir: Path, rounds: list[int], *, resume: bool) -> None:
+    settings = TrackingConfig(tensorboard=str(tb))
+    with tracking.open_run(settings, _tb_run(tb, run_dir), resume=resume) as tracker:
+        for r in rounds:
+            tracker.log_round({"round": r, "test_accuracy": 0.1 * r})
+        tracker.close("complete")
+
+
+def test_tensorboard_directories_without_a_run_key_are_never_claimed_blindly(
+    tmp_path: Path,
+) -> None:
+    """Logs written before directories named their run (no key file): a resumed run
+    continues them while no run was set aside beside them (they can only be its own), and
+    starts its own ``.run-<key>`` directory when one was (they may be the later run's); it
+    never writes its key into logs it did not start. A fresh run's directory is its own,
+    whatever key a leftover file holds; a resumed run finds its own logs set aside even
+    where the later run's directory is gone."""
+    tb = tmp_path / "tb"
+    named = tb / "tb-keys" / "algo"
+    a, b = tmp_path / "a", tmp_path / "b"
+    _tb_log(tb, a, [1, 2], resume=False)
+    (named / tracking.TB_RUN_KEY).unlink()  # as an older version left them
+    _tb_log(tb, a, [3], resume=True)
+    assert [s for s, _ in _scalars(named, "test_accuracy")] == [1, 2, 3]
+    assert not (named / tracking.TB_RUN_KEY).exists()
+    # a later run sets them aside; the key-less logs beside it could be either run's
+    _tb_log(tb, b, [1], resume=False)
+    (named / tracking.TB_RUN_KEY).unlink()
+    _tb_log(tb, a, [4], resume=True)
+    (own,) = named.parent.glob("algo.run-*")
+    assert [s for s, _ in _scalars(own, "test_accuracy")] == [4]
+    assert [s for s, _ in _scalars(named, "test_accuracy")] == [1]
+    # a leftover key with no logs: a fresh run writes its own over it
+    c = tmp_path / "c"
+    for path in named.glob("events.out.tfevents.*"):
+        path.unlink()
+    _tb_log(tb, c, [1], resume=False)
+    _tb_log(tb, c, [2], resume=True)
+    assert [s for s, _ in _scalars(named, "test_accuracy")] == [1, 2]
+    # c's logs set aside by d, d's directory then removed: c still finds its own
+    d = tmp_path / "d"
+    _tb_log(tb, d, [1], resume=False)
+    for path in named.iterdir():
+        path.unlink()
+    named.rmdir()
+    _tb_log(tb, c, [3], resume=True)
+    (aside,) = [p for p in named.parent.glob("algo.replaced-*") if _has_key(p, c)]
+    assert [s for s, _ in _scalars(aside, "test_accuracy")] == [1, 2, 3]
+    assert not named.exists()
+
+
+def _has_key(directory: Path, run_dir: Path) -> bool:
+    marker = directory / tracking.TB_RUN_KEY
+    return marker.is_file() and marker.read_text().strip() == tracking._run_key(run_dir)

@@ -347,8 +347,9 @@ class Tracker:
 
     def close_stopped(self, err: BaseException, run_dir: Path) -> None:
         """Ends a run that stopped with ``err`` once it wrote its summary: logs the ledger's
-        charge beyond its completed rounds (:meth:`log_charged`, from ``summary.json``),
-        then its public files, ``interrupted`` or ``failed``."""
+        charge beyond its completed rounds (:meth:`log_charged`, from ``summary.json`` if it
+        says ``interrupted``: written for this stop), then its public files, ``interrupted``
+        or ``failed``."""
         if not self._writers:
             return
         try:
@@ -356,7 +357,7 @@ class Tracker:
         except (OSError, ValueError) as read:
             logger.warning("tracking: the run's summary could not be read (%s)", read)
             summary = {}
-        if isinstance(summary, Mapping):
+        if isinstance(summary, Mapping) and summary.get("status") == "interrupted":
             self.log_charged(summary)
         self.close(_status_of(err), run_dir)
 
@@ -583,27 +584,31 @@ def _tb_key(directory: Path) -> str | None:
 def _resumed_dir(directory: Path, key: str) -> Path:
     """Where a resumed run with ``key`` appends its TensorBoard logs: its own directory,
     also once a later run of the same name set it aside (the latest such); ``directory`` if
-    it holds no other run's logs (none, or logs written before runs were keyed); else a new
-    ``<run name>.run-<key>`` beside it, never another run's logs."""
+    it holds no logs, or logs written before runs were keyed while no run was set aside
+    beside it (then they can only be this run's); else a new ``<run name>.run-<key>``
+    beside it, never another run's logs."""
     found = _tb_key(directory)
-    if found == key or (found is None and _event_files(directory)) or not directory.exists():
+    if found == key:
         return directory
-    if directory.parent.is_dir():
-        aside = sorted(
+    aside = (
+        sorted(
             p
             for p in directory.parent.iterdir()
             if p.is_dir() and p.name.startswith(f"{directory.name}.replaced-")
         )
-        mine = [p for p in aside if _tb_key(p) == key]
-        if mine:
-            logger.info(
-                "tracking: a later run of %s set this run's TensorBoard logs aside; they "
-                "continue in %s",
-                directory.name,
-                mine[-1],
-            )
-            return mine[-1]
-    if found is None and not _event_files(directory):
+        if directory.parent.is_dir()
+        else []
+    )
+    mine = [p for p in aside if _tb_key(p) == key]
+    if mine:
+        logger.info(
+            "tracking: a later run of %s set this run's TensorBoard logs aside; they "
+            "continue in %s",
+            directory.name,
+            mine[-1],
+        )
+        return mine[-1]
+    if found is None and (not _event_files(directory) or not aside):
         return directory
     return directory.with_name(f"{directory.name}.run-{key[:12]}")
 
@@ -639,7 +644,9 @@ class _TensorBoardWriter:
             self._logged = 0
         first = not _event_files(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if _tb_key(directory) is None:
+        # a fresh run's directory is its own; a resumed run names one it starts, never logs
+        # it did not write (an older version's, with no key, stay unnamed)
+        if not resume or (first and _tb_key(directory) is None):
             (directory / TB_RUN_KEY).write_text(key + "\n", encoding="utf-8")
         self._writer = SummaryWriter(log_dir=str(directory))
         #: the wall time of every round's scalars (not their own: see the MLflow writer)

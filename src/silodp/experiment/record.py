@@ -212,7 +212,7 @@ def summary(
         out["epsilon_estimates"] = last.to_json()["epsilon_estimates"]
     evaluated = _last_round_with(results, "test_accuracy")
     out["test_accuracy_round"] = evaluated
-    if last is not None and evaluated is not None and evaluated != last.round:
+    if status != "running" and last is not None and evaluated not in (None, last.round):
         out["notes"] = [
             *out["notes"],
             f"test_accuracy (and the other evaluated metrics) is of round {evaluated}'s "

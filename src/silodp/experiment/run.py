@@ -325,7 +325,8 @@ def train_run(
             out["epsilon_by_adversary_at_stop"] = out["epsilon_by_adversary"]
             out.update(charged)
             out["notes"] = [*out["notes"], _charged_note(out, run.training.rounds)]
-        if status == "interrupted" and ledger is not None:
+        if status == "interrupted" and ledger is not None and not charged:
+            # (a run stopped at its target: epsilon is already the ledger's whole charge)
             out.update(_charged_beyond(ledger, results, out))
         repeated = ledger.repeated_attempts() if ledger is not None else 0
         if repeated:
@@ -403,6 +404,14 @@ def train_run(
             if held is not None:
                 held.finish(status)
                 held.close()  # frees the ledger's write lock for the next run
+        if charged:  # the ε a run stopped at its target was charged: its trackers' last value
+            tracker.log_round(
+                {
+                    "round": charged["rounds_charged"],
+                    "epsilon": charged["epsilon"],
+                    "epsilon_by_adversary": charged["epsilon_by_adversary"],
+                }
+            )
         try:  # stopped while writing its outputs: its rounds are kept, and a resume writes them
             faults.reached("run_recorded", len(rows))
             title = f"{config.name}: {run.name}"
@@ -433,17 +442,10 @@ def train_run(
             write_private(run_dir, run, time.perf_counter() - started)
             final = summary_of(status, results)
             write_json(run_dir / "summary.json", final)
-        except BaseException:
+        except BaseException as err:
             write_json(run_dir / "summary.json", summary_of("interrupted", results))
+            tracker.close_stopped(err, run_dir)
             raise
-        if charged:  # the ε a run stopped at its target was charged: its trackers' last value
-            tracker.log_round(
-                {
-                    "round": charged["rounds_charged"],
-                    "epsilon": charged["epsilon"],
-                    "epsilon_by_adversary": charged["epsilon_by_adversary"],
-                }
-            )
         tracker.close(status, run_dir)
     return rows, final
 

@@ -432,7 +432,11 @@ class RunLedger:
 
     def recorded_rounds(self) -> set[int]:
         """The rounds of this run with events in the ledger (in any attempt, complete or
-        cut short: a resumed run's accountant holds every one of them, in full)."""
+        cut short: a resumed run's accountant holds every one of them, in full); answered
+        once the ledger is closed (as it was then)."""
+        closed = getattr(self, "_recorded_at_close", None)
+        if closed is not None:
+            return set(closed)
         return {r for r, _, _, kind, _ in self.ledger.events(self.run_id) if kind == "round"}
 
     def charged(self) -> Accountant:
@@ -474,4 +478,10 @@ class RunLedger:
             self._repeated_at_close = self.repeated_attempts()
         except Exception:  # closing after an error: the note is left out, the error stands
             self._repeated_at_close = 0
+        recorded: set[int] | None = None
+        try:  # a stop while the outputs are written asks which rounds were charged
+            recorded = self.recorded_rounds()
+        except Exception:  # closing after an error: asked later, it raises (and is noted)
+            pass
+        self._recorded_at_close = recorded
         self.ledger.close()
