@@ -683,3 +683,10 @@ def test_a_sweep_seed_stopped_at_its_target_is_drawn_at_the_epsilon_it_was_charg
     (_, epsilon, _) = _rounds_over_seeds(tmp_path, cells)["all cells"]
     rounds, largest, _ = epsilon["uldp_avg (subject ε)"]
     assert rounds == [1, 2, 5] and largest == [1.0, 2.0, 4.5]
+    # interrupted with round 3 charged, not completed: its ε (the ledger's charge) at round 3
+    del run["rounds_charged"]
+    run["rounds_charged_not_completed"] = [3]
+    (cell / "summary.json").write_text(json.dumps({"runs": [run]}))
+    (_, epsilon, _) = _rounds_over_seeds(tmp_path, cells)["all cells"]
+    rounds, largest, _ = epsilon["uldp_avg (subject ε)"]
+    assert rounds == [1, 2, 3] and largest == [1.0, 2.0, 4.5]

@@ -567,7 +567,12 @@ def test_tensorboard_directories_without_a_run_key_are_never_claimed_blindly(
     c = tmp_path / "c"
     for path in named.glob("events.out.tfevents.*"):
         path.unlink()
+    _tb_log(tb, a, [5], resume=True)  # its own found again, not the emptied directory
+    assert [s for s, _ in _scalars(own, "test_accuracy")] == [4, 5]
+    assert not list(named.glob("events.out.tfevents.*"))
+    (named / tracking.TB_RUN_KEY).write_text("another run's key\n")
     _tb_log(tb, c, [1], resume=False)
+    assert _has_key(named, c)
     _tb_log(tb, c, [2], resume=True)
     assert [s for s, _ in _scalars(named, "test_accuracy")] == [1, 2]
     # c's logs set aside by d, d's directory then removed: c still finds its own

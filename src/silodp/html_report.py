@@ -740,9 +740,14 @@ def _rounds_over_seeds(
                         by_round.setdefault(row["round"], []).append(float(value))
                 # a seed stopped at its accuracy target was charged its whole plan: that ε,
                 # at the round it was charged through (as the run's own epsilon.png draws it)
+                # (and an interrupted seed charged a round it did not complete: its ε is that
+                # charge, at that round)
                 charged = (run.get("epsilon") or {}).get(unit)
-                if run.get("rounds_charged") and charged is not None:
-                    by_round.setdefault(int(run["rounds_charged"]), []).append(float(charged))
+                through = run.get("rounds_charged") or max(
+                    run.get("rounds_charged_not_completed") or [0]
+                )
+                if through and charged is not None:
+                    by_round.setdefault(int(through), []).append(float(charged))
     for values, label, rows in baselines:
         targets = [
             p for p, pv in private_points.items() if all(pv.get(k) == v for k, v in values.items())

@@ -608,9 +608,12 @@ def _resumed_dir(directory: Path, key: str) -> Path:
             mine[-1],
         )
         return mine[-1]
+    own = directory.with_name(f"{directory.name}.run-{key[:12]}")
+    if _tb_key(own) == key:  # started beside another run's logs on an earlier resume
+        return own
     if found is None and (not _event_files(directory) or not aside):
         return directory
-    return directory.with_name(f"{directory.name}.run-{key[:12]}")
+    return own
 
 
 def _set_aside(directory: Path) -> None:

@@ -216,9 +216,9 @@ def summary(
         out["notes"] = [
             *out["notes"],
             f"test_accuracy (and the other evaluated metrics) is of round {evaluated}'s "
-            f"model: the released model.pt is round {last.round}'s, which was not evaluated "
-            f"(training.eval_every = {run.training.eval_every}; the run ended before its "
-            "last planned round)",
+            f"model: round {last.round}'s, the last trained (model.pt once the run ends), was "
+            f"not evaluated (training.eval_every = {run.training.eval_every}; the run ended "
+            "before its last planned round)",
         ]
     out.update(algorithm.summary_fields())
     out.update(extra or {})

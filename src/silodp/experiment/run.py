@@ -404,15 +404,15 @@ def train_run(
             if held is not None:
                 held.finish(status)
                 held.close()  # frees the ledger's write lock for the next run
-        if charged:  # the ε a run stopped at its target was charged: its trackers' last value
-            tracker.log_round(
-                {
-                    "round": charged["rounds_charged"],
-                    "epsilon": charged["epsilon"],
-                    "epsilon_by_adversary": charged["epsilon_by_adversary"],
-                }
-            )
         try:  # stopped while writing its outputs: its rounds are kept, and a resume writes them
+            if charged:  # the ε a run stopped at its target was charged: the trackers' last
+                tracker.log_round(
+                    {
+                        "round": charged["rounds_charged"],
+                        "epsilon": charged["epsilon"],
+                        "epsilon_by_adversary": charged["epsilon_by_adversary"],
+                    }
+                )
             faults.reached("run_recorded", len(rows))
             title = f"{config.name}: {run.name}"
             plotting.plot_training(rows, run_dir / "accuracy_loss.png", title)
