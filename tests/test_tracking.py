@@ -74,6 +74,25 @@ def _expected(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
     return [(step, value) for step, value in values if value is not None]
 
 
+def _run_cut_at(
+    config: Any, out: Path, monkeypatch: pytest.MonkeyPatch, point: str, round_index: int | None
+) -> None:
+    """Runs ``config`` into ``out``, stopped (as Ctrl-C) when it reaches the fault point
+    ``point`` (in ``round_index``; ``None``: any)."""
+    from silodp import faults
+
+    real = faults.reached
+
+    def cut(reached: str, index: int) -> None:
+        if reached == point and round_index in (None, index):
+            raise KeyboardInterrupt
+        real(reached, index)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(faults, "reached", cut)
+        run_experiment(config, out, log=lambda m: None)
+
+
 def _stop_in_round_two(name: str, rounds: int) -> Any:
     """A progress callback that stops the run (as Ctrl-C) once round 2 is recorded."""
 
@@ -420,7 +439,6 @@ def test_an_interrupted_run_logs_the_ledger_charge_of_its_cut_round(
     summary's ε is the ledger's charge, and the trackers said only round 1's ε. They now
     log the charge (``charged_epsilon/...`` at round 2) and the summary; a resume still logs
     round 2 when it runs again."""
-    from silodp import faults
 
     tb = tmp_path / "tb"
     config = _config(
@@ -430,18 +448,9 @@ def test_an_interrupted_run_logs_the_ledger_charge_of_its_cut_round(
         training={**TINY["training"], "rounds": 3},
         privacy={"noise_multiplier": 1.5, "group_size": 3},
     )
-    real = faults.reached
-
-    def cut(point: str, round_index: int) -> None:
-        if (point, round_index) == ("silo_recorded", 2):
-            raise KeyboardInterrupt
-        real(point, round_index)
-
-    monkeypatch.setattr(faults, "reached", cut)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        run_experiment(config, out, log=lambda m: None)
-    monkeypatch.setattr(faults, "reached", real)
+        _run_cut_at(config, out, monkeypatch, "silo_recorded", 2)
     summary = json.loads((out / "local_item_dp" / "summary.json").read_text())
     assert summary["rounds_charged_not_completed"] == [2]
     charged = summary["epsilon"]["record"]
@@ -500,7 +509,6 @@ def test_a_stop_while_the_outputs_are_written_logs_the_summary(
     """Stopped after the last round, while the plots and summary are written: the trackers
     were closed with nothing of the summary, and the summary said the ledger could not be
     read back (it was closed)."""
-    from silodp import faults
 
     config = _config(
         {"mlflow": str(store)},
@@ -508,17 +516,9 @@ def test_a_stop_while_the_outputs_are_written_logs_the_summary(
         algorithms=["local_item_dp"],
         privacy={"noise_multiplier": 1.5, "group_size": 3},
     )
-    real = faults.reached
-
-    def cut(point: str, round_index: int) -> None:
-        if point == "run_recorded":
-            raise KeyboardInterrupt
-        real(point, round_index)
-
-    monkeypatch.setattr(faults, "reached", cut)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        run_experiment(config, out, log=lambda m: None)
+        _run_cut_at(config, out, monkeypatch, "run_recorded", None)
     summary = json.loads((out / "local_item_dp" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds_completed"] == 2
     assert not any("could not be read back" in note for note in summary["notes"])
