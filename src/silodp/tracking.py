@@ -511,14 +511,10 @@ class _MlflowWriter:
         return max(steps, default=0)
 
     def log_round(self, row: Row) -> None:
-        from mlflow.entities import Metric
-
         step = int(row["round"])
         if step <= self._logged:
             return
-        metrics = [Metric(k, v, self._stamp, step) for k, v in round_metrics(row).items()]
-        if metrics:
-            self._client.log_batch(self._run_id, metrics=metrics)
+        self.log_metrics(round_metrics(row), step)
         self._logged = step
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
@@ -663,19 +659,16 @@ class _TensorBoardWriter:
         step = int(row["round"])
         if step <= self._logged:
             return
-        for key, value in round_metrics(row).items():
-            if key.startswith("epsilon"):  # stored as float32: an upper bound stays one
-                value = float32_up(value)
-            self._writer.add_scalar(key, value, step, walltime=self._walltime)
-        self._writer.flush()  # a round is long; what it logged survives a crash
+        self.log_metrics(round_metrics(row), step)
         self._logged = step
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         for key, value in metrics.items():
-            if key.startswith(CHARGED + "epsilon"):  # an upper bound stays one in float32
+            # stored as float32: an upper bound (a round's ε or a charge) stays one
+            if key.removeprefix(CHARGED).startswith("epsilon"):
                 value = float32_up(value)
             self._writer.add_scalar(key, value, step, walltime=self._walltime)
-        self._writer.flush()
+        self._writer.flush()  # a round is long; what it logged survives a crash
 
     def close(self, status: str, run_dir: Path | None = None) -> None:
         self._writer.close()

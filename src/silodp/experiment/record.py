@@ -138,21 +138,18 @@ def resolved_config(run: PreparedRun) -> dict[str, Any]:
     return to_toml_dict(resolved)
 
 
+def _last_with(results: Sequence[RoundResult], key: str) -> tuple[int, Any] | None:
+    """The last round whose ``key`` has a value, and that value (``None``: no round's has)."""
+    for r in reversed(results):
+        value = getattr(r, key) if hasattr(r, key) else r.metrics.get(key)
+        if value is not None:
+            return r.round, value
+    return None
+
+
 def _last(results: Sequence[RoundResult], key: str) -> Any:
-    for r in reversed(results):
-        value = getattr(r, key) if hasattr(r, key) else r.metrics.get(key)
-        if value is not None:
-            return value
-    return None
-
-
-def _last_round_with(results: Sequence[RoundResult], key: str) -> int | None:
-    """The last round whose ``key`` was evaluated (``None``: none was)."""
-    for r in reversed(results):
-        value = getattr(r, key) if hasattr(r, key) else r.metrics.get(key)
-        if value is not None:
-            return r.round
-    return None
+    found = _last_with(results, key)
+    return None if found is None else found[1]
 
 
 def summary(
@@ -210,7 +207,8 @@ def summary(
         out[key] = _last(results, key)
     if last is not None and last.estimates is not None:
         out["epsilon_estimates"] = last.to_json()["epsilon_estimates"]
-    evaluated = _last_round_with(results, "test_accuracy")
+    found = _last_with(results, "test_accuracy")
+    evaluated = None if found is None else found[0]
     out["test_accuracy_round"] = evaluated
     if status != "running" and last is not None and evaluated not in (None, last.round):
         out["notes"] = [
