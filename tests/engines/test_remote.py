@@ -27,6 +27,7 @@ from silodp.engines.loopback import LoopbackTransport
 from silodp.engines.remote import (
     CLEAR_REMOTE_NOTE,
     MASKED_SUM_NOTE,
+    PLANNING_NOTE,
     REMOTE_PROTOCOL_NOTE,
     SiloFailureError,
 )
@@ -146,10 +147,12 @@ def test_same_model_and_epsilon_as_in_process(tmp_path, algorithm, privacy):
     assert local["runs"][0]["epsilon"] == remote["runs"][0]["epsilon"]
     secure = algorithm.startswith("uldp")
     assert remote["runs"][0]["aggregation"].startswith("masked sum" if secure else "clear")
-    # the masked sum ran: its note replaces the in-process one, the other notes are kept
+    # the masked sum ran: its note replaces the in-process one, the other notes are kept, and
+    # the last one says the server planned the run from every silo's records
     notes = local["runs"][0]["notes"]
     assert (SIMULATED_AGGREGATION_NOTE in notes) == secure
     expected = [MASKED_SUM_NOTE if n == SIMULATED_AGGREGATION_NOTE else n for n in notes]
+    expected.append(PLANNING_NOTE)
     assert remote["runs"][0]["notes"] == expected
     written = json.loads((tmp_path / "b" / algorithm / "summary.json").read_text())
     assert written["notes"] == expected
@@ -237,7 +240,7 @@ def test_weighting_protocol_over_messages(tmp_path, sampler):
     expected = [
         REMOTE_PROTOCOL_NOTE if n == PROTOCOL_AGGREGATION_NOTE else n
         for n in local["runs"][0]["notes"]
-    ]
+    ] + [PLANNING_NOTE]
     assert remote["runs"][0]["notes"] == expected
     a, b = _model(tmp_path / "a" / "uldp_avg_w"), _model(tmp_path / "b" / "uldp_avg_w")
     if sampler == "server":  # the sample comes from the seeded coins: the very same model
@@ -498,9 +501,9 @@ class TamperingTransport(FaultyTransport):
         return out
 
 
-def _tampered(tmp_path: Path, algorithm: str, kind: str, change: Any) -> str:
+def _tampered(tmp_path: Path, algorithm: str, kind: str, change: Any, data=None, **privacy) -> str:
     tmp_path.mkdir()
-    config, faulty = _setup(tmp_path, algorithm)
+    config, faulty = _setup(tmp_path, algorithm, data=data, **privacy)
     transport = TamperingTransport(faulty.runtimes)
     transport.tamper[kind] = change
     with pytest.raises(SiloFailureError) as info:
@@ -531,3 +534,60 @@ def test_damaged_set_up_replies_and_states_are_named(tmp_path):
 
     text = _tampered(tmp_path / "s", "prifedsync", msg.TRAIN, bad_state)
     assert "Silo 1's state is a str" in text
+
+
+@pytest.mark.parametrize(
+    "algorithm,privacy,sent,expected",
+    [
+        # an averaging algorithm's messages have the model's dtype: a float64 one made the
+        # global model mixed float32/float64 (a traceback naming no silo at evaluation)
+        ("local_item_dp", {}, torch.float64, torch.float32),
+        # the ULDP messages are float64 by design (here σ = 0, sent in the clear)
+        ("uldp_avg", {"noise_multiplier": 0.0}, torch.float32, torch.float64),
+    ],
+)
+def test_a_message_in_another_dtype_is_refused_naming_the_silo(
+    tmp_path, algorithm, privacy, sent, expected
+):
+    def retyped(node: int, reply: dict) -> bytes:
+        if node == 71:
+            params = reply["update"]["params"]
+            reply["update"]["params"] = {k: v.to(sent) for k, v in params.items()}
+        return wire.encode(reply)
+
+    text = _tampered(tmp_path / "d", algorithm, msg.TRAIN, retyped, **privacy)
+    assert f"has dtype {sent}, expected {expected}" in text and "Silo 1" in text
+
+
+def test_damaged_weighting_set_up_replies_are_named(tmp_path):
+    """A weighting set-up reply that was no mapping raised AttributeError (.get on a list)."""
+    text = _tampered(
+        tmp_path / "w",
+        "uldp_avg_w",
+        msg.WEIGHTING,
+        lambda node, reply: wire.encode(["junk"] if node == 72 else reply),
+        data={"source": "synthetic", "num_features": 4, "num_classes": 2},
+        n_max=60,
+    )
+    assert "Silo 2 sent a malformed reply: expected a dict" in text
+
+
+def test_engine_notes_keep_the_notes_on_how_the_run_ended(tmp_path, monkeypatch):
+    """A ULDP run's notes were replaced by those of a run still "running": a note added for
+    the real status (here: the accuracy is of an earlier round's model) was lost."""
+    monkeypatch.setitem(BASE, "training", {**BASE["training"], "rounds": 4, "eval_every": 2})
+    config, transport = _setup(tmp_path, "uldp_avg", data=SMALL)
+    transport.faults[(4, 72)] = "down"  # round 4 is aborted: 3 rounds done, round 2 evaluated
+    with pytest.raises(SiloFailureError):
+        run_experiment(
+            config,
+            tmp_path / "b",
+            log=lambda m: None,
+            engine_factory=remote_engine_factory(transport),
+        )
+    written = json.loads((tmp_path / "b" / "uldp_avg" / "summary.json").read_text())
+    assert (written["rounds_completed"], written["test_accuracy_round"]) == (3, 2)
+    assert any("is of round 2's model" in n for n in written["notes"])
+    assert MASKED_SUM_NOTE in written["notes"]
+    assert SIMULATED_AGGREGATION_NOTE not in written["notes"]
+    assert PLANNING_NOTE in written["notes"]

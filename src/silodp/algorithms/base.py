@@ -234,6 +234,8 @@ class Algorithm(ABC):
     adjacency: ClassVar[str | Mapping[str, str]] = "add/remove"
     #: Relative tolerance of σ when calibrating to a target ε.
     calibration_tolerance: ClassVar[float] = 1e-2
+    #: The dtype of a silo's message values (``None``: the model parameters' dtype).
+    message_dtype: ClassVar[torch.dtype | None] = None
 
     def __init__(self, config: AlgorithmConfig | Mapping[str, Any]) -> None:
         self.config = self.configure(config)

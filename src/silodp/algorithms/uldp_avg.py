@@ -72,6 +72,8 @@ class UldpAvg(Algorithm):
     calibration_unit = "subject"
     threat_model = SECURE_AGGREGATION
     Config = UldpConfig
+    #: messages are float64 (on the noise grid, or unnoised), summed exactly
+    message_dtype = torch.float64
     config: UldpConfig
     #: one full-batch gradient step per subject instead of Q epochs of mini-batches
     single_step: ClassVar[bool] = False

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from silodp.accounting import SiloPrivacy
@@ -56,6 +57,8 @@ class UldpNaive(Algorithm):
     calibration_unit = "subject"
     threat_model = NAIVE_SECURE_AGGREGATION
     Config = UldpNaiveConfig
+    #: messages are float64 (on the noise grid, or unnoised), summed exactly
+    message_dtype = torch.float64
     config: UldpNaiveConfig
 
     def __init__(self, config: AlgorithmConfig, *, num_silos: int | None = None) -> None:

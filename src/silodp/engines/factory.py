@@ -10,7 +10,6 @@ from silodp.data import FederatedDataset
 from silodp.engines.remote import RemoteEngine, Transport
 from silodp.engines.silo import write_silo_data
 from silodp.errors import InvalidValueError
-from silodp.experiment.record import summary
 from silodp.experiment.run import EngineFactory
 
 __all__ = [
@@ -71,18 +70,12 @@ def remote_engine_factory(
         check_weighting_scheme(run.name, getattr(run.algorithm.config, "scheme", "paillier"))
         train = data.train
 
-        def notes() -> list[str]:
-            """The notes the run's summary carries (the engine replaces those on how the
-            in-process simulator aggregates)."""
-            return list(summary(run, [], "running")["notes"])
-
         return RemoteEngine(
             transport=transport,
             records=train,
             timeout=timeout,
             on_failure=on_failure,
             connect_timeout=connect_timeout,
-            notes=notes,
             model_spec={
                 "name": run.config.model.name,
                 "feature_shape": list(train.feature_shape),

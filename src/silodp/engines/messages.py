@@ -75,7 +75,9 @@ def _fail(silo: int, what: str) -> MalformedReplyError:
     return MalformedReplyError(f"Silo {silo} sent a malformed reply: {what}.")
 
 
-def _check_params(silo: int, params: Any, like: Params, masked_size: int | None) -> Params:
+def _check_params(
+    silo: int, params: Any, like: Params, masked_size: int | None, dtype: torch.dtype | None
+) -> Params:
     if masked_size is not None:
         if not isinstance(params, dict) or set(params) != {MASKED}:
             raise _fail(silo, "expected a masked message for the secure sum")
@@ -96,8 +98,9 @@ def _check_params(silo: int, params: Any, like: Params, masked_size: int | None)
             raise _fail(
                 silo, f"parameter {name!r} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}"
             )
-        if not (t.is_floating_point() and t.dtype in (ref.dtype, torch.float64)):
-            raise _fail(silo, f"parameter {name!r} has dtype {t.dtype}, expected {ref.dtype}")
+        expected = dtype or ref.dtype
+        if t.dtype != expected:
+            raise _fail(silo, f"parameter {name!r} has dtype {t.dtype}, expected {expected}")
         if not bool(torch.isfinite(t).all()):
             raise _fail(silo, f"parameter {name!r} holds NaN or inf")
     return params
@@ -110,11 +113,13 @@ def update_from_wire(
     like: Params,
     masked_size: int | None = None,
     encrypted: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> SiloUpdate:
     """Silo ``silo``'s update from its reply, checked against the global model ``like``
     (``masked_size``: the update's message is the secure sum's masked vector of that size;
     ``encrypted``: its message is the weighting protocol's masked weighted sum, whose values
-    the protocol's server checks).
+    the protocol's server checks; ``dtype``: the message values' dtype, ``None``: that of
+    ``like``'s parameters).
 
     Raises:
       MalformedReplyError: what was wrong, naming the silo.
@@ -147,7 +152,7 @@ def update_from_wire(
             raise _fail(silo, "expected its masked weighted sum as the payload")
         params: Params = {}
     else:
-        params = _check_params(silo, body["params"], like, masked_size)
+        params = _check_params(silo, body["params"], like, masked_size, dtype)
     return SiloUpdate(
         silo=silo,
         params=params,

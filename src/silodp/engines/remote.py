@@ -24,7 +24,7 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -74,6 +74,12 @@ REMOTE_PROTOCOL_NOTE = (
 CLEAR_REMOTE_NOTE = (
     "no secure aggregation in this run (no noise, so no grid for a masked sum): the server saw "
     "each silo's message"
+)
+
+PLANNING_NOTE = (
+    "the server planned this run from every silo's records: it built the whole dataset to "
+    "calibrate the noise and apply the span and group caps (docs/guarantees.md, G2), so ε "
+    "against the server bounds what the silos' messages reveal, not a server kept from the data"
 )
 
 #: the in-process simulator's notes on aggregation, which this engine's notes replace
@@ -146,9 +152,6 @@ class RemoteEngine(Simulator):
         the algorithm allows it.
       connect_timeout: seconds to wait for every silo's node to connect.
       model_spec: the model's ``name``, ``feature_shape`` and ``num_classes``.
-      notes: the notes the run's summary carries; the engine's summary gives them with each
-        note about how the in-process simulator aggregates replaced by what this engine did
-        (``None``: the summary's notes are left as they are).
     """
 
     def __init__(
@@ -160,14 +163,12 @@ class RemoteEngine(Simulator):
         on_failure: str = "abort",
         connect_timeout: float = 300.0,
         model_spec: Mapping[str, Any],
-        notes: Callable[[], Sequence[str]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         #: the run's records after its bounds (what the silos train on)
         self.bounded: FederatedDataset = kwargs["train"]
         self.model_spec = dict(model_spec)
-        self.notes = notes
         self.transport = transport
         self.records = records
         self.timeout = float(timeout)
@@ -189,9 +190,7 @@ class RemoteEngine(Simulator):
         return self.grid is not None
 
     def summary_fields(self) -> dict[str, Any]:
-        """How the server aggregated (``aggregation``) and, given :attr:`notes`, the run's
-        notes with the in-process simulator's notes on aggregation replaced by this engine's
-        (:meth:`aggregation_note`)."""
+        """How the server aggregated (``aggregation``), for the run's summary."""
         if self._relay:
             aggregation = (
                 "private weighting protocol: the server decrypted only the sum of the silos' "
@@ -203,20 +202,23 @@ class RemoteEngine(Simulator):
             aggregation = "clear (no noise, no guarantee): the server saw each silo's message"
         else:
             aggregation = "clear: the server saw each silo's message"
-        fields: dict[str, Any] = {"aggregation": aggregation}
-        if self.notes is not None:
-            notes = list(self.notes())
-            if any(n in IN_PROCESS_NOTES for n in notes):
-                mine = self.aggregation_note()
-                replaced: list[str] = []
-                for note in notes:  # in place, once
-                    if note in IN_PROCESS_NOTES:
-                        if mine in replaced:
-                            continue
-                        note = mine
-                    replaced.append(note)
-                fields["notes"] = replaced
-        return fields
+        return {"aggregation": aggregation}
+
+    def summary_notes(self, notes: Sequence[str]) -> list[str]:
+        """The run summary's ``notes`` with each note on how the in-process simulator
+        aggregates replaced, once and in place, by what this engine did
+        (:meth:`aggregation_note`), the other notes kept as they are, and
+        :data:`PLANNING_NOTE` last."""
+        mine = self.aggregation_note()
+        out: list[str] = []
+        for note in notes:
+            if note in IN_PROCESS_NOTES:
+                if mine in out:
+                    continue
+                note = mine
+            if note not in out:
+                out.append(note)
+        return [n for n in out if n != PLANNING_NOTE] + [PLANNING_NOTE]
 
     def aggregation_note(self) -> str:
         """What the server of this run could see of the silos' messages, for the summary's
@@ -452,6 +454,7 @@ class RemoteEngine(Simulator):
                     like=self.params,
                     masked_size=self._dim if self.secure_sum else None,
                     encrypted=bool(self._relay),
+                    dtype=self.algorithm.message_dtype,
                 )
                 state, before = replies[s]["state"], self.states[s]
                 if before is not None and type(state) is not type(before):

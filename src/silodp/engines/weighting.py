@@ -66,6 +66,12 @@ def _check_reply(silo: int, reply: Any, cls: type, what: str) -> Any:
     return reply
 
 
+def _field(silo: int, reply: Any, key: str, cls: type, what: str) -> Any:
+    """``reply[key]``, checked to be a ``cls``, in silo ``silo``'s reply to the ``what``."""
+    _check_reply(silo, reply, dict, what)
+    return _check_reply(silo, reply.get(key), cls, what)
+
+
 def server_setup(
     algorithm: UldpAvgW,
     identities: Mapping[int, bytes],
@@ -90,20 +96,20 @@ def server_setup(
     directory: KeyDirectory | None = None
     for s in config.silo_ids:
         directory = server.receive_key_share(
-            _check_reply(s, shares[s].get("key_share"), KeyShare, "server's hello")
+            _field(s, shares[s], "key_share", KeyShare, "server's hello")
         )
     assert directory is not None
     sealed = ask(DIRECTORY, {s: {"directory": directory} for s in config.silo_ids})
     seeds: dict[int, SealedSeed] = {}
     for s, reply in sealed.items():
-        for message in _check_reply(s, reply.get("sealed"), list, "key directory"):
+        for message in _field(s, reply, "sealed", list, "key directory"):
             relayed = server.relay_seed(_check_reply(s, message, SealedSeed, "key directory"))
             seeds[relayed.recipient] = relayed
     relay = {s: {"directory": directory, "sealed": seeds.get(s)} for s in config.silo_ids}
     histograms = ask(SEED, relay)
     for s in config.silo_ids:
         server.receive_histogram(
-            _check_reply(s, histograms[s].get("histogram"), MaskedHistogram, "sealed seed")
+            _field(s, histograms[s], "histogram", MaskedHistogram, "sealed seed")
         )
     algorithm.protocol = Parties(config, own_server=server)
     return relay

@@ -312,6 +312,9 @@ def train_run(
         fields = getattr(engine, "summary_fields", None)
         extra = {**(extra or {}), **(fields() if fields is not None else {})}
         out = summary(run, results, status, by_adversary, extra)
+        rewrite = getattr(engine, "summary_notes", None)
+        if rewrite is not None:
+            out["notes"] = rewrite(out["notes"])
         if sweep is not None and sweep.stop_at_target and not stops_at_target:
             out["notes"] = [
                 *out["notes"],
