@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# before any test module imports flwr (which reads it once): no telemetry from the tests
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
 #: files that run for many minutes on one worker: scheduled first so the others overlap them
 LONGEST_FIRST = ("tests/engines/test_flower_deployment.py",)

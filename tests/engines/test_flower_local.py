@@ -202,3 +202,23 @@ def test_a_silo_failure_on_flower_sim_names_the_resume_command(tmp_path, monkeyp
     said = " ".join(done.output.split())
     assert "Round 3: silo 2: no answer" in said
     assert "continue with: silodp run --resume out --engine flower-sim" in said
+
+
+@pytest.mark.parametrize("env", [None, "1"])
+def test_telemetry_stays_off_when_flwr_was_imported_first(env):
+    """flwr reads FLWR_TELEMETRY_ENABLED once, at import: a process that imported it before
+    silodp kept reporting. A user who turns telemetry on keeps it on."""
+    import os
+
+    script = (
+        "import flwr.supercore.telemetry as t, silodp.engines.flower; "
+        "print(t.FLWR_TELEMETRY_ENABLED)"
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "FLWR_TELEMETRY_ENABLED"}
+    if env is not None:
+        environ["FLWR_TELEMETRY_ENABLED"] = env
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=environ, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0" if env is None else env]
