@@ -28,6 +28,7 @@ from silodp.accounting.events import (
 from silodp.cli import app
 from silodp.cli.account import account_report
 from silodp.config import parse_config
+from silodp.data.build import build_federated_data
 from silodp.errors import InvalidValueError
 from silodp.experiment import run_experiment
 from silodp.ledger.serialize import event_from_json, event_to_json
@@ -246,3 +247,36 @@ def test_caps_the_record_unit_cannot_cover_are_refused(
     with pytest.raises(InvalidValueError, match=match):
         run_experiment(parse_config(raw), tmp_path / "run")
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("*.json"))
+
+
+@pytest.mark.parametrize(
+    ("data", "k", "source"),
+    [
+        ({"records_per_subject_per_silo": 40}, 40, "data.records_per_subject_per_silo = 40"),
+        ({"records_per_subject": 50}, 50, "data.records_per_subject = 50"),
+        (
+            {"records_per_subject_per_silo": 40, "records_per_subject": 50},
+            40,
+            "data.records_per_subject_per_silo = 40",
+        ),
+    ],
+)
+def test_a_data_cap_is_the_group_bound_without_group_size(
+    tmp_path: Path, caplog, data, k, source
+) -> None:
+    """Without privacy.group_size, a run used the data's largest count of one subject's
+    records as k (a bound that depends on the data, with a warning) even where the data's
+    own public cap bounds it: the cap is k now, even above every subject's count."""
+    raw = json.loads(json.dumps(TINY))
+    raw["algorithms"] = ["local_group_dp"]
+    raw["privacy"] = {"epsilon": 4.0, "noise": "seeded"}
+    raw["training"]["rounds"] = 1
+    raw["data"].update(data)
+    config = parse_config(raw)
+    with caplog.at_level("WARNING"):
+        run = run_experiment(config, tmp_path / "run")["runs"][0]
+    largest = build_federated_data(config.data).train.max_records_per_subject_per_silo()
+    assert largest < k  # the data's own count would have given a smaller, data-dependent k
+    assert run["group_size"] == k
+    assert run["group_size_source"] == f"config ({source})"
+    assert "depends on the data" not in caplog.text

@@ -28,6 +28,7 @@ from silodp.algorithms import ALGORITHMS, Algorithm, make_algorithm
 from silodp.algorithms.planning import calibrate
 from silodp.config import ExperimentConfig, PrivacyConfig, SweepCell, TrainingConfig
 from silodp.data import FederatedData, FederatedDataset
+from silodp.data.build import DataConfig
 from silodp.data.partition import cap_records, cap_span
 from silodp.errors import InvalidValueError
 from silodp.federated.simulator import SCALING_STREAM, SETUP_STREAM, coin_seed, run_coins
@@ -129,10 +130,36 @@ def _group_bound(train: FederatedDataset, value: int | str, scope: str) -> int:
     return int(counts.max()) if value == "max" else max(1, int(np.median(counts)))
 
 
+def _data_cap(data: DataConfig, scope: str, span: int) -> tuple[int, str] | None:
+    """The group bound that the data's own public caps imply (``data.records_per_subject*``,
+    applied when the data were built), with where it comes from; ``None`` without caps."""
+    per_silo, total = data.records_per_subject_per_silo, data.records_per_subject
+    options: list[tuple[int, str]] = []
+    if total is not None:
+        options.append((total, f"config (data.records_per_subject = {total})"))
+    if per_silo is not None:
+        if scope == "silo":
+            options.append((per_silo, f"config (data.records_per_subject_per_silo = {per_silo})"))
+        else:
+            options.append(
+                (
+                    per_silo * span,
+                    f"config (data.records_per_subject_per_silo = {per_silo} x span {span})",
+                )
+            )
+    return min(options) if options else None
+
+
 def _bound_data(
-    train: FederatedDataset, privacy: PrivacyConfig, seed: int, algorithm: Algorithm
+    train: FederatedDataset,
+    privacy: PrivacyConfig,
+    seed: int,
+    algorithm: Algorithm,
+    data: DataConfig,
 ) -> tuple[FederatedDataset, int | None, str, int, str]:
-    """Applies the public span and group bounds (dropping excess records, SPEC §1)."""
+    """Applies the public span and group bounds (dropping excess records, SPEC §1). Without
+    ``privacy.group_size`` the bound is the data's own public cap (:func:`_data_cap`), else
+    the data's largest count (a warning: that bound depends on the data)."""
     span_source = "config" if privacy.span is not None else "number of silos (worst case)"
     if privacy.span is not None and privacy.span > train.num_silos:
         raise InvalidValueError(
@@ -169,6 +196,9 @@ def _bound_data(
                 where,
             )
         return train, k, source, span, span_source
+    cap = _data_cap(data, scope, span)
+    if cap is not None:  # public, and already applied when the data were built
+        return train, cap[0], cap[1], span, span_source
     largest = _group_bound(train, "max", scope)
     logger.warning(
         "privacy.group_size is not set: using the data's largest count of one subject's "
@@ -262,7 +292,7 @@ def privacy_caps(config: ExperimentConfig, data: FederatedData) -> dict[str, dic
         if not probe.private:
             continue
         train, k, k_source, span, span_source = _bound_data(
-            data.train, privacy, config.data.seed, probe
+            data.train, privacy, config.data.seed, probe, config.data
         )
         out[name] = {
             "group_size": k,
@@ -372,7 +402,7 @@ def prepare_run(
     training, privacy = config.for_algorithm(name)
     probe = make_algorithm(name, config.algorithm_config(name, num_silos=data.train.num_silos))
     train, group_size, group_source, span, span_source = _bound_data(
-        data.train, privacy, config.data.seed, probe
+        data.train, privacy, config.data.seed, probe, config.data
     )
     silos_per_round = probe.check_schedule(training.silos_per_round, train.num_silos)
     caps = _caps(name, probe, privacy, config, span, train.num_silos)
