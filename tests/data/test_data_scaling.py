@@ -19,6 +19,7 @@ from silodp.data.build import DataConfig, build_federated_data
 from silodp.data.dataset import FederatedData, FederatedDataset
 from silodp.data.scaling import (
     SENSITIVITY_PER_FEATURE,
+    VARIANCE_FLOOR,
     FeatureStats,
     dp_feature_stats,
     scale_warning,
@@ -267,6 +268,28 @@ def _test_like(train: FederatedDataset):  # type: ignore[no-untyped-def]
     return TestSplit(x=train.x[:50] * 2.0, y=train.y[:50])
 
 
+def test_dp_feature_stats_stay_where_bounded_values_can_be() -> None:
+    """On a small federation with much noise, the estimates were left where no data could be
+    (means beyond the bounds, stds above the half-range or at 0.01 of it), so scaled features
+    reached ±285. Post-processing keeps each mean within the bounds and each std between 0.1
+    half-range and what values of that mean can have: scaled training features within ±20."""
+    train = _federation(12, num_silos=3, num_features=3, seed=1)
+    bounds = (0.0, 10.0)
+    half = 5.0
+    outside = 0
+    for k in range(40):
+        stats = dp_feature_stats(train, bounds=bounds, noise_multiplier=3.0, coins=Coins.seeded(k))
+        unit_mean = (stats.mean - 5.0) / half
+        unit_std = stats.std / half
+        assert np.all(np.abs(unit_mean) <= 1.0)
+        assert np.all(unit_std >= math.sqrt(VARIANCE_FLOOR) - 1e-12)
+        ceiling = np.sqrt(np.maximum(VARIANCE_FLOOR, 1.0 - unit_mean**2))
+        assert np.all(unit_std <= ceiling + 1e-12)
+        assert np.abs(stats.transform(train.x)).max() <= 2.0 / math.sqrt(VARIANCE_FLOOR)
+        outside += int(np.any(np.abs(unit_mean) == 1.0) or np.any(unit_std == ceiling))
+    assert outside >= 5  # the noise does put raw estimates out of range at this σ
+
+
 def test_dp_feature_stats_is_seeded_and_needs_bounds() -> None:
     train = _federation(100)
     a = dp_feature_stats(train, bounds=(0, 10), noise_multiplier=1.0, coins=Coins.seeded(7))
@@ -339,16 +362,21 @@ def test_silo_moment_sums_average_within_a_subject() -> None:
 def test_dp_noise_has_the_calibrated_scale() -> None:
     """The error of the mean estimate has std σ·Δ·sqrt(S)/N; a 20% wrong σ is rejected."""
     train = _federation(40, num_silos=3, num_features=3, seed=3)
-    bounds = (-1.0, 1.0)  # identity map: the raw mean is the [-1, 1] mean
+    bounds = (0.0, 10.0)  # the means sit inside (unit scale about -0.6, 0, 0.6): never clipped
     sums = silo_moment_sums(train, bounds=bounds)
     n_pairs = int((train.histogram() > 0).sum())
     exact = sums.sum(axis=0)[:3] / n_pairs
+    assert np.all(np.abs(exact) < 0.7)
     sigma = 0.3
     errors = np.concatenate(
         [
-            dp_feature_stats(
-                train, bounds=bounds, noise_multiplier=sigma, coins=Coins.seeded(k)
-            ).mean
+            (
+                dp_feature_stats(
+                    train, bounds=bounds, noise_multiplier=sigma, coins=Coins.seeded(k)
+                ).mean
+                - 5.0
+            )
+            / 5.0
             - exact
             for k in range(400)
         ]

@@ -61,8 +61,9 @@ SCALINGS = ("none", "bounds", "standard", "dp")
 SENSITIVITY_PER_FEATURE = 2.0
 
 #: Smallest variance (on the [-1, 1] scale) :func:`dp_feature_stats` reports: a noisy
-#: variance estimate can be tiny or negative; the floor keeps the standard deviation >= 0.01.
-VARIANCE_FLOOR = 1e-4
+#: variance estimate can be tiny or negative; the floor keeps the standard deviation >= 0.1,
+#: so scaled features stay within ±20 however the noise fell.
+VARIANCE_FLOOR = 1e-2
 
 #: :func:`scale_warning` fires when the largest per-feature scale is at least this many
 #: times the smallest.
@@ -388,9 +389,10 @@ def dp_feature_stats(
     ``Δ = 2·sqrt(d)``, :func:`stats_sensitivity`): local noise, drawn by silo ``s`` from
     ``coins.spawn(s)``. The server adds the releases, divides by the public number ``N`` of
     (silo, subject) pairs holding records (silo subject counts are public in silodp, as silo
-    sizes are), and reports ``mean = E[x̂]``, ``std = sqrt(max(E[x̂²] - E[x̂]², floor))`` per
-    feature, mapped back to the raw scale (:class:`FeatureStats`; applying it clips to the
-    same bounds).
+    sizes are), and reports ``mean = E[x̂]`` clipped to [-1, 1] and ``std = sqrt(E[x̂²] -
+    E[x̂]²)`` clipped to the variance values can have, ``[floor, max(floor, 1 - mean²)]``, per
+    feature (post-processing: the noise can put the raw estimates where no data could), mapped
+    back to the raw scale (:class:`FeatureStats`; applying it clips to the same bounds).
 
     Sensitivity. ``Δ`` is the L2 diameter of the set ``{(t, t²) : t ∈ [-1, 1]}^d`` that ``v``
     ranges over, hence of its convex hull, where the per-subject averages lie. Adding or
@@ -440,8 +442,11 @@ def dp_feature_stats(
         )["v"]
         total += released.detach().cpu().numpy().astype(np.float64)
     num_pairs = int((train.histogram() > 0).sum())
-    first, second = total[:d] / num_pairs, total[d:] / num_pairs
-    unit_std = np.sqrt(np.maximum(second - first**2, floor))
+    # post-processing into what values in [-1, 1] can have: a mean in [-1, 1], a variance
+    # at most 1 - mean² (the noise put means at ±1.7 and stds at 1.7 on a small federation)
+    first = np.clip(total[:d] / num_pairs, -1.0, 1.0)
+    second = total[d:] / num_pairs
+    unit_std = np.sqrt(np.clip(second - first**2, floor, np.maximum(floor, 1.0 - first**2)))
     half = (hi - lo) / 2.0
     return FeatureStats(
         kind="dp",
