@@ -394,3 +394,47 @@ def test_run_and_sweep_refuse_each_others_results(tmp_path: Path) -> None:
     assert replaced.exit_code == 0, replaced.output
     runs = json.loads((ran / "summary.json").read_text())["runs"]
     assert [r["algorithm"] for r in runs] == ["higradavg_dp"]
+
+
+def test_an_interrupted_overwrite_leaves_no_earlier_cell_or_table_to_keep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An --overwrite of an edited sweep stopped after its first cell left the earlier
+    sweep's second cell and tables: continuing kept that cell ("done, kept") and tabulated
+    the earlier config's ε under the new one's name."""
+    sweep = """
+name = "grid-stale"
+base = "base.toml"
+seeds = [0]
+baseline = false
+[grid]
+"privacy.noise_multiplier" = [1.0, 2.0]
+"""
+    path = _files(tmp_path, sweep)
+    out = tmp_path / "out"
+    run_grid(load_grid(path), out, log=lambda m: None)
+    assert (out / "results.md").is_file()
+    (tmp_path / "base.toml").write_text(BASE.replace("group_size = 3", "group_size = 1"))
+    real = grid_module.run_experiment
+    calls: list[int] = []
+
+    def stopped_at_the_second_cell(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grid_module, "run_experiment", stopped_at_the_second_cell)
+    with pytest.raises(KeyboardInterrupt):
+        run_grid(load_grid(path), out, overwrite=True, log=lambda m: None)
+    monkeypatch.setattr(grid_module, "run_experiment", real)
+    # the earlier sweep's tables are gone; its second cell is still there, but not this one's
+    assert not any((out / name).exists() for name in ("results.md", "results.csv", "summary.json"))
+    assert grid_module.unfinished_cells(out) == [expand(load_grid(path))[1].id]
+    logged: list[str] = []
+    continued = run_grid(load_grid(path), out, log=logged.append)
+    assert logged[0].endswith(": done, kept")
+    assert any("holds a run of another config" in m for m in logged)
+    fresh = run_grid(load_grid(path), tmp_path / "fresh", log=lambda m: None)
+    strip = [{k: v for k, v in r.items() if "accuracy" not in k} for r in continued["rows"]]
+    assert strip == [{k: v for k, v in r.items() if "accuracy" not in k} for r in fresh["rows"]]

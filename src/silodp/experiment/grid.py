@@ -360,6 +360,9 @@ def _run_grid(
                 "its grid or its base config changed since its cells ran); choose another "
                 "--out or pass --overwrite."
             )
+    if overwrite:  # an earlier sweep's tables must not stand beside this one's cells
+        for name in ("results.md", "results.csv", "summary.json"):
+            (out / name).unlink(missing_ok=True)
     write_json(existing, manifest)
     planned = [planned_rounds(config) for config in configs]
     for i, cell in enumerate(cells, start=1):
@@ -376,15 +379,20 @@ def _run_grid(
                 )
                 on_cell(at)
 
-        if _cell_done(cell_dir) and not overwrite:
+        # a cell directory of another config (an earlier sweep's, left by an interrupted
+        # --overwrite) is neither kept nor resumed: it runs again
+        ours = not overwrite and _holds_config(cell_dir, manifest["cells"][i - 1]["config"])
+        if ours and _cell_done(cell_dir):
             log(f"{label}: done, kept")
             report("kept")
             continue
         log(label)
         report("started")
-        if (cell_dir / EXPERIMENT_FILE).is_file() and not overwrite:
+        if ours:
             resume_experiment(cell_dir, progress=progress, log=log)
         else:
+            if cell_dir.exists() and not overwrite:
+                log(f"{label}: {cell_dir} holds a run of another config; it runs again")
             run_experiment(configs[i - 1], cell_dir, overwrite=True, progress=progress, log=log)
         report("finished")
     rows = grid_rows(out)
@@ -444,13 +452,29 @@ def unfinished_cells(out_dir: str | Path) -> list[str]:
     path = out / MANIFEST
     try:
         cells = json.loads(path.read_text())["cells"]
-        ids = [c["id"] for c in cells]
+        ids = [(c["id"], c["config"]) for c in cells]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise InvalidValueError(
             f"Expected {str(path)!r} to list the sweep's cells as silodp writes it; it cannot be "
             f"read ({err})."
         ) from None
-    return [str(i) for i in ids if not _cell_done(out / "cells" / str(i))]
+    return [
+        str(i)
+        for i, digest in ids
+        if not (
+            _holds_config(out / "cells" / str(i), digest) and _cell_done(out / "cells" / str(i))
+        )
+    ]
+
+
+def _holds_config(cell_dir: Path, digest: str) -> bool:
+    """Whether ``cell_dir`` holds a run of the config digested as ``digest``
+    (:func:`_config_digest` of its ``experiment.toml``)."""
+    try:
+        text = (cell_dir / EXPERIMENT_FILE).read_bytes()
+    except OSError:
+        return False
+    return hashlib.sha256(text).hexdigest()[:16] == digest
 
 
 def _cell_done(cell_dir: Path) -> bool:
@@ -479,8 +503,8 @@ def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
     baselines = any(cell["baseline"] for cell in manifest["cells"])
     for cell in manifest["cells"]:
         path = out / "cells" / cell["id"] / "summary.json"
-        if not path.is_file():
-            continue
+        if not path.is_file() or not _holds_config(path.parent, cell["config"]):
+            continue  # not run yet, or a run of another config
         values = {k: v for k, v in cell["values"].items() if k != ALGORITHMS}
         runs = json.loads(path.read_text()).get("runs", [])
         for run in runs:
