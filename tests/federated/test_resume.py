@@ -286,9 +286,9 @@ def _drop_round_row(ledger: Path) -> None:
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        (_lose_all, "missing or empty"),
-        (_empty, "missing or empty"),
-        (_lose_wal, "no tables"),
+        (_lose_all, "missing, empty or holds no tables"),
+        (_empty, "missing, empty or holds no tables"),
+        (_lose_wal, "missing, empty or holds no tables"),
         (_raise_sigma, "to verify"),
         (_drop_last_round, r"round\(s\) \[2\] are not"),
         (_drop_round_row, "no record of their round"),
@@ -624,3 +624,30 @@ def test_a_run_without_noise_resumed_onto_a_ledger_budgeted_since_is_refused(
     with Ledger(shared, read_only=True) as ledger:
         fedavg = next(r for r in ledger.runs() if r.name == "fedavg")
         assert ledger.events(fedavg.id) == []
+
+
+def test_a_run_stopped_while_its_ledger_was_created_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop while the ledger's schema was created left an SQLite file with no tables, and
+    every resume then failed ("an SQLite database with no tables"): such a file holds no
+    spending, so the run resumes from its start."""
+    from silodp.config import load_config
+    from silodp.experiment import run_experiment
+    from silodp.ledger.store import is_blank_ledger
+
+    out = tmp_path / "out"
+
+    def stopped(self: Ledger) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Ledger, "_migrate", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(load_config(_config(tmp_path, INTEGRITY)), out, log=lambda m: None)
+    ledger = out / INTEGRITY / "ledger.sqlite"
+    assert ledger.stat().st_size > 0 and is_blank_ledger(ledger)
+    resume_experiment(out, log=lambda m: None)
+    assert _summary(out / INTEGRITY)["status"] == "complete"
+    assert verify_ledger(ledger) == []
+    assert not is_blank_ledger(ledger)

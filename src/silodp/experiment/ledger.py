@@ -32,7 +32,7 @@ from silodp.ledger.run import (
     held_to,
     total_before,
 )
-from silodp.ledger.store import check_free, merge_declared
+from silodp.ledger.store import check_free, is_blank_ledger, merge_declared
 
 __all__ = [
     "LEDGER_FILE",
@@ -100,7 +100,8 @@ def resume_run_ledger(
     """
     path = _path(run, run_dir)
     registered = _registration(run_dir, path, shared=run.privacy.ledger is not None)
-    if not path.is_file() or path.stat().st_size == 0:
+    # missing, empty, or stopped while its schema was created: it holds no spending
+    if not path.is_file() or path.stat().st_size == 0 or is_blank_ledger(path):
         if completed or registered is not None:
             held = (
                 f"whose checkpoint holds {completed} round(s)"
@@ -109,8 +110,8 @@ def resume_run_ledger(
                 "may have recorded spending before its first checkpoint"
             )
             raise LedgerError(
-                f"Expected the ledger {str(path)!r} of run {run.name!r}, {held}; it is missing "
-                "or empty, so what the run spent would go uncounted. Restore it (with its -wal "
+                f"Expected the ledger {str(path)!r} of run {run.name!r}, {held}; it is missing, "
+                "empty or holds no tables, so what the run spent would go uncounted. Restore it (with its -wal "
                 "file), or start the run afresh (--overwrite)."
             )
         return None

@@ -40,6 +40,7 @@ __all__ = [
     "LedgerError",
     "RunRecord",
     "check_free",
+    "is_blank_ledger",
     "ledger_file_problem",
     "merge_declared",
 ]
@@ -231,6 +232,24 @@ def ledger_file_problem(path: str | Path) -> str | None:
     if len(header) < 100 or not header.startswith(SQLITE_HEADER):
         return "it is not an SQLite database"
     return None
+
+
+def is_blank_ledger(path: str | Path) -> bool:
+    """Whether ``path`` is an SQLite database with no tables: a ledger whose creation stopped
+    before its schema was committed (it holds no spending; opening it creates the schema)."""
+    path = Path(path)
+    if ledger_file_problem(path) is not None:
+        return False
+    try:
+        db = _snapshot(path.resolve())
+    except (sqlite3.DatabaseError, OSError, LedgerError):
+        return False
+    try:
+        return db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
+    except sqlite3.DatabaseError:
+        return False
+    finally:
+        db.close()
 
 
 def _file_state(path: Path) -> tuple[object, ...]:
