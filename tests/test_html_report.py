@@ -690,3 +690,15 @@ def test_a_sweep_seed_stopped_at_its_target_is_drawn_at_the_epsilon_it_was_charg
     (_, epsilon, _) = _rounds_over_seeds(tmp_path, cells)["all cells"]
     rounds, largest, _ = epsilon["uldp_avg (subject ε)"]
     assert rounds == [1, 2, 3] and largest == [1.0, 2.0, 4.5]
+
+
+def test_sigma_is_shown_rounded_up() -> None:
+    """A calibrated σ of 6.2472 was shown as 6.247: copied into a config, that σ gives
+    ε = 4.000016 against the target 4. Rounded up, it reaches the target or less."""
+    from silodp.html_report import _cell
+    from silodp.reports import _cell as table_cell
+
+    assert _cell(6.247241713687909, "σ") == "6.248"
+    assert _cell(1.5, "σ") == "1.5"
+    assert table_cell("noise_multiplier", 6.241, {}) == "6.25"
+    assert table_cell("noise_multiplier", 1.5, {}) == "1.5"

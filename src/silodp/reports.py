@@ -115,6 +115,8 @@ def _cell(key: str, value: Any, row: Mapping[str, Any]) -> str:
             return f"{100 * value:.2f}"
         if key.startswith(("epsilon", "mu_")):
             return display.upper(value)  # privacy bounds: rounded up
+        if key == "noise_multiplier":  # copied into a config, it reaches the row's ε or less
+            return display.upper(value)
         return f"{value:.3g}" if key != "client_rate" else f"{value:g}"
     return str(value)
 
