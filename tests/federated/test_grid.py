@@ -438,3 +438,41 @@ baseline = false
     fresh = run_grid(load_grid(path), tmp_path / "fresh", log=lambda m: None)
     strip = [{k: v for k, v in r.items() if "accuracy" not in k} for r in continued["rows"]]
     assert strip == [{k: v for k, v in r.items() if "accuracy" not in k} for r in fresh["rows"]]
+
+
+def test_a_budget_refusing_a_cell_leaves_tables_marked_partial(tmp_path: Path) -> None:
+    """The README said the cells before a refused one are kept and results.md gives the shared
+    ledger's total; nothing was written (and `silodp report` had nothing to read)."""
+    from silodp.ledger.run import BudgetExceededError
+
+    sweep = """
+name = "grid-refused"
+base = "base.toml"
+seeds = [0]
+baseline = false
+[grid]
+"privacy.noise_multiplier" = [1.0, 2.0]
+"""
+    path = _files(tmp_path, sweep)
+    free = tmp_path / "free.sqlite"
+    (tmp_path / "base.toml").write_text(BASE.replace("[privacy]", f'[privacy]\nledger = "{free}"'))
+    unbounded = run_grid(load_grid(path), tmp_path / "free", log=lambda m: None)
+    first = max(r["epsilon_record_max"] for r in unbounded["rows"])  # σ = 1, the larger ε
+    both = unbounded["ledgers"][0]["total"]
+    (composed,) = both.values()
+    budget = (first + composed["epsilon"]["record"]) / 2  # the first cell fits, not both
+    shared = tmp_path / "budget.sqlite"
+    (tmp_path / "base.toml").write_text(
+        BASE.replace(
+            "[privacy]", f'[privacy]\nledger = "{shared}"\nbudget = {{record = {budget!r}}}'
+        )
+    )
+    out = tmp_path / "out"
+    with pytest.raises(BudgetExceededError):
+        run_grid(load_grid(path), out, log=lambda m: None)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["partial"].startswith("the budget refused [2/2]")
+    assert [r["epsilon_record_max"] for r in summary["rows"]] == [pytest.approx(first)]
+    table = (out / "results.md").read_text()
+    assert "**Partial:** the budget refused [2/2]" in table and "Shared ledgers" in table
+    assert (out / "results.csv").is_file()

@@ -75,7 +75,10 @@ def sweep(
     except OutputExistsError as err:  # nothing ran: another sweep's results are in the way
         fail(str(err))
     except BudgetExceededError as err:  # running it again would meet the same budget
-        fail(f"{err} (finished cells are kept in {out}/cells/)")
+        fail(
+            f"{err} (finished cells are kept in {out}/cells/; {out}/results.md tabulates them, "
+            "marked partial, with each shared ledger's total)"
+        )
     except (SilodpError, ValueError, OSError) as err:
         fail(f"{err} (finished cells are kept in {out}/cells/; run the command again to continue)")
     typer.echo(f"\n{summary['cells']} cells; table in {out}/results.md and {out}/results.csv")

@@ -50,6 +50,7 @@ from silodp.experiment.run import (
 from silodp.io import write_json, write_text
 from silodp.ledger import LedgerError
 from silodp.ledger.report import ledger_report, total_line
+from silodp.ledger.run import BudgetExceededError
 from silodp.reports import columns_of, rows_csv
 
 __all__ = [
@@ -365,41 +366,69 @@ def _run_grid(
             (out / name).unlink(missing_ok=True)
     write_json(existing, manifest)
     planned = [planned_rounds(config) for config in configs]
-    for i, cell in enumerate(cells, start=1):
-        cell_dir = out / "cells" / cell.id
-        what = ", ".join(f"{k}={v}" for k, v in cell.values.items())
-        kind = "baseline " if cell.baseline else ""
-        name = f"{kind}{what or 'base'}, seed {cell.seed}"
-        label = f"[{i}/{len(cells)}] {name}"
+    label = ""
+    try:
+        for i, cell in enumerate(cells, start=1):
+            cell_dir = out / "cells" / cell.id
+            what = ", ".join(f"{k}={v}" for k, v in cell.values.items())
+            kind = "baseline " if cell.baseline else ""
+            name = f"{kind}{what or 'base'}, seed {cell.seed}"
+            label = f"[{i}/{len(cells)}] {name}"
 
-        def report(status: str, i: int = i, name: str = name) -> None:
-            if on_cell is not None:
-                at = CellProgress(
-                    i, len(cells), name, status, planned[i - 1], sum(planned[: i - 1]), sum(planned)
-                )
-                on_cell(at)
+            def report(status: str, i: int = i, name: str = name) -> None:
+                if on_cell is not None:
+                    at = CellProgress(
+                        i,
+                        len(cells),
+                        name,
+                        status,
+                        planned[i - 1],
+                        sum(planned[: i - 1]),
+                        sum(planned),
+                    )
+                    on_cell(at)
 
-        # a cell directory of another config (an earlier sweep's, left by an interrupted
-        # --overwrite) is neither kept nor resumed: it runs again
-        ours = not overwrite and _holds_config(cell_dir, manifest["cells"][i - 1]["config"])
-        if ours and _cell_done(cell_dir):
-            log(f"{label}: done, kept")
-            report("kept")
-            continue
-        log(label)
-        report("started")
-        if ours:
-            resume_experiment(cell_dir, progress=progress, log=log)
-        else:
-            if cell_dir.exists() and not overwrite:
-                log(f"{label}: {cell_dir} holds a run of another config; it runs again")
-            run_experiment(configs[i - 1], cell_dir, overwrite=True, progress=progress, log=log)
-        report("finished")
+            # a cell directory of another config (an earlier sweep's, left by an interrupted
+            # --overwrite) is neither kept nor resumed: it runs again
+            ours = not overwrite and _holds_config(cell_dir, manifest["cells"][i - 1]["config"])
+            if ours and _cell_done(cell_dir):
+                log(f"{label}: done, kept")
+                report("kept")
+                continue
+            log(label)
+            report("started")
+            if ours:
+                resume_experiment(cell_dir, progress=progress, log=log)
+            else:
+                if cell_dir.exists() and not overwrite:
+                    log(f"{label}: {cell_dir} holds a run of another config; it runs again")
+                run_experiment(configs[i - 1], cell_dir, overwrite=True, progress=progress, log=log)
+            report("finished")
+    except BudgetExceededError as err:  # the cells before it stay, tabulated as such
+        _write_tables(out, spec, configs, refused=f"the budget refused {label}: {err}")
+        raise
+    return _write_tables(out, spec, configs)
+
+
+def _write_tables(
+    out: Path, spec: GridSpec, configs: Sequence[Any], *, refused: str | None = None
+) -> dict[str, Any]:
+    """Writes ``results.csv``, ``results.md`` and ``summary.json`` of the finished cells and
+    the totals of the shared ledgers; ``refused``: why the sweep stopped before its last cell
+    (the tables then say they are partial)."""
     rows = grid_rows(out)
     ledgers = shared_ledger_totals(configs)
     write_text(out / "results.csv", rows_csv(rows, columns_of(rows)))
-    write_text(out / "results.md", _markdown(rows, spec) + _ledger_lines(ledgers))
-    summary = {"name": spec.name, "cells": len(cells), "rows": rows}
+    partial = ""
+    if refused is not None:
+        partial = (
+            f"\n**Partial:** {refused}. The rows pool the cells finished before it; run the "
+            "sweep again (with a larger budget, or on another ledger) to finish it.\n"
+        )
+    write_text(out / "results.md", _markdown(rows, spec) + partial + _ledger_lines(ledgers))
+    summary: dict[str, Any] = {"name": spec.name, "cells": len(configs), "rows": rows}
+    if refused is not None:
+        summary["partial"] = refused
     if ledgers:
         summary["ledgers"] = ledgers
     write_json(out / "summary.json", summary)

@@ -110,9 +110,9 @@ def resume_run_ledger(
                 "may have recorded spending before its first checkpoint"
             )
             raise LedgerError(
-                f"Expected the ledger {str(path)!r} of run {run.name!r}, {held}; it is missing, "
-                "empty or holds no tables, so what the run spent would go uncounted. Restore it (with its -wal "
-                "file), or start the run afresh (--overwrite)."
+                f"Expected the ledger {str(path)!r} of run {run.name!r}, {held}; it is "
+                "missing, empty or holds no tables, so what the run spent would go uncounted. "
+                "Restore it (with its -wal file), or start the run afresh (--overwrite)."
             )
         return None
     if registered is None and completed == 0 and run.privacy.ledger is not None:
