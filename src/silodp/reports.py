@@ -41,8 +41,9 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("mu_strong", "μ strong (CLT est.)"),
     ("epsilon", "ε (record) at R"),
     ("epsilon_planned", "ε (record), all planned rounds"),
-    ("personalised_accuracy", "personalised acc"),
-    ("global_accuracy", "global acc"),
+    ("personalised_accuracy", "personalised acc at R"),
+    ("global_accuracy", "global acc at R"),
+    ("status", "run"),
 )
 
 
@@ -67,9 +68,11 @@ def sweep_row(
     target: float,
     account_command: str | None,
     epsilon_planned: float | None = None,
+    status: str | None = None,
 ) -> dict[str, Any]:
     """One table row: rounds to reach ``target`` and the privacy spent at that round (at the
-    last round, with ``reached = False``, when the target was not reached)."""
+    last round, with ``reached = False``, when the target was not reached); ``status``: how
+    the cell's run ended (``complete``, ``budget_exhausted``, ...)."""
     if not metrics:
         raise ValueError(f"Expected metrics of at least one round for {label!r}, got none.")
     hit = rounds_to_target(metrics, key=target_key, target=target)
@@ -100,6 +103,7 @@ def sweep_row(
         "target_metric": target_key,
         "target_accuracy": target,
         "account_command": account_command,
+        "status": status,
     }
 
 

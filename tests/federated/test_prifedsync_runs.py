@@ -86,6 +86,8 @@ def test_sweep_writes_tables_and_plots_with_the_accountants_numbers(tmp_path: Pa
     assert len(rows) == 4
     md = (tmp_path / "prifedsync_table.md").read_text()
     assert md.count("\n| ") == 5  # header + 4 rows
+    assert "Partial" not in md and "| personalised acc at R | global acc at R | run |" in md
+    assert [row["status"] for row in rows] == ["complete"] * 4
     stopped_early = 0
     for row, run in zip(rows, summary["runs"], strict=True):
         run_dir = tmp_path / run["algorithm"]
@@ -520,3 +522,27 @@ def test_the_tables_planned_epsilon_counts_a_round_cut_short(tmp_path: Path) -> 
     with open(out / "prifedsync_table.csv") as handle:
         (written,) = list(csv.DictReader(handle))
     assert float(written["epsilon_planned"]) == pytest.approx(item["epsilon"]["record"])
+
+
+def test_a_sweep_table_says_it_is_partial_until_its_last_cell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table is rewritten after each cell: stopped after two of four cells, it read as
+    the final table."""
+    from silodp.experiment import sweep as sweep_module
+
+    real = sweep_module.train_run
+    calls: list[int] = []
+
+    def stopped_at_the_third_cell(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "train_run", stopped_at_the_third_cell)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(parse_config(_raw(privacy__noise="seeded")), tmp_path)
+    md = (tmp_path / "prifedsync_table.md").read_text()
+    assert "**Partial: 2 of 4 cells so far.**" in md
+    assert md.count("\n| ") == 3  # header + the 2 finished cells

@@ -62,7 +62,7 @@ def run_sweep(
     all_rows: dict[str, list[dict[str, Any]]] = {}
     summaries, table = [], []
     key = f"{sweep.target_metric}_accuracy"
-    for run in runs:
+    for i, run in enumerate(runs, start=1):
         done = finished(out / run.name) if resume else None
         if done is not None:
             rows, run_summary = read_rows(out / run.name, run.training.rounds)[0], done
@@ -92,11 +92,13 @@ def run_sweep(
                 target=sweep.target_accuracy,
                 account_command=run.account_command(at),
                 epsilon_planned=_planned_epsilon(run, rows, run_summary),
+                status=run_summary.get("status"),
             )
         )
-        reports.write_table(
-            table, out, stem="prifedsync_table", title=_table_title(config, sweep, data)
-        )
+        title = _table_title(config, sweep, data)
+        if i < len(runs):  # rewritten after each cell: it says until the last that it is partial
+            title += f" **Partial: {i} of {len(runs)} cells so far.**"
+        reports.write_table(table, out, stem="prifedsync_table", title=title)
     plotting.plot_personalised(
         all_rows,
         out / "personalised_vs_global.png",
