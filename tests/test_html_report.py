@@ -702,3 +702,19 @@ def test_sigma_is_shown_rounded_up() -> None:
     assert _cell(1.5, "σ") == "1.5"
     assert table_cell("noise_multiplier", 6.241, {}) == "6.25"
     assert table_cell("noise_multiplier", 1.5, {}) == "1.5"
+
+
+def test_a_sweep_table_shows_the_bound_over_seeds_before_the_mean() -> None:
+    from silodp.html_report import _bound_first
+
+    columns = ["algorithm", "epsilon_record_mean", "epsilon_record_std", "epsilon_record_max"]
+    columns += ["epsilon_subject_mean", "epsilon_subject_max", "delta"]
+    assert _bound_first(columns) == [
+        "algorithm",
+        "epsilon_record_max",
+        "epsilon_record_mean",
+        "epsilon_record_std",
+        "epsilon_subject_max",
+        "epsilon_subject_mean",
+        "delta",
+    ]

@@ -613,11 +613,22 @@ def _shown_row(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _bound_first(columns: Sequence[str]) -> list[str]:
+    """``columns`` with each ``epsilon_<unit>_max`` (the bound every seed meets) moved before
+    that unit's mean and standard deviation, so the mean is not read as the bound."""
+    out = [c for c in columns if not (c.startswith("epsilon_") and c.endswith("_max"))]
+    for column in columns:
+        if column.startswith("epsilon_") and column.endswith("_max"):
+            mean = column.removesuffix("_max") + "_mean"
+            out.insert(out.index(mean) if mean in out else len(out), column)
+    return out
+
+
 def _sweep(src: Path, files: Path) -> tuple[str, str]:
     summary = _json(src / "summary.json") if (src / "summary.json").is_file() else {}
     rows = summary.get("rows") or []
     shown = [_shown_row(r) for r in rows]
-    columns = columns_of(shown)
+    columns = _bound_first(columns_of(shown))
     _save_tables(files, "results", shown, columns)
     parts = [
         "<h2>Results (accuracy and ε: mean and standard deviation over seeds; "
