@@ -253,3 +253,29 @@ def test_a_cell_charged_its_whole_plan_shows_the_charged_epsilon(tmp_path: Path,
     assert "record: 1.6 charged through round 3" in [t.get_text() for t in ax.texts]
     starred = [line for line in ax.lines if line.get_marker() == "*"]
     assert [(list(s.get_xdata()), list(s.get_ydata())) for s in starred] == [([3], [1.6])]
+
+
+def test_utility_against_epsilon_ends_its_axis_on_labelled_ticks(tmp_path, figures) -> None:
+    """A point at ε = 42.7 stood beyond the last label (20) and read as about 30: the axis now
+    runs from the labelled tick at or below the smallest ε to the one at or above the largest."""
+    rows = [
+        {"algorithm": "a", "epsilon_subject_max": e, "accuracy_mean": 0.5 + e / 100}
+        for e in (3.65, 8.13, 42.7)
+    ]
+    plotting.plot_utility_vs_epsilon(rows, tmp_path / "u.png")
+    fig = figures[0]
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    assert ax.get_xlim() == pytest.approx((2.0, 50.0))
+    labels = {t.get_text() for t in ax.get_xticklabels() if 2.0 <= t.get_position()[0] <= 50.0}
+    assert {"2", "50"} <= labels
+
+
+def test_round_axes_are_ticked_at_whole_rounds(tmp_path, figures) -> None:
+    rows = [{"round": r, "epsilon": {"subject": 2.0 * r}, "adversary": "strongest"} for r in (1, 2)]
+    plotting.plot_epsilon(rows, tmp_path / "e.png", "uldp_avg", 1e-5)
+    ax = figures[0].axes[0]
+    figures[0].canvas.draw()
+    lo, hi = ax.get_xlim()
+    ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+    assert ticks and all(float(t).is_integer() for t in ticks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ def plot_training(metrics: Metrics, path: Path, title: str) -> Path:
         rounds, values = _series(metrics, key)
         ax.plot(rounds, values, marker="o", markersize=3)
         ax.set_xlabel("round")
+        _whole_rounds(ax)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     fig.suptitle(title)
@@ -120,6 +122,7 @@ def plot_epsilon(
                     fontsize=8,
                 )
     ax.set_xlabel("round")
+    _whole_rounds(ax)
     ax.set_ylabel(f"ε at δ={delta:g}")
     if units:
         ax.legend(title="unit", fontsize=8)
@@ -273,10 +276,12 @@ def plot_comparison(
                 [], [], color=colour, marker=marker, label=f"{name}{view} ({NO_BOUND}{since})"
             )
     left.set_xlabel("round")
+    _whole_rounds(left)
     left.set_ylabel("test accuracy")
     left.grid(alpha=0.3)
     left.legend()
     right.set_xlabel("round")
+    _whole_rounds(right)
     if one_view:
         shown = next(iter(deltas.values()), None)
         right.set_ylabel(f"{unit}-level ε" + (f" at δ={shown:g}" if shown is not None else ""))
@@ -317,6 +322,7 @@ def plot_personalised(
     if target is not None:
         ax.axhline(target, color="grey", linewidth=0.8, linestyle=":", label="target")
     ax.set_xlabel("synchronisation round")
+    _whole_rounds(ax)
     ax.set_ylabel("mean test accuracy over clients")
     ax.grid(alpha=0.3)
     if len(runs) > 1:
@@ -483,12 +489,35 @@ def plot_utility_vs_epsilon(rows: Sequence[Mapping[str, Any]], path: Path) -> Pa
     ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    # the axis ends on labelled ticks: a point at 42.7 beyond the last label (20) read as ~30
+    xs = [p[0] for points in series.values() for p in points]
+    if min(xs) > 0 and math.isfinite(max(xs)):
+        ax.set_xlim(_tick_at_or_below(min(xs)), _tick_at_or_above(max(xs)))
     private = [r for r in rows if r.get("adversary") is not None]
     ax.set_xlabel(f"final ε, largest over seeds{held_at(private) if private else ''}")
     ax.set_ylabel("final test accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return save_figure(fig, path)
+
+
+def _whole_rounds(ax: Any) -> None:
+    """Round axes are ticked at whole rounds only (not 1.2, 1.4, ... on a short run)."""
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+
+
+def _ticks_around(value: float) -> list[float]:
+    """The 1-2-5 ticks of the log ε axis around ``value`` > 0."""
+    decade = math.floor(math.log10(value))
+    return [m * 10.0**e for e in (decade - 1, decade, decade + 1) for m in (1.0, 2.0, 5.0)]
+
+
+def _tick_at_or_below(value: float) -> float:
+    return max(t for t in _ticks_around(value) if t <= value * (1 + 1e-12))
+
+
+def _tick_at_or_above(value: float) -> float:
+    return min(t for t in _ticks_around(value) if t >= value * (1 - 1e-12))
 
 
 def epsilon_spread(rows: Sequence[Mapping[str, Any]]) -> float:
@@ -652,6 +681,7 @@ def plot_personalised_over_seeds(
             ax.plot(rounds, mean, color=colour, linestyle=style, label=f"{label} {kind}")
             ax.fill_between(rounds, mean - std, mean + std, color=colour, alpha=0.15)
     ax.set_xlabel("synchronisation round")
+    _whole_rounds(ax)
     ax.set_ylabel("mean test accuracy over clients")
     ax.grid(alpha=0.3)
     if len(series) > 1:
@@ -722,10 +752,12 @@ def plot_rounds_over_seeds(
             right.fill_between(rounds, mean - std, mean + std, color=colour, alpha=0.15)
             drawn[label.split(" (")[0]] = curve
     left.set_xlabel("round")
+    _whole_rounds(left)
     left.set_ylabel("test accuracy")
     left.grid(alpha=0.3)
     left.legend(fontsize="x-small")
     right.set_xlabel("round")
+    _whole_rounds(right)
     held = held_at(runs) if runs else ""
     right.set_ylabel(f"ε{held}\nlargest over seeds (the unit in each label)", fontsize="small")
     if epsilon:
