@@ -160,3 +160,30 @@ def test_find_sigma_stops_after_max_evaluations(monkeypatch: pytest.MonkeyPatch)
 def test_find_sigma_refuses_tolerances_below_float_resolution() -> None:
     with pytest.raises(SilodpError, match="rel_tol"):
         find_sigma(lambda s: 1.0 / s, 0.5, rel_tol=1e-16)
+
+
+def test_calibration_is_the_smallest_sigma_the_reported_epsilon_allows() -> None:
+    """Where the group conversion multiplies ε (by m·k), the calibrating accountant's coarser
+    grid was multiplied too: σ 61.6 was chosen where 19.9 already met the target (ε 2.17
+    reported against 4). The calibrated σ is now within the tolerance of the smallest σ the
+    reporting accountant allows, and its reported ε meets the target."""
+    from silodp.accounting import find_sigma
+    from silodp.accounting.plan import account_events
+
+    algorithm = make_algorithm(
+        "local_group_dp",
+        {"local_steps": 5, "batch_size": 1, "num_silos": 4, "group_size": 100, "span_cap": 2},
+    )
+    plan = PrivacyPlan(sampling_rates=(0.01,) * 4, rounds=10, silos_per_round=4, span=2, delta=1e-5)
+
+    def reported(sigma: float) -> float:
+        accountant = algorithm.make_accountant(
+            span=2, delta=plan.delta, stage="report", units=("subject",)
+        )
+        events = algorithm.with_noise(sigma).plan_events(plan)
+        return account_events(accountant, events, plan)[-1]["subject"].epsilon
+
+    sigma = calibrate(algorithm, plan, target_epsilon=4.0)
+    smallest = find_sigma(reported, 4.0, rel_tol=1e-3)
+    assert reported(sigma) <= 4.0
+    assert smallest <= sigma <= smallest * 1.03
