@@ -214,8 +214,11 @@ def test_scale_warning_threshold() -> None:
     assert scale_warning(x, ["big", "one", "zero"]) is None  # ratio 99, zero column ignored
     x[:, 0] = 100.0
     text = scale_warning(x, ["big", "one", "zero"])
-    assert text is not None and "'big' ~100" in text and "'one' ~1" in text
-    assert "'zero'" not in text
+    assert text is not None and "largest 'big'; smallest 'one'" in text
+    assert "10^2 or more" in text and "'zero'" not in text
+    # names and the ratio's power of ten: no statistic of the records
+    x[:, 0] = 123.456
+    assert "123" not in scale_warning(x, ["big", "one", "zero"])
 
 
 # --- the DP estimate ------------------------------------------------------------------------

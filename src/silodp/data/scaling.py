@@ -479,8 +479,10 @@ def scale_warning(
     """A warning text when the features' scales differ by ``threshold`` times or more.
 
     The scale of a feature is :func:`feature_scales` on the records given; all-zero columns
-    are ignored. Computed locally by whoever loads the table, on its own records: nothing
-    is released. Returns ``None`` when the scales are comparable.
+    are ignored. Computed locally by whoever loads the table, on its own records: the text
+    names columns and the ratio's power of ten only, no statistic of the records (it goes
+    to the console, which may be shared beyond the data's holders). Returns ``None`` when the
+    scales are comparable.
     """
     scales = feature_scales(x)
     if len(names) != len(scales):
@@ -496,11 +498,13 @@ def scale_warning(
     # the columns far from the other end: >= threshold x the smallest, <= largest / threshold
     large_cols = [i for i in order[::-1] if scales[i] >= threshold * bottom][:3]
     small_cols = [i for i in order if scales[i] * threshold <= top][:3]
-    large = ", ".join(f"{names[i]!r} ~{scales[i]:.3g}" for i in large_cols)
-    small = ", ".join(f"{names[i]!r} ~{scales[i]:.3g}" for i in small_cols)
+    large = ", ".join(repr(names[i]) for i in large_cols)
+    small = ", ".join(repr(names[i]) for i in small_cols)
+    power = int(math.floor(math.log10(ratio)))
     return (
-        f"The feature columns of {where} differ in scale by a factor of {ratio:.3g} (root mean "
-        f"square: largest {large}; smallest {small}). Unscaled, such features can train to "
+        f"The feature columns of {where} differ in scale by a factor of 10^{power} or more "
+        f"(root mean square: largest {large}; smallest {small}). Unscaled, such features can "
+        "train to "
         'the majority class. Set [data] scaling = "bounds" (with feature_bounds), '
         '"standard" (with feature_mean and feature_std) or "dp" (with feature_bounds; a '
         'DP estimate across silos); scaling = "none" keeps the raw values.'
