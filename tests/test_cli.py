@@ -296,6 +296,9 @@ def test_describe_prints_the_data_view(tmp_path: Path) -> None:
     info = json.loads(result.output)
     assert info["num_silos"] == 4 and info["num_subjects"] == 30
     assert sum(info["records_per_silo"]) == info["num_records"]
+    # exact counts, with subject ids: the output says no ε covers them
+    assert "no ε covers them" in info["privacy_note"]
+    assert "no ε covers them" in runner.invoke(app, ["describe", str(cfg)]).output
 
 
 def test_describe_lists_what_each_algorithms_bounds_drop(tmp_path: Path) -> None:

@@ -539,7 +539,10 @@ def describe(
     config: Annotated[Path, typer.Argument(help="Experiment TOML whose \\[data] to describe.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Describe a config's federated data: records per silo and subject, span, subjects."""
+    """Describe a config's federated data: records per silo and subject, span, subjects.
+
+    The counts are exact (no noise, covered by no ε) and name subjects by their ids: keep
+    them among the data's holders, as silo_private/ says of a run's copy."""
     from silodp.config import load_config
     from silodp.data.build import build_federated_data
     from silodp.data.describe import describe as describe_data
@@ -556,7 +559,18 @@ def describe(
     info = {**describe_data(data), "privacy_caps": caps}
     if cfg.data.scaling == "dp":  # the data is returned unscaled: a run estimates it
         info["scaling"] = "dp (estimated with DP when a run starts; not applied here)"
-    typer.echo(json.dumps(info, indent=2) if as_json else format_description(info))
+    info["privacy_note"] = DESCRIBE_NOTE
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+    else:
+        typer.echo(format_description(info) + f"\nNote: {DESCRIBE_NOTE}.")
+
+
+#: what ``silodp describe`` prints is not covered by any ε
+DESCRIBE_NOTE = (
+    "these counts are exact (no noise; no ε covers them) and name subjects by their ids: "
+    "keep them among the data's holders"
+)
 
 
 from silodp.cli.federation import federation_app  # noqa: E402
