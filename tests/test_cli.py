@@ -251,6 +251,12 @@ def test_account_target_epsilon_returns_a_sigma_meeting_it() -> None:
             "unreachable",
         ),
         (["--algorithm", "user_ldp", "--target-epsilon", "1", "--unit", "record"], "'record'"),
+        # the range the target must be in, and why a rate of 0 cannot be calibrated
+        (["--algorithm", "user_ldp", "--target-epsilon", "-1"], r"-1.0 to be in (0, 100]"),
+        (
+            ["--algorithm", "local_item_dp", "--target-epsilon", "4", "--sample-rate", "0"],
+            "Expected --sample-rate above 0 with --target-epsilon",
+        ),
         # k = 1 by default was the best case (one record per subject): ε 3 read 14 at k = 4
         (
             ["--algorithm", "local_group_dp", "--target-epsilon", "3", "--silos", "3"],

@@ -120,7 +120,9 @@ def calibrate_noise(
         raise CalibrationError(
             f"Expected target_epsilon={target_epsilon!r} at unit {unit!r} to be reachable; "
             f"it is unreachable for {what} with this plan (needs noise_multiplier > "
-            f"{MAX_NOISE_MULTIPLIER:g}); raise epsilon or delta, or use fewer rounds/steps."
+            f"{MAX_NOISE_MULTIPLIER:g}, the largest calibration searches; a larger σ given as "
+            "the noise multiplier is accounted); raise epsilon or delta, or use fewer "
+            "rounds/steps."
         )
     # the tighter routes can only lower ε, so the answer lies at or below ``hi``
     sigma = find_sigma(lambda s: epsilon(s, "calibrate"), target, hi=hi, rel_tol=rel_tol)

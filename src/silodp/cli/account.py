@@ -20,6 +20,7 @@ from silodp import display
 from silodp._validation import check_finite, check_in_range, check_int, check_probability
 from silodp.accounting import PrivacyPlan
 from silodp.accounting.accountant import TARGETS
+from silodp.accounting.calibrate import check_target_epsilon
 from silodp.accounting.interface import spent
 from silodp.accounting.plan import feature_statistics_releases
 from silodp.algorithms import ALGORITHMS, make_algorithm
@@ -436,7 +437,13 @@ def _check_options(
         )
     if target_epsilon is not None:
         check_finite("--target-epsilon", target_epsilon)
-        check_in_range("--target-epsilon", target_epsilon, 0.0, math.inf, lo_open=True)
+        check_target_epsilon(target_epsilon, "--target-epsilon")
+        if sample_rate == 0.0:
+            raise InvalidValueError(
+                "Expected --sample-rate above 0 with --target-epsilon: at rate 0 no record is "
+                "ever used, so the plan spends nothing and no σ is calibrated (give "
+                "--noise-multiplier to see that its ε is 0)."
+            )
     for name, value in settings.items():
         option = f"--{name.replace('_', '-')}"
         if isinstance(value, bool) or value is None:
