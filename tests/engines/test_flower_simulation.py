@@ -6,12 +6,54 @@ import json
 import sqlite3
 import subprocess
 import sys
+import warnings
 
 import pytest
 import tomli_w
 import torch
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+#: brings the loopback interface of a fresh network namespace up, then runs argv[1:]
+_LOOPBACK_UP = """
+import fcntl, os, socket, struct, sys
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    ifreq = fcntl.ioctl(s, 0x8913, struct.pack("16sH", b"lo", 0))  # SIOCGIFFLAGS
+    flags = struct.unpack("16sH", ifreq[:18])[1]
+    fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))  # SIOCSIFFLAGS: IFF_UP
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
+
+
+def _namespace_prefix() -> list[str] | None:
+    """How to run a command in a network namespace of its own (only loopback), or ``None``
+    where this machine allows none: as root, or as a user mapped to root in a user namespace."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        return None
+    for prefix in (["unshare", "--net"], ["unshare", "--user", "--map-root-user", "--net"]):
+        command = [*prefix, sys.executable, "-c", _LOOPBACK_UP, "true"]
+        if subprocess.run(command, capture_output=True, timeout=60).returncode == 0:
+            return [*prefix, sys.executable, "-c", _LOOPBACK_UP]
+    return None
+
+
+_PREFIX = _namespace_prefix()
+
+
+def _isolated(command: list[str]) -> list[str]:
+    """``command`` in a network namespace with only loopback: Ray (the simulation engine)
+    listens on every interface (docs/federation.md), so the tests keep its ports unreachable
+    from outside. Where no namespace can be made, the command runs as it is, with a warning."""
+    if _PREFIX is None:
+        warnings.warn(
+            "no network namespace on this machine: the Ray simulation's ports listen on every "
+            "interface during this test",
+            stacklevel=2,
+        )
+        return command
+    return [*_PREFIX, *command]
 
 
 def test_ten_silo_simulation_matches_in_process(tmp_path):
@@ -34,21 +76,22 @@ def test_ten_silo_simulation_matches_in_process(tmp_path):
     runs = {}
     for engine in ("inprocess", "flower-sim"):
         out = tmp_path / engine
+        command = [
+            sys.executable,
+            "-m",
+            "silodp.cli",
+            "run",
+            str(config),
+            "--out",
+            str(out),
+            "--engine",
+            engine,
+            "--ledger",
+            str(tmp_path / f"{engine}.sqlite"),
+            "--quiet",
+        ]
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "silodp.cli",
-                "run",
-                str(config),
-                "--out",
-                str(out),
-                "--engine",
-                engine,
-                "--ledger",
-                str(tmp_path / f"{engine}.sqlite"),
-                "--quiet",
-            ],
+            _isolated(command) if engine == "flower-sim" else command,
             capture_output=True,
             text=True,
             timeout=900,
@@ -97,7 +140,7 @@ def test_sigterm_stops_a_simulation_after_the_round_in_progress(tmp_path):
     command += ["--engine", "flower-sim", "--timeout", "300", "--quiet"]
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
     log = (tmp_path / "run.log").open("w")  # a pipe nobody reads could fill and block it
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(_isolated(command), stdout=log, stderr=subprocess.STDOUT, env=env)
     metrics = out / "local_item_dp" / "metrics.jsonl"
     try:
         deadline = time.monotonic() + 600
@@ -127,8 +170,10 @@ def test_sigterm_stops_a_simulation_after_the_round_in_progress(tmp_path):
     # the round in progress ran to its end and was recorded: nothing open, nothing twice
     assert rounds == [(r, "complete") for r in range(1, done + 1)]
     again = subprocess.run(
-        [sys.executable, "-m", "silodp.cli", "run", "--resume", str(out)]
-        + ["--engine", "flower-sim", "--quiet"],
+        _isolated(
+            [sys.executable, "-m", "silodp.cli", "run", "--resume", str(out)]
+            + ["--engine", "flower-sim", "--quiet"]
+        ),
         capture_output=True,
         text=True,
         timeout=900,
@@ -136,3 +181,20 @@ def test_sigterm_stops_a_simulation_after_the_round_in_progress(tmp_path):
     )
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert json.loads((out / "local_item_dp" / "summary.json").read_text())["status"] == "complete"
+
+
+def test_the_simulations_run_where_only_loopback_is_reachable() -> None:
+    """The commands above run in a namespace whose only interface is loopback, up."""
+    if _PREFIX is None:
+        pytest.fail("no network namespace could be made on this machine (unshare --net)")
+    script = "import socket; print(sorted(name for _, name in socket.if_nameindex()))"
+    listed = subprocess.run(
+        _isolated([sys.executable, "-c", script]), capture_output=True, text=True, timeout=60
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split() == ["['lo']"]
+    probe = "import socket; s = socket.create_server(('127.0.0.1', 0)); print('ok')"
+    bound = subprocess.run(
+        _isolated([sys.executable, "-c", probe]), capture_output=True, text=True, timeout=60
+    )
+    assert bound.stdout.split() == ["ok"], bound.stderr
