@@ -235,3 +235,35 @@ def test_leaf_users_split_by_record_by_default_or_by_subject(tmp_path: Path) -> 
     )
     assert len(filed.test) == kept
     assert describe(filed)["split"]["test_subjects"] == 5
+
+
+def test_a_subject_split_that_holds_out_a_whole_class_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Subjects are held out whatever their labels: when the held-out ones had every record of
+    a class, training never saw it, and nothing said so."""
+    rng = np.random.default_rng(0)
+    n = 200
+    patient = rng.integers(1, 10, size=n)
+    label = rng.choice(["neg", "pos"], size=n)
+    patient[:5], label[:5] = 0, "rare"  # one patient holds the rare class
+    frame = pd.DataFrame(
+        {
+            "f0": rng.normal(size=n),
+            "label": label,
+            "patient": [f"p{i}" for i in patient],
+            "hospital": rng.choice(["h1", "h2"], size=n),
+        }
+    )
+    path = tmp_path / "t.csv"
+    frame.to_csv(path, index=False)
+    seen = set()
+    for seed in range(12):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="silodp.data.split"):
+            data = build_federated_data(_table(path, seed=seed, test_fraction=0.3))
+        lost = len(np.unique(data.train.y)) < 3
+        warned = any("held out every record of class" in r.getMessage() for r in caplog.records)
+        assert warned == lost
+        seen.add(lost)
+    assert seen == {True, False}

@@ -4,6 +4,7 @@ whole subject, and the loaded records (:class:`_Raw`) the split applies to.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -12,6 +13,8 @@ from silodp._validation import check_in_range
 from silodp.data.config import DataConfig
 from silodp.data.dataset import SplitSummary, TestSplit
 from silodp.errors import InvalidValueError
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["stratified_split", "subject_split"]
 
@@ -101,6 +104,15 @@ def _split(raw: _Raw, cfg: DataConfig, rng: np.random.Generator) -> _Raw:
         if raw.subject is None:  # pragma: no cover - excluded by DataConfig validation
             raise InvalidValueError("test_split='subject' needs subjects before the split.")
         train, test = subject_split(raw.subject, test_fraction=cfg.test_fraction, rng=rng)
+        # subjects are held out whatever their labels: a class only they held is not trained
+        lost = sorted(set(np.unique(raw.y).tolist()) - set(np.unique(raw.y[train]).tolist()))
+        if lost:
+            logger.warning(
+                "test_split = 'subject' held out every record of class(es) %s (the held-out "
+                "subjects had them all): the model cannot learn them. Change data.seed or "
+                "test_fraction, or split by record (test_split = 'record').",
+                lost,
+            )
     else:
         train, test = stratified_split(raw.y, test_fraction=cfg.test_fraction, rng=rng)
     test_subjects = test_names = None
