@@ -686,6 +686,10 @@ def _markdown(rows: Sequence[Mapping[str, Any]], spec: GridSpec) -> str:
         "Accuracy: mean ± standard deviation over seeds. ε: each run's final ε at the δ and "
         "against the adversary shown, the largest over seeds (the bound every seed's run "
         'meets; "-": not private at that unit; inf: no finite guarantee there in some seed).',
+        "Each row's ε is one run's: the runs of a sweep train on the same data, so together "
+        "they spend more (a shared ledger, `privacy.ledger`, composes them: its total is "
+        "below when the cells wrote to one). Each run's ε against every adversary is in its "
+        "cell's summary.json (`epsilon_by_adversary`).",
     ]
     if any(row.get("budget_stopped") for row in rows):
         lines.append(
