@@ -65,7 +65,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
 
 
 def write_text(path: str | Path, text: str) -> Path:
-    return atomic_write(path, lambda tmp: tmp.write_text(text))
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def write_json(path: str | Path, obj: Any) -> Path:

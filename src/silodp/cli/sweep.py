@@ -77,7 +77,8 @@ def sweep(
     except BudgetExceededError as err:  # running it again would meet the same budget
         fail(
             f"{err} (finished cells are kept in {out}/cells/; {out}/results.md tabulates them, "
-            "marked partial, with each shared ledger's total)"
+            "marked partial, with each shared ledger's total; the budget declared on the ledger "
+            "binds every later run there)"
         )
     except (SilodpError, ValueError, OSError) as err:
         fail(f"{err} (finished cells are kept in {out}/cells/; run the command again to continue)")

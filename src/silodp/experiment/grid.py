@@ -400,7 +400,7 @@ def _run_grid(
             if ours:
                 resume_experiment(cell_dir, progress=progress, log=log)
             else:
-                if cell_dir.exists() and not overwrite:
+                if (cell_dir / EXPERIMENT_FILE).exists() and not overwrite:
                     log(f"{label}: {cell_dir} holds a run of another config; it runs again")
                 run_experiment(configs[i - 1], cell_dir, overwrite=True, progress=progress, log=log)
             report("finished")
@@ -422,8 +422,9 @@ def _write_tables(
     partial = ""
     if refused is not None:
         partial = (
-            f"\n**Partial:** {refused}. The rows pool the cells finished before it; run the "
-            "sweep again (with a larger budget, or on another ledger) to finish it.\n"
+            f"\n**Partial:** {refused}. The rows pool the cells finished before it. A budget "
+            "declared on a ledger binds every later run there, so the other cells can run only "
+            "on another ledger, in another --out (where every cell runs, and spends, again).\n"
         )
     write_text(out / "results.md", _markdown(rows, spec) + partial + _ledger_lines(ledgers))
     summary: dict[str, Any] = {"name": spec.name, "cells": len(configs), "rows": rows}
@@ -503,7 +504,13 @@ def _holds_config(cell_dir: Path, digest: str) -> bool:
         text = (cell_dir / EXPERIMENT_FILE).read_bytes()
     except OSError:
         return False
-    return hashlib.sha256(text).hexdigest()[:16] == digest
+    if hashlib.sha256(text).hexdigest()[:16] == digest:
+        return True
+    try:  # the same config written with other bytes (e.g. another text encoding)
+        canonical = tomli_w.dumps(tomllib.loads(text.decode("utf-8")))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16] == digest
 
 
 def _cell_done(cell_dir: Path) -> bool:
