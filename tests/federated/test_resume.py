@@ -647,6 +647,13 @@ def test_a_run_stopped_while_its_ledger_was_created_resumes(
             run_experiment(load_config(_config(tmp_path, INTEGRITY)), out, log=lambda m: None)
     ledger = out / INTEGRITY / "ledger.sqlite"
     assert ledger.stat().st_size > 0 and is_blank_ledger(ledger)
+    # a run that registered (here: in the ledger of the directory it was moved from) may have
+    # recorded spending there whose rows are lost: its blank ledger is refused
+    registration = out / INTEGRITY / "ledger_run.json"
+    registration.write_text(json.dumps({"ledger": "/elsewhere/ledger.sqlite", "run_id": 1}))
+    with pytest.raises(LedgerError, match="no tables"):
+        resume_experiment(out, log=lambda m: None)
+    registration.unlink()
     resume_experiment(out, log=lambda m: None)
     assert _summary(out / INTEGRITY)["status"] == "complete"
     assert verify_ledger(ledger) == []

@@ -100,8 +100,10 @@ def resume_run_ledger(
     """
     path = _path(run, run_dir)
     registered = _registration(run_dir, path, shared=run.privacy.ledger is not None)
-    # missing, empty, or stopped while its schema was created: it holds no spending
-    if not path.is_file() or path.stat().st_size == 0 or is_blank_ledger(path):
+    # missing, empty, or stopped while its schema was created: it holds no spending, unless
+    # the run registered (in this ledger, or in one it was moved with: its rows may be lost)
+    blank = is_blank_ledger(path) and not (run_dir / REGISTRATION_FILE).exists()
+    if not path.is_file() or path.stat().st_size == 0 or blank:
         if completed or registered is not None:
             held = (
                 f"whose checkpoint holds {completed} round(s)"
