@@ -155,6 +155,7 @@ def _load(cfg: DataConfig, split_rng: np.random.Generator, data_rng: np.random.G
             num_table_silos=len(table.silo_names or ()),
             silo_names=table.silo_names,
             feature_names=table.feature_columns,
+            label_values=tuple(table.label_values),
         )
         if cfg.subjects_from in ("column", "records"):  # records: each its own subject
             raw = _first_subjects(cfg, raw)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +32,7 @@ class _Raw:
     num_table_silos: int = 0
     silo_names: list[str] | None = None  # a table's silo ids, one per dense silo id
     feature_names: tuple[str, ...] = ()
+    label_values: tuple[Any, ...] | None = None  # a table's original label of each class id
     split: SplitSummary | None = None
     test_subject_names: frozenset[str] | None = None  # to count subjects on both sides
 
@@ -106,6 +108,8 @@ def _split(raw: _Raw, cfg: DataConfig, rng: np.random.Generator) -> _Raw:
         train, test = subject_split(raw.subject, test_fraction=cfg.test_fraction, rng=rng)
         # subjects are held out whatever their labels: a class only they held is not trained
         lost = sorted(set(np.unique(raw.y).tolist()) - set(np.unique(raw.y[train]).tolist()))
+        if lost and raw.label_values is not None:
+            lost = [raw.label_values[i] for i in lost]
         if lost:
             logger.warning(
                 "test_split = 'subject' held out every record of class(es) %s (the held-out "
