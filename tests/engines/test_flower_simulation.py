@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import subprocess
@@ -25,6 +26,7 @@ os.execvp(sys.argv[1], sys.argv[1:])
 """
 
 
+@functools.cache
 def _namespace_prefix() -> list[str] | None:
     """How to run a command in a network namespace of its own (only loopback), or ``None``
     where this machine allows none: as root, or as a user mapped to root in a user namespace."""
@@ -39,21 +41,19 @@ def _namespace_prefix() -> list[str] | None:
     return None
 
 
-_PREFIX = _namespace_prefix()
-
-
 def _isolated(command: list[str]) -> list[str]:
     """``command`` in a network namespace with only loopback: Ray (the simulation engine)
     listens on every interface (docs/federation.md), so the tests keep its ports unreachable
     from outside. Where no namespace can be made, the command runs as it is, with a warning."""
-    if _PREFIX is None:
+    prefix = _namespace_prefix()
+    if prefix is None:
         warnings.warn(
             "no network namespace on this machine: the Ray simulation's ports listen on every "
             "interface during this test",
             stacklevel=2,
         )
         return command
-    return [*_PREFIX, *command]
+    return [*prefix, *command]
 
 
 def test_ten_silo_simulation_matches_in_process(tmp_path):
@@ -185,7 +185,7 @@ def test_sigterm_stops_a_simulation_after_the_round_in_progress(tmp_path):
 
 def test_the_simulations_run_where_only_loopback_is_reachable() -> None:
     """The commands above run in a namespace whose only interface is loopback, up."""
-    if _PREFIX is None:
+    if _namespace_prefix() is None:
         pytest.fail("no network namespace could be made on this machine (unshare --net)")
     script = "import socket; print(sorted(name for _, name in socket.if_nameindex()))"
     listed = subprocess.run(
@@ -193,7 +193,11 @@ def test_the_simulations_run_where_only_loopback_is_reachable() -> None:
     )
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.split() == ["['lo']"]
-    probe = "import socket; s = socket.create_server(('127.0.0.1', 0)); print('ok')"
+    # loopback is up: a connection to a server on it is accepted (down, connect fails)
+    probe = (
+        "import socket; s = socket.create_server(('127.0.0.1', 0)); "
+        "c = socket.create_connection(s.getsockname(), timeout=5); print('ok')"
+    )
     bound = subprocess.run(
         _isolated([sys.executable, "-c", probe]), capture_output=True, text=True, timeout=60
     )
