@@ -71,7 +71,7 @@ def test_cli_names_the_absurd_target_and_the_range() -> None:
         + ["--silos", "1"],
     )
     assert result.exit_code == 2
-    assert "target_epsilon=1000000.0" in result.output
+    assert "--target-epsilon=1000000.0" in result.output  # the option, as the user typed it
     assert "(0, 100]" in result.output
 
 
