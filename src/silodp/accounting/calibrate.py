@@ -9,13 +9,16 @@ statistics, PriFedSync's f-DP accounting); every failure is a :class:`Calibratio
 The accountant factory is called with a *stage*: ``fast`` (a valid but looser bound, e.g. RDP
 only, used to bracket σ), ``calibrate`` (every route on a coarse grid: still an upper bound)
 and ``report`` (what a run reports). The σ returned is checked at the ``report`` stage and
-raised until the reported ε meets the target.
+raised until the reported ε meets the target; where the reported ε is well below the target
+(the coarse grid's error multiplied by a group conversion), a last search at the ``report``
+stage lowers σ to the smallest that still meets it.
 
 Every search is bounded: a target above ``MAX_TARGET_EPSILON`` is refused before any
 accounting, σ is searched in ``[MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]`` (tiny σ make the
 PLD routes slow and mean no privacy anyway), and one :func:`find_sigma` evaluates ε at most
 ``MAX_EVALUATIONS`` times, so :func:`calibrate_noise` builds at most
-``2·MAX_EVALUATIONS + REPORT_CHECKS`` accountants.
+``4·MAX_EVALUATIONS + REPORT_CHECKS`` accountants (a fast bracket, a calibrating one where
+that fails, the search, the last search at the ``report`` stage).
 """
 
 from __future__ import annotations
