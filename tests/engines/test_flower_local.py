@@ -222,3 +222,43 @@ def test_telemetry_stays_off_when_flwr_was_imported_first(env):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["0" if env is None else env]
+
+
+@pytest.mark.parametrize("reused", [False, True])
+def test_stop_kills_only_a_process_that_runs_since_the_snapshot(reused, monkeypatch):
+    """A process that ignores SIGTERM is killed after the grace period; had its PID been
+    reused by another process meanwhile, that one was killed instead (no start time kept)."""
+    import signal as signals
+
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert stubborn.stdout.readline().strip() == "ready"
+        real = deployment._start_time
+        calls: list[int] = []
+
+        def start_time(pid: int) -> int | None:
+            calls.append(pid)
+            value = real(pid)
+            if reused and len(calls) > 1 and value is not None:
+                return value + 1  # after the snapshot, the PID names another process
+            return value
+
+        monkeypatch.setattr(deployment, "_start_time", start_time)
+        deployment.stop_processes([stubborn.pid], grace=0.5)
+        if reused:  # not signalled with SIGKILL: still running a while later
+            with pytest.raises(subprocess.TimeoutExpired):
+                stubborn.wait(timeout=3)
+        else:
+            assert stubborn.wait(timeout=30) == -signals.SIGKILL
+    finally:
+        stubborn.kill()
+        stubborn.wait()

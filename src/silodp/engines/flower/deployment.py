@@ -371,18 +371,19 @@ def _signal_all(pids: list[int], sig: int) -> None:
                 pass
 
 
-def _alive(pids: list[int]) -> list[int]:
-    return _alive_pids({"processes": dict(enumerate(pids))})
-
-
 def stop_processes(pids: list[int], grace: float = 15.0) -> None:
-    """Stops ``pids`` and all their descendants: SIGTERM, then SIGKILL after ``grace``."""
+    """Stops ``pids`` and all their descendants: SIGTERM, then SIGKILL after ``grace`` to those
+    still running since before (a PID reused meanwhile by another process is left alone)."""
     every = [*pids, *descendants(pids)]
+    snapshot = {
+        "processes": {str(i): pid for i, pid in enumerate(every)},
+        "started": {str(i): _start_time(pid) for i, pid in enumerate(every)},
+    }
     _signal_all(every, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _alive(every):
+    while time.monotonic() < deadline and _alive_pids(snapshot):
         time.sleep(0.2)
-    _signal_all(_alive(every), signal.SIGKILL)
+    _signal_all(_alive_pids(snapshot), signal.SIGKILL)
 
 
 def down(*, directory: str | Path = DEFAULT_DIR, log: Callable[[str], None] = print) -> None:
