@@ -331,12 +331,10 @@ def _run_grid(
     configs = [cell_config(spec, cell) for cell in cells]
     # each cell's whole config, digested: a base config edited since its cells ran is another
     # sweep (kept cells would show the old config's numbers under the new one's name)
+    digests = [_config_digest(config) for config in configs]
     manifest = {
         "name": spec.name,
-        "cells": [
-            {**c.to_json(), "config": _config_digest(config)}
-            for c, config in zip(cells, configs, strict=True)
-        ],
+        "cells": [{**c.to_json(), "config": d} for c, d in zip(cells, digests, strict=True)],
     }
     existing = out / MANIFEST
     if not overwrite and not existing.exists():
@@ -390,7 +388,7 @@ def _run_grid(
 
             # a cell directory of another config (an earlier sweep's, left by an interrupted
             # --overwrite) is neither kept nor resumed: it runs again
-            ours = not overwrite and _holds_config(cell_dir, manifest["cells"][i - 1]["config"])
+            ours = not overwrite and _holds_config(cell_dir, digests[i - 1])
             if ours and _cell_done(cell_dir):
                 log(f"{label}: done, kept")
                 report("kept")
