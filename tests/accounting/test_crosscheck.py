@@ -473,6 +473,10 @@ def expected(algorithm: str, p: Point, settings: dict[str, Any]) -> dict[str, di
             "server": sampler == "server",
         }
         silo_sigma = s * math.sqrt((p.silos - 1) / p.silos)
+        if algorithm == "uldp_avg_w":
+            # weights n_{s,a}/n_a: a subject's records elsewhere also set a curious silo's own
+            # weight, which it does not see: the sum moves by up to 2C to it
+            silo_sigma /= 2.0
 
         def view(sigma: float, known: bool) -> Bound:
             if q < 1.0 and known:

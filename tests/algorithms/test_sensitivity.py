@@ -172,3 +172,64 @@ def test_local_update_sensitivity(subjects, clip, seed, pick, sampling):
     b = _pre_noise_aggregate("user_ldp", config, params, reduced)
     assert float(tree_norm(a)) <= clip * (1 + 1e-7)
     assert _diff_norm(a, b) <= 2 * clip * (1 + 1e-7)
+
+
+def test_weighted_uldp_moves_a_curious_silos_view_by_up_to_twice_c() -> None:
+    """To a curious silo that keeps its own records, removing a subject's records from the
+    other silos moves uldp_avg_w's sum by up to 2C: they also set the silo's own weight
+    n_{s0,a}/n_a (here 1/51 -> 1), which it does not see. It was accounted at C, as for
+    uldp_avg, whose weight 1/S does not move (its sum moves by C/2 here)."""
+    import math
+
+    import numpy as np
+
+    from silodp.algorithms.uldp_common import (
+        RoundWeights,
+        exact_sum,
+        record_weights,
+        uniform_weights,
+    )
+    from silodp.algorithms.uldp_protocol import UldpAvgW
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 2)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    clip = 0.01
+    settings = dict(
+        noise_multiplier=0.0, clip=clip, lr=1.0, local_epochs=1, batch_size=64, num_silos=2
+    )
+    settings.update(weighting="clear", subject_sampler="silos", subject_rate=1.0)
+
+    def silo(s: int, x: list, y: list, subject: list) -> SiloData:
+        return SiloData(s, torch.tensor(x), torch.tensor(y), torch.tensor(subject))
+
+    def world(elsewhere: int) -> list[SiloData]:
+        """Subject 0: one record in silo 0 (label 0), ``elsewhere`` in silo 1 (label 1);
+        subject 1 keeps silo 1 non-empty."""
+        mine = silo(0, [[1.0, 0.0]], [0], [0])
+        x = [[1.0, 0.0]] * elsewhere + [[0.0, 1.0]]
+        return [mine, silo(1, x, [1] * elsewhere + [0], [0] * elsewhere + [1])]
+
+    def total(silos: list[SiloData], name: str) -> dict:
+        hist = np.zeros((2, 2))
+        for s in silos:
+            for a in s.subject.tolist():
+                hist[s.silo, a] += 1
+        weights = record_weights(hist) if name == "uldp_avg_w" else uniform_weights(2, 2)
+        algorithm = make_algorithm(name, settings)
+        if isinstance(algorithm, UldpAvgW):
+            algorithm = UldpAvgW(algorithm.config, weights=weights)
+        plan = RoundWeights(torch.from_numpy(weights), None, 1)
+        updates = [
+            algorithm.local_update(model, params, s, Coins.seeded(1, s.silo), plan) for s in silos
+        ]
+        return exact_sum(params, updates, None)
+
+    moved = {}
+    for name in ("uldp_avg_w", "uldp_avg"):
+        a, b = total(world(50), name), total(world(0), name)
+        moved[name] = math.sqrt(sum(float(((a[k] - b[k]) ** 2).sum()) for k in a)) / clip
+        algorithm = make_algorithm(name, settings)
+        assert moved[name] <= algorithm.silos_sensitivity + 1e-6
+    assert moved["uldp_avg_w"] > 1.9  # beyond the C it was accounted at
+    assert moved["uldp_avg"] <= 1.0

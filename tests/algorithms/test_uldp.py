@@ -949,6 +949,12 @@ def test_protocol_round_aborts_when_a_silo_drops_out() -> None:
 SILO_SIGMA = 0.9 * math.sqrt(2 / 3)  # σ√((S-1)/S) with S = 3: what one silo's peers add
 
 
+def _silo_sigma(name: str) -> float:
+    """The noise multiplier a curious silo sees: weights n_{s,a}/n_a make the sum's
+    sensitivity to it 2C (its own weight moves too), uniform weights C."""
+    return SILO_SIGMA / 2 if name == "uldp_avg_w" else SILO_SIGMA
+
+
 BLIND = {"subject": dp_event.NonPrivateDpEvent()}
 
 
@@ -972,13 +978,13 @@ def _views(name: str, **kw: object) -> dict:
     # q = 1: the server and outsiders see the same Gaussian; a silo knows its own noise share
     full = algo.silo_privacy(sampling_rate=1.0).views
     assert {w: v for w, v in full.items() if w not in blind} == (
-        {} if "silos" in blind else {"silos": {"subject": gaussian_steps(SILO_SIGMA, 1)}}
+        {} if "silos" in blind else {"silos": {"subject": gaussian_steps(_silo_sigma(name), 1)}}
     )
     known = set()
     for adversary, view in privacy.views.items():
         if adversary in blind:
             continue
-        sigma = SILO_SIGMA if adversary == "silos" else 0.9
+        sigma = _silo_sigma(name) if adversary == "silos" else 0.9
         if view == {"subject": known_sample_gaussian_steps(0.2, sigma, 1)}:
             known.add(adversary)
         else:
@@ -1032,7 +1038,7 @@ def test_views_server_sampler_through_the_protocol_hides_it_from_the_silos() -> 
     # clear weights
     train = _federation(n=30, silos=2, subjects=4, seed=5)
     cfg = dict(subject_rate=0.2, subject_sampler="server", n_max=30)
-    silo_sigma = math.sqrt(1 / 2)
+    silo_sigma = math.sqrt(1 / 2) / 2  # sensitivity 2C to a curious silo (its own weight)
     views = _protocol(cfg, train).silo_privacy(sampling_rate=0.2).views
     assert views["silos"] == {"subject": poisson_gaussian_steps(0.2, silo_sigma, 1)}
     assert views["server"] == BLIND

@@ -183,15 +183,19 @@ class UldpAvg(Algorithm):
             return ("silos",)
         return ("server",) if self._server_sample_hidden_from_silos else ("server", "silos")
 
+    #: the sum's sensitivity, in units of C, to a subject's records in the other silos, for a
+    #: silo that knows its own records (fixed weights 1/S: its own term does not move)
+    silos_sensitivity: ClassVar[float] = 1.0
+
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
         """One round: a Gaussian with noise multiplier σ on the sum over silos, Poisson
         sub-sampled at ``sampling_rate`` (the released model's view). Adversaries that learn
         the sample get no amplification (known-sample events). A curious silo also knows its
         own share of the noise: to it the other silos' noise has multiplier σ·√((S-1)/S),
-        against a sensitivity still at most C (its own records aside)."""
+        against a sensitivity of :attr:`silos_sensitivity` · C (its own records fixed)."""
         sigma = self.config.noise_multiplier
         num_silos = self._silo_count()
-        silo_sigma = sigma * math.sqrt((num_silos - 1) / num_silos)
+        silo_sigma = sigma * math.sqrt((num_silos - 1) / num_silos) / self.silos_sensitivity
         knows = self.sample_known_to()
 
         def event(noise: float, known: bool) -> dp_event.DpEvent:

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -312,9 +312,16 @@ class UldpAvgW(UldpAvg):
             return ()
         return ("server",)
 
+    #: To a curious silo s0 holding records of subject a, a's records in the other silos also
+    #: set s0's own weight n_{s0,a}/n_a, which s0 does not see: removing them moves its own
+    #: term by up to C as well as the others' by up to C, so the sum moves by up to
+    #: 2C(1 - n_{s0,a}/n_a) < 2C (uniform weights: C)
+    silos_sensitivity: ClassVar[float] = 2.0
+
     def silo_privacy(self, *, sampling_rate: float) -> SiloPrivacy:
-        """As ``uldp_avg``'s, except against the adversaries :meth:`weights_seen_by` names: no
-        guarantee (a non-private event)."""
+        """As ``uldp_avg``'s (against the silos at sensitivity 2C: :attr:`silos_sensitivity`),
+        except against the adversaries :meth:`weights_seen_by` names: no guarantee (a
+        non-private event)."""
         privacy = super().silo_privacy(sampling_rate=sampling_rate)
         seen_by = self.weights_seen_by()
         if not seen_by:
