@@ -280,3 +280,23 @@ def test_a_data_cap_is_the_group_bound_without_group_size(
     assert run["group_size"] == k
     assert run["group_size_source"] == f"config ({source})"
     assert "depends on the data" not in caplog.text
+
+
+def test_the_threat_model_says_which_adversaries_this_run_has_no_epsilon_against(
+    tmp_path: Path,
+) -> None:
+    """The text was the algorithm's alone ("holds against the server and other silos") while
+    the run's ε against the silos was none under a span cap."""
+    raw = json.loads(json.dumps(TINY))
+    raw["algorithms"] = ["local_item_dp"]
+    raw["privacy"].update(span=2, group_size=4)
+    run = run_experiment(parse_config(raw), tmp_path / "capped")["runs"][0]
+    assert run["epsilon_by_adversary"]["silos"]["record"] is None
+    assert "in this run no finite ε against the silos at record level" in run["threat_model"]
+    assert "seeded coins: every ε assumes the seed stays secret" in run["threat_model"]
+    raw["privacy"] = {"noise_multiplier": 1.5, "group_size": 4}  # secure coins, no span cap
+    plain = run_experiment(parse_config(raw), tmp_path / "plain")["runs"][0]
+    assert all(
+        v is not None for units in plain["epsilon_by_adversary"].values() for v in units.values()
+    )
+    assert "in this run" not in plain["threat_model"] and "seeded" not in plain["threat_model"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -98,6 +98,34 @@ def noise_record(mode: str) -> dict[str, Any]:
         "source": "PCG64 seeded from training.seed, keyed by the run's settings and records: "
         "reproducible, not for production",
     }
+
+
+def threat_model(
+    statement: str, by_adversary: Mapping[str, Mapping[str, Any]], run: PreparedRun
+) -> str:
+    """The algorithm's threat ``statement`` with what this run's ε per adversary says beyond
+    it: the (adversary, unit) pairs with no finite ε although the released model has one
+    (caps, weights in the clear, the protocol's set-up), and a seeded run's condition."""
+    released = by_adversary.get("released") or {}
+    missing = [
+        f"the {who} at {unit} level"
+        for who, units in by_adversary.items()
+        if who != "released"
+        for unit, eps in units.items()
+        if eps is None and released.get(unit) is not None
+    ]
+    out = statement
+    if missing:
+        out += (
+            f"; in this run no finite ε against {', '.join(missing)} "
+            "(epsilon_by_adversary; the notes say why)"
+        )
+    if run.privacy.noise == "seeded":
+        out += (
+            "; seeded coins: every ε assumes the seed stays secret, and whoever knows it (it is "
+            "in config.toml; on the Flower engines the server sends it to the silos) has none"
+        )
+    return out
 
 
 def noise_notes(mode: str) -> list[str]:
@@ -193,7 +221,7 @@ def summary(
             else None
         ),
         "threat_model": (
-            algorithm.threat_model
+            threat_model(algorithm.threat_model, by_adversary[-1] if by_adversary else {}, run)
             if private or not algorithm.private
             else "none: noise_multiplier = 0, no differential privacy"
         ),
