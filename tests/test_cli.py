@@ -420,8 +420,10 @@ def test_account_uldp_subject_sampling_per_adversary(
     if "server" not in blind:
         assert by["server"] == pytest.approx(16.07 if "server" in knowing else 5.15, abs=0.01)
     if "silos" not in blind:
-        # one silo knows its own third of the noise variance: σ√(2/3) against it
-        silos = _uldp_epsilon(math.sqrt(2 / 3), "silos" in knowing)
+        # one silo knows its own third of the noise variance: σ√(2/3) against it; with
+        # weights n_{s,a}/n_a it does not know its own weight: sensitivity 2C, σ√(2/3)/2
+        own_weight_moves = 2.0 if algorithm == "uldp_avg_w" else 1.0
+        silos = _uldp_epsilon(math.sqrt(2 / 3) / own_weight_moves, "silos" in knowing)
         assert silos <= by["silos"] <= silos * (1 + 2e-3)
     finite = [eps for eps in by.values() if eps is not None]
     assert out["epsilon"]["subject"] == (None if blind else max(finite))
