@@ -51,3 +51,25 @@ def dp_scaled_table(tmp_path):
         "scaling": "dp",
         "feature_bounds": [[-3.0, 3.0], [-3.0, 3.0]],
     }
+
+
+@pytest.fixture
+def interrupt_call(monkeypatch: pytest.MonkeyPatch):
+    """``interrupt_call(module, name, n)``: from now on ``module.name`` raises
+    KeyboardInterrupt on its ``n``-th call (a stop as the n-th cell or run starts); the earlier
+    calls run. Returns the original, to put it back."""
+
+    def patch(module: object, name: str, n: int):
+        real = getattr(module, name)
+        calls: list[int] = []
+
+        def stopped(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == n:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, stopped)
+        return real
+
+    return patch

@@ -47,6 +47,14 @@ algorithms = ["local_item_dp", "higradavg_dp"]
 """
 
 
+def _two_sigmas(name: str) -> str:
+    """A sweep of two cells, σ = 1 and 2, one seed, no baseline."""
+    return (
+        f'name = "{name}"\nbase = "base.toml"\nseeds = [0]\nbaseline = false\n'
+        '[grid]\n"privacy.noise_multiplier" = [1.0, 2.0]\n'
+    )
+
+
 def _files(tmp_path: Path, sweep: str = SWEEP) -> Path:
     (tmp_path / "base.toml").write_text(BASE)
     path = tmp_path / "sweep.toml"
@@ -227,14 +235,7 @@ def test_cells_sharing_a_ledger_show_its_total(tmp_path: Path) -> None:
     ledger's total, which the table did not show."""
     from silodp.ledger.report import ledger_report
 
-    sweep = """
-name = "grid-ledger"
-base = "base.toml"
-seeds = [0]
-baseline = false
-[grid]
-"privacy.noise_multiplier" = [1.0, 2.0]
-"""
+    sweep = _two_sigmas("grid-ledger")
     path = _files(tmp_path, sweep)
     shared_path = tmp_path / "s.sqlite"
     (tmp_path / "base.toml").write_text(
@@ -397,34 +398,18 @@ def test_run_and_sweep_refuse_each_others_results(tmp_path: Path) -> None:
 
 
 def test_an_interrupted_overwrite_leaves_no_earlier_cell_or_table_to_keep(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interrupt_call
 ) -> None:
     """An --overwrite of an edited sweep stopped after its first cell left the earlier
     sweep's second cell and tables: continuing kept that cell ("done, kept") and tabulated
     the earlier config's ε under the new one's name."""
-    sweep = """
-name = "grid-stale"
-base = "base.toml"
-seeds = [0]
-baseline = false
-[grid]
-"privacy.noise_multiplier" = [1.0, 2.0]
-"""
+    sweep = _two_sigmas("grid-stale")
     path = _files(tmp_path, sweep)
     out = tmp_path / "out"
     run_grid(load_grid(path), out, log=lambda m: None)
     assert (out / "results.md").is_file()
     (tmp_path / "base.toml").write_text(BASE.replace("group_size = 3", "group_size = 1"))
-    real = grid_module.run_experiment
-    calls: list[int] = []
-
-    def stopped_at_the_second_cell(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(grid_module, "run_experiment", stopped_at_the_second_cell)
+    real = interrupt_call(grid_module, "run_experiment", 2)  # as the second cell starts
     with pytest.raises(KeyboardInterrupt):
         run_grid(load_grid(path), out, overwrite=True, log=lambda m: None)
     monkeypatch.setattr(grid_module, "run_experiment", real)
@@ -445,14 +430,7 @@ def test_a_budget_refusing_a_cell_leaves_tables_marked_partial(tmp_path: Path) -
     ledger's total; nothing was written (and `silodp report` had nothing to read)."""
     from silodp.ledger.run import BudgetExceededError
 
-    sweep = """
-name = "grid-refused"
-base = "base.toml"
-seeds = [0]
-baseline = false
-[grid]
-"privacy.noise_multiplier" = [1.0, 2.0]
-"""
+    sweep = _two_sigmas("grid-refused")
     path = _files(tmp_path, sweep)
     free = tmp_path / "free.sqlite"
     (tmp_path / "base.toml").write_text(BASE.replace("[privacy]", f'[privacy]\nledger = "{free}"'))

@@ -525,22 +525,13 @@ def test_the_tables_planned_epsilon_counts_a_round_cut_short(tmp_path: Path) -> 
 
 
 def test_a_sweep_table_says_it_is_partial_until_its_last_cell(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, interrupt_call
 ) -> None:
     """The table is rewritten after each cell: stopped after two of four cells, it read as
     the final table."""
     from silodp.experiment import sweep as sweep_module
 
-    real = sweep_module.train_run
-    calls: list[int] = []
-
-    def stopped_at_the_third_cell(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(sweep_module, "train_run", stopped_at_the_third_cell)
+    interrupt_call(sweep_module, "train_run", 3)  # stopped as the third cell starts
     with pytest.raises(KeyboardInterrupt):
         run_experiment(parse_config(_raw(privacy__noise="seeded")), tmp_path)
     md = (tmp_path / "prifedsync_table.md").read_text()
