@@ -288,7 +288,7 @@ def _drop_round_row(ledger: Path) -> None:
     [
         (_lose_all, "missing, empty or holds no tables"),
         (_empty, "missing, empty or holds no tables"),
-        (_lose_wal, "missing, empty or holds no tables"),
+        (_lose_wal, "no tables"),  # it registered: refused by the ledger check itself
         (_raise_sigma, "to verify"),
         (_drop_last_round, r"round\(s\) \[2\] are not"),
         (_drop_round_row, "no record of their round"),
