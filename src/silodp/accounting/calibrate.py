@@ -23,6 +23,7 @@ that fails, the search, the last search at the ``report`` stage).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 
@@ -136,10 +137,12 @@ def calibrate_noise(
             if reported < target * (1.0 - 2.0 * rel_tol):
                 # the calibrating grid was coarse where an ε is multiplied (a group conversion
                 # scales its error by m·k: 3x the needed σ was seen): the reporting accountant
-                # finds the smallest σ at or below this one
-                sigma = find_sigma(
-                    lambda s: epsilon(s, "report"), target, hi=sigma, rel_tol=rel_tol
-                )
+                # finds the smallest σ at or below this one (where that search fails, the σ
+                # in hand still meets the target)
+                with contextlib.suppress(CalibrationError):
+                    sigma = find_sigma(
+                        lambda s: epsilon(s, "report"), target, hi=sigma, rel_tol=rel_tol
+                    )
             return sigma
         sigma *= 1.0 + step
         step *= 2.0
