@@ -254,9 +254,8 @@ def _cell(value: Any, column: str) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        if column.startswith(("ε", "epsilon")):
-            return display.upper(value, 4)  # privacy bounds: rounded up
-        if column == "σ":  # copied into a config, it reaches the run's ε or less
+        # privacy bounds, and σ (copied into a config, it reaches the run's ε or less): up
+        if column.startswith(("ε", "epsilon")) or column == "σ":
             return display.upper(value, 4)
         return f"{value:.4g}"
     return str(value)

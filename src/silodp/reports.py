@@ -117,9 +117,8 @@ def _cell(key: str, value: Any, row: Mapping[str, Any]) -> str:
             return "∞"
         if key.endswith("accuracy"):
             return f"{100 * value:.2f}"
-        if key.startswith(("epsilon", "mu_")):
-            return display.upper(value)  # privacy bounds: rounded up
-        if key == "noise_multiplier":  # copied into a config, it reaches the row's ε or less
+        # privacy bounds, and σ (copied into a config, it reaches the row's ε or less): up
+        if key.startswith(("epsilon", "mu_")) or key == "noise_multiplier":
             return display.upper(value)
         return f"{value:.3g}" if key != "client_rate" else f"{value:g}"
     return str(value)

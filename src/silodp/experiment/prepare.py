@@ -28,7 +28,7 @@ from silodp.algorithms import ALGORITHMS, Algorithm, make_algorithm
 from silodp.algorithms.planning import calibrate
 from silodp.config import ExperimentConfig, PrivacyConfig, SweepCell, TrainingConfig
 from silodp.data import FederatedData, FederatedDataset
-from silodp.data.build import DataConfig
+from silodp.data.config import DataConfig
 from silodp.data.partition import cap_records, cap_span
 from silodp.errors import InvalidValueError
 from silodp.federated.simulator import SCALING_STREAM, SETUP_STREAM, coin_seed, run_coins
