@@ -300,3 +300,33 @@ def test_the_threat_model_says_which_adversaries_this_run_has_no_epsilon_against
         v is not None for units in plain["epsilon_by_adversary"].values() for v in units.values()
     )
     assert "in this run" not in plain["threat_model"] and "seeded" not in plain["threat_model"]
+
+
+@pytest.mark.parametrize("group_size", [None, "median", 30])
+def test_a_group_bound_from_the_data_is_labelled_no_guarantee(
+    tmp_path: Path, group_size: int | str | None
+) -> None:
+    """Without a public privacy.group_size, k came from the data: the run reported its
+    subject ε like any other, with the source only in ``group_size_source``. Its threat model,
+    its notes and the console table now say that ε is no guarantee; a public k says nothing."""
+    from silodp.cli.common import summary_table
+
+    raw = json.loads(json.dumps(TINY))
+    raw["algorithms"] = ["local_group_dp", "user_ldp"]
+    raw["training"]["rounds"] = 1
+    if group_size is not None:
+        raw["privacy"]["group_size"] = group_size
+    summary = run_experiment(parse_config(raw), tmp_path / "run")
+    group, ldp = summary["runs"]
+    from_data = group_size != 30
+    assert group["group_size_source"].startswith("data") == from_data
+    k = group["group_size"]
+    noted = [n for n in group["notes"] if n.startswith(f"subject-level ε with k = {k} from")]
+    assert len(noted) == from_data
+    assert (f"assumes at most k = {k} records per subject" in group["threat_model"]) == from_data
+    printed = "\n".join(summary_table(summary))
+    assert (f"local_group_dp: ε subject assumes k={k}" in printed) == from_data
+    # user_ldp's subject ε does not use k: nothing is said of it
+    assert "k = " not in ldp["threat_model"] and "user_ldp: ε subject assumes" not in printed
+    written = json.loads((tmp_path / "run" / "local_group_dp" / "summary.json").read_text())
+    assert written["notes"] == group["notes"]

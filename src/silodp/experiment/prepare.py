@@ -210,6 +210,18 @@ def _bound_data(
     return train, largest, f"data (largest {where}; set privacy.group_size)", span, span_source
 
 
+def data_bound_note(k: int | None, source: str) -> str:
+    """The note of a run whose group bound ``k`` was taken from the data (``source``, e.g.
+    ``data (largest in one silo; set privacy.group_size)``)."""
+    counted = source.removeprefix("data").strip(" ()").split(";")[0]
+    return (
+        f"subject-level ε with k = {k} from the data ({counted}), not a public bound: it "
+        f"covers subjects with at most {k} records counted that way, not every possible "
+        "subject, and k itself (in config.toml and the account command) is exact, covered by "
+        "no ε. Set privacy.group_size to a public bound for a guarantee"
+    )
+
+
 def _delta_notes(
     name: str, units: Sequence[str], delta: float, train: FederatedDataset
 ) -> list[str]:
@@ -441,6 +453,8 @@ def prepare_run(
                 f"there (only at {', '.join(probe.units)}), so nothing bounds what it spends "
                 "at that unit"
             )
+        if group_source.startswith("data") and "subject" in probe.units:
+            notes.append(data_bound_note(group_size, group_source))
         sizes = train.silo_sizes()
         subjects = (train.histogram() > 0).sum(axis=1)
         plan = PrivacyPlan(

@@ -105,7 +105,8 @@ def threat_model(
 ) -> str:
     """The algorithm's threat ``statement`` with what this run's ε per adversary says beyond
     it: the (adversary, unit) pairs with no finite ε although the released model has one
-    (caps, weights in the clear, the protocol's set-up), and a seeded run's condition."""
+    (caps, weights in the clear, the protocol's set-up), a group bound taken from the data, and
+    a seeded run's condition."""
     released = by_adversary.get("released") or {}
     missing = [
         f"the {who} at {unit} level"
@@ -119,6 +120,11 @@ def threat_model(
         out += (
             f"; in this run no finite ε against {', '.join(missing)} "
             "(epsilon_by_adversary; the notes say why)"
+        )
+    if run.group_size_source.startswith("data") and released.get("subject") is not None:
+        out += (
+            f"; the subject-level ε assumes at most k = {run.group_size} records per subject, "
+            "a bound taken from this data (the notes say why that is no guarantee)"
         )
     if run.privacy.noise == "seeded":
         out += (
