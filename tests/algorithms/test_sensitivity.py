@@ -233,3 +233,77 @@ def test_weighted_uldp_moves_a_curious_silos_view_by_up_to_twice_c() -> None:
         assert moved[name] <= algorithm.silos_sensitivity + 1e-6
     assert moved["uldp_avg_w"] > 1.9  # beyond the C it was accounted at
     assert moved["uldp_avg"] <= 1.0
+
+
+def test_naive_uldp_covers_a_curious_silo_at_the_accounted_sigma() -> None:
+    """G9: uldp_naive charges every adversary σ/2 (sensitivity 2SC against noise σ·C·S). A
+    curious silo knows its own delta and noise share; to it the other S-1 silos' messages move
+    by at most 2(S-1)C when a subject leaves them, under their shares' noise σ·C·√(S(S-1)): a
+    multiplier σ/2·√(S/(S-1)), at least the σ/2 charged. Measured: each share has std σ·C·√S
+    (a share 20% smaller is rejected), and removing a subject moves the other silos' sum by
+    more than (S-1)C and at most 2(S-1)C."""
+    import math
+
+    import numpy as np
+
+    from silodp.accounting.events import gaussian_steps
+    from silodp.algorithms.uldp_naive import UldpNaive
+
+    silos, clip, sigma = 3, 0.5, 1.0
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 2).double()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    def naive(noise: float, lr: float) -> UldpNaive:
+        config = make_algorithm(
+            "uldp_naive",
+            dict(noise_multiplier=noise, clip=clip, lr=lr, local_epochs=2, batch_size=64),
+        ).config
+        return UldpNaive(config, num_silos=silos)
+
+    def silo(s: int, with_subject: bool) -> SiloData:
+        """Subject 0 (label 1, 20 records) in every silo; subject 1 (label 0) keeps it."""
+        n0 = 20 if with_subject else 0
+        x = [[1.0, 0.0]] * n0 + [[1.0, 0.0]] * 2
+        return SiloData(
+            s,
+            torch.tensor(x, dtype=torch.float64),
+            torch.tensor([1] * n0 + [0] * 2),
+            torch.tensor([0] * n0 + [1] * 2),
+        )
+
+    def others(with_subject: bool) -> torch.Tensor:
+        algorithm = naive(0.0, 5.0)
+        messages = [
+            algorithm.local_update(model, params, silo(s, with_subject), Coins.seeded(1, s))
+            for s in range(1, silos)  # silo 0, the curious one, keeps its records
+        ]
+        return torch.cat([torch.cat([m.params[k].flatten() for k in params]) for m in messages])
+
+    moved = float(
+        torch.linalg.vector_norm((others(True) - others(False)).reshape(silos - 1, -1).sum(dim=0))
+    )
+    assert (silos - 1) * clip < moved <= 2 * (silos - 1) * clip * (1 + 1e-9)
+
+    algorithm = naive(sigma, 1e-12)  # (almost) no training: the message is the noise share
+    shares = np.concatenate(
+        [
+            torch.cat(
+                [
+                    v.flatten()
+                    for v in algorithm.local_update(
+                        model, params, silo(0, True), Coins.seeded(seed, 0)
+                    ).params.values()
+                ]
+            ).numpy()
+            for seed in range(400)
+        ]
+    )
+    expected = sigma * clip * math.sqrt(silos)
+    measured = float(shares.std())
+    assert abs(measured / expected - 1) < 0.05
+    assert abs(measured / (0.8 * expected) - 1) > 0.05  # a wrong scale is rejected
+    others_sigma = measured * math.sqrt(silos - 1) / (2 * (silos - 1) * clip)
+    assert others_sigma >= sigma / 2
+    charged = algorithm.silo_privacy(sampling_rate=1.0)
+    assert all(view == {"subject": gaussian_steps(sigma / 2, 1)} for view in charged.views.values())
