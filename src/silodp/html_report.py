@@ -213,7 +213,7 @@ def _is_output(path: Path) -> bool:
 def _json(path: Path) -> Any:
     """The JSON file at ``path``; one that cannot be read is an error naming it."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InvalidValueError(
             f"Expected {str(path)!r} to be a JSON file silodp wrote; it cannot be read ({err})."
@@ -360,9 +360,10 @@ def _experiment(src: Path, files: Path, *, public: bool = False) -> tuple[str, s
                     )
                 )
         if (run_dir / "config.toml").is_file():
+            config_text = (run_dir / "config.toml").read_text(encoding="utf-8")
             parts.append(
                 f"<details><summary>resolved config</summary><pre>"
-                f"{html.escape((run_dir / 'config.toml').read_text())}</pre></details>"
+                f"{html.escape(config_text)}</pre></details>"
             )
         ledger = _run_ledger(run_dir)
         if ledger is not None:
@@ -402,7 +403,7 @@ def _subject_rate(run_dir: Path) -> str | None:
     path = run_dir / "config.toml"
     if not path.is_file():
         return None
-    privacy = tomllib.loads(path.read_text()).get("privacy", {})
+    privacy = tomllib.loads(path.read_text(encoding="utf-8")).get("privacy", {})
     rate = privacy.get("subject_rate")
     if rate is None:
         return None
@@ -510,7 +511,11 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [
+            json.loads(line)
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        ]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InvalidValueError(
             f"Expected {str(path)!r} to hold one JSON object per line, as silodp writes it; it "

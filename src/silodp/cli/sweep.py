@@ -83,4 +83,4 @@ def sweep(
     except (SilodpError, ValueError, OSError) as err:
         fail(f"{err} (finished cells are kept in {out}/cells/; run the command again to continue)")
     typer.echo(f"\n{summary['cells']} cells; table in {out}/results.md and {out}/results.csv")
-    typer.echo((out / "results.md").read_text())
+    typer.echo((out / "results.md").read_text(encoding="utf-8"))

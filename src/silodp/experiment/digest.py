@@ -103,7 +103,7 @@ def _refuse_changed_data(
 
 def _read_digest(path: Path) -> dict[str, Any]:
     try:
-        was = json.loads(path.read_text())
+        was = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(was, dict) or not isinstance(was.get("digest"), str):
             raise ValueError("no digest")
     except (OSError, ValueError) as err:

@@ -347,7 +347,7 @@ def _run_grid(
             )
     if existing.is_file() and not overwrite:
         try:
-            recorded = json.loads(existing.read_text())
+            recorded = json.loads(existing.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise OutputExistsError(
                 f"{str(existing)!r} cannot be read ({err}), so whether {str(out)!r} holds this "
@@ -479,7 +479,7 @@ def unfinished_cells(out_dir: str | Path) -> list[str]:
     out = Path(out_dir)
     path = out / MANIFEST
     try:
-        cells = json.loads(path.read_text())["cells"]
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
         ids = [(c["id"], c["config"]) for c in cells]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise InvalidValueError(
@@ -516,7 +516,7 @@ def _cell_done(cell_dir: Path) -> bool:
     if not path.is_file():
         return False
     try:  # one cut short while written (or damaged) is not done: the cell runs again
-        runs = json.loads(path.read_text()).get("runs", [])
+        runs = json.loads(path.read_text(encoding="utf-8")).get("runs", [])
     except (OSError, ValueError, AttributeError):
         return False
     return (
@@ -532,7 +532,7 @@ def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
     test accuracy and of ε per unit, ε's largest over the seeds (``epsilon_<unit>_max``) and
     the δ and adversary it holds at, from every finished cell; the baseline rows first."""
     out = Path(out_dir)
-    manifest = json.loads((out / MANIFEST).read_text())
+    manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     baselines = any(cell["baseline"] for cell in manifest["cells"])
     for cell in manifest["cells"]:
@@ -540,7 +540,7 @@ def grid_rows(out_dir: str | Path) -> list[dict[str, Any]]:
         if not path.is_file() or not _holds_config(path.parent, cell["config"]):
             continue  # not run yet, or a run of another config
         values = {k: v for k, v in cell["values"].items() if k != ALGORITHMS}
-        runs = json.loads(path.read_text()).get("runs", [])
+        runs = json.loads(path.read_text(encoding="utf-8")).get("runs", [])
         for run in runs:
             if run.get("status") not in ("complete", "budget_exhausted"):
                 continue

@@ -154,7 +154,7 @@ def _registration(run_dir: Path, path: Path, *, shared: bool) -> int | None:
         spent there out of this one's budget.
     """
     try:
-        found = json.loads((run_dir / REGISTRATION_FILE).read_text())
+        found = json.loads((run_dir / REGISTRATION_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(found, dict):

@@ -363,7 +363,7 @@ def check_output(out_dir: Path, names: Sequence[str], overwrite: bool) -> None:
         existing = out_dir / name / "summary.json"
         if existing.exists() and not overwrite:
             try:
-                status = json.loads(existing.read_text()).get("status")
+                status = json.loads(existing.read_text(encoding="utf-8")).get("status")
             except (OSError, ValueError, AttributeError):
                 status = None
             resume = (
@@ -397,7 +397,11 @@ def read_rows(run_dir: Path, up_to: int) -> tuple[list[Row], list[Row]]:
     def rows(path: Path) -> list[Row]:
         if not path.is_file():
             return []
-        found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        found = [
+            json.loads(line)
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        ]
         return [r for r in found if r["round"] <= up_to]
 
     return rows(run_dir / "metrics.jsonl"), rows(run_dir / PRIVATE_DIR / "diagnostics.jsonl")

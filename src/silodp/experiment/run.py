@@ -247,7 +247,7 @@ def train_run(
     checkpoint = None
     if resume:
         written = run_dir / "config.toml"
-        if written.is_file() and written.read_text() != config_text:
+        if written.is_file() and written.read_text(encoding="utf-8") != config_text:
             raise InvalidValueError(
                 f"Expected {str(written)!r} to be the config being resumed; the config (or "
                 "what it resolves to) changed since the run started."
@@ -701,7 +701,8 @@ def previous_runs(out: Path) -> list[str]:
     names: list[str] = []
     try:
         names += [
-            str(r["algorithm"]) for r in json.loads((out / "summary.json").read_text())["runs"]
+            str(r["algorithm"])
+            for r in json.loads((out / "summary.json").read_text(encoding="utf-8"))["runs"]
         ]
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -826,7 +827,7 @@ def _readable_summary(path: Path) -> dict[str, Any] | None:
     """The summary at ``path``, or ``None`` if there is none or it cannot be read (cut short
     while written, or damaged: the run or experiment it belongs to resumes and writes it)."""
     try:
-        summary = json.loads(path.read_text())
+        summary = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return summary if isinstance(summary, dict) else None
@@ -923,7 +924,7 @@ def kept_runs(out_dir: str | Path, names: Sequence[str] = ()) -> list[dict[str, 
         if run_dir == out or PRIVATE_DIR in run_dir.relative_to(out).parts:
             continue
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
         status = data.get("status", "interrupted")

@@ -182,7 +182,7 @@ def _start_time(pid: int) -> int | None:
 
 
 def _save(directory: Path, state: dict[str, Any]) -> None:
-    (directory / STATE).write_text(json.dumps(state, indent=1))
+    (directory / STATE).write_text(json.dumps(state, indent=1), encoding="utf-8")
 
 
 def _wait_port(port: int, timeout: float) -> None:
@@ -219,7 +219,7 @@ def up(
         SuperNodes asked for) is not the number of silos of the config's data.
     """
     d = Path(directory).resolve()
-    if (d / STATE).is_file() and _alive_pids(json.loads((d / STATE).read_text())):
+    if (d / STATE).is_file() and _alive_pids(json.loads((d / STATE).read_text(encoding="utf-8"))):
         raise InvalidValueError(
             f"Expected no federation running in {str(d)!r}; stop it with silodp federation down."
         )
@@ -241,7 +241,8 @@ def up(
     home.mkdir(exist_ok=True)
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-        f'address = "127.0.0.1:{port}"\nroot-certificates = "{d / "pki" / "ca.crt"}"\n'
+        f'address = "127.0.0.1:{port}"\nroot-certificates = "{d / "pki" / "ca.crt"}"\n',
+        encoding="utf-8",  # TOML is UTF-8, whatever the locale
     )
     state: dict[str, Any] = {
         "port": port,
@@ -349,7 +350,7 @@ def descendants(pids: list[int]) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            stat = (entry / "stat").read_text(encoding="utf-8")
         except OSError:
             continue
         parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
@@ -392,7 +393,7 @@ def down(*, directory: str | Path = DEFAULT_DIR, log: Callable[[str], None] = pr
     if not (d / STATE).is_file():
         log(f"no federation in {d}")
         return
-    state = json.loads((d / STATE).read_text())
+    state = json.loads((d / STATE).read_text(encoding="utf-8"))
     recorded = list(state.get("processes", {}).values())
     pids = _alive_pids(state)  # never a process that merely reuses a recorded PID
     stop_processes(pids)
@@ -411,7 +412,7 @@ def _every_run_finished(summary_path: Path) -> bool:
     from silodp.experiment.run import every_run_finished
 
     try:
-        summary = json.loads(summary_path.read_text())
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(summary, dict) and every_run_finished(summary)
@@ -485,7 +486,7 @@ def submit(
         check_engine_config(load_config(config_path))
     d = Path(directory).resolve()
     local = d / STATE
-    if local.is_file() and not _alive_pids(json.loads(local.read_text())):
+    if local.is_file() and not _alive_pids(json.loads(local.read_text(encoding="utf-8"))):
         raise InvalidValueError(
             f"Expected the federation in {str(d)!r} to be running; its processes have "
             "stopped. Start it again with silodp federation up CONFIG."
@@ -550,5 +551,5 @@ def submit(
             f"part-way continues from its last completed round with: silodp run --resume "
             f"{out_dir} --engine flower-deploy --federation {d}"
         )
-    result: dict[str, Any] = json.loads(summary_path.read_text())
+    result: dict[str, Any] = json.loads(summary_path.read_text(encoding="utf-8"))
     return result

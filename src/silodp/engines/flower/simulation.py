@@ -162,5 +162,5 @@ def _simulate(
     summary_path = out / "summary.json"
     if not summary_path.is_file():
         raise SilodpError(f"The Flower simulation ended without writing {summary_path}.")
-    result: dict[str, Any] = json.loads(summary_path.read_text())
+    result: dict[str, Any] = json.loads(summary_path.read_text(encoding="utf-8"))
     return result
