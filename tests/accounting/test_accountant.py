@@ -275,6 +275,34 @@ def test_worst_silo_event_dominates() -> None:
     assert mixed.epsilons() == pytest.approx(only_high.epsilons(), rel=1e-12)
 
 
+@pytest.mark.parametrize("rounds", [1, 100])
+def test_silo_events_no_rate_orders_are_composed_together(rounds: int) -> None:
+    """A Gaussian at σ = 2 and one at σ = 0.6 sampled at q = 0.05 (δ = 1e-5): the second has
+    the larger ε after one round (3.78 against 1.99), the first after 100 (33.1 against 11.5).
+    The silo picked by one round's ε made 100 rounds report 11.5 where a subject of the other
+    silo had spent 33.1. Where no event dominates by rate, every distinct event is composed:
+    at least each alone, at most both together (dp_accounting's PLD, computed here)."""
+    from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+
+    gaussian = dp_event.GaussianDpEvent(2.0)
+    sampled = dp_event.PoissonSampledDpEvent(0.05, dp_event.GaussianDpEvent(0.6))
+
+    def independent(*events: dp_event.DpEvent) -> float:
+        accountant = PLDAccountant(value_discretization_interval=1e-4)
+        for event in events:
+            accountant.compose(event, rounds)
+        return accountant.get_epsilon(1e-5)
+
+    mixed = FederatedAccountant(units=("record",), span=1, delta=1e-5)
+    silos = [SiloPrivacy({"record": gaussian}), SiloPrivacy({"record": sampled})]
+    mixed.compose_round(silos, count=rounds)
+    reported = mixed.epsilons()["record"]
+    alone = [independent(gaussian), independent(sampled)]
+    assert (alone[0] < alone[1]) == (rounds == 1)  # which silo is worse changes with R
+    assert reported >= max(alone)
+    assert reported == pytest.approx(independent(gaussian, sampled), rel=1e-2)
+
+
 # --- (f) UserLDP's μ ------------------------------------------------------------------------
 
 

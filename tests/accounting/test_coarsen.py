@@ -230,16 +230,22 @@ def test_dominating_event_by_rate() -> None:
     assert _dominating_by_rate([low, poisson_gaussian_steps(0.02, 1.0, 6)]) is None
 
 
-def test_the_accountant_still_ranks_events_that_differ_otherwise() -> None:
-    """A lower rate with far less noise loses more privacy: the ranking picks it."""
-    noisy = SiloPrivacy(events={"record": poisson_gaussian_steps(0.05, 5.0, 5)})
-    sharp = SiloPrivacy(events={"record": poisson_gaussian_steps(0.04, 0.8, 5)})
+def test_the_accountant_composes_events_that_differ_otherwise() -> None:
+    """A lower rate with far less noise: neither event dominates by rate, so both are
+    composed (the same ε as one silo charged both), at least the worse one's alone."""
+    noisy = poisson_gaussian_steps(0.05, 5.0, 5)
+    sharp = poisson_gaussian_steps(0.04, 0.8, 5)
     both = FederatedAccountant(units=("record",), span=1, delta=DELTA)
-    both.compose_round([noisy, sharp])
+    both.compose_round(
+        [SiloPrivacy(events={"record": noisy}), SiloPrivacy(events={"record": sharp})]
+    )
+    joint = FederatedAccountant(units=("record",), span=1, delta=DELTA)
+    joint.compose_round([SiloPrivacy(events={"record": dp_event.ComposedDpEvent((noisy, sharp))})])
     alone = FederatedAccountant(units=("record",), span=1, delta=DELTA)
-    alone.compose_round([sharp])
-    assert both.epsilons()["record"] == alone.epsilons()["record"]
-    assert math.isfinite(alone.epsilons()["record"])
+    alone.compose_round([SiloPrivacy(events={"record": sharp})])
+    assert both.epsilons()["record"] == joint.epsilons()["record"]
+    assert both.epsilons()["record"] >= alone.epsilons()["record"]
+    assert math.isfinite(both.epsilons()["record"])
 
 
 @pytest.mark.parametrize("factor", [1024, 16384, 262144])

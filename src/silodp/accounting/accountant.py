@@ -48,7 +48,6 @@ from silodp.accounting.events import KnownSampleDpEvent, PoissonReplaceOneDpEven
 from silodp.accounting.hockey import EpsilonForDelta, epsilon_for_delta
 from silodp.accounting.pld import (
     DEFAULT_DISCRETIZATION,
-    coarsest_fit,
     event_pld,
     fits,
     is_supported,
@@ -284,7 +283,6 @@ class FederatedAccountant:
         self.discretization = discretization
         self.max_mixture_group = check_int("max_mixture_group", max_mixture_group, 1)
         self.rounds = 0
-        self._rank_cache: dict[dp_event.DpEvent, float] = {}
         #: estimates per view, computed once per composed state
         self._estimate_cache: dict[str, dict[str, Estimate]] = {}
         self._views: dict[str, dict[str, _UnitState]] = {}
@@ -301,33 +299,23 @@ class FederatedAccountant:
         }
 
     # --- composition ------------------------------------------------------------------
-    def _rank(self, event: dp_event.DpEvent) -> float:
-        """Single-round ε used to pick the dominating silo event."""
-        if event not in self._rank_cache:
-            if _rdp_supported(event):
-                curve = conversions.rdp_curve(event)
-                value = conversions.rdp_epsilon(conversions.RDP_ORDERS, curve, self.delta)
-            elif fits(loss_variance(event, 1e-2), 1e-2):
-                value = epsilon_for_delta(event_pld(event, 1e-2), self.delta)
-            else:  # too long a plan for a PLD: same noise, more loss variance dominates
-                value = loss_variance(event, 1e-2)
-                coarse = coarsest_fit(event, 1e-2) if math.isinf(value) else None
-                if coarse is not None:  # so wide a loss (tiny σ): its ε on a coarser grid
-                    value = epsilon_for_delta(event_pld(event, coarse), self.delta)
-            self._rank_cache[event] = value
-        return self._rank_cache[event]
-
+    @staticmethod
     def _worst(
-        self, events: Sequence[dp_event.DpEvent], proxies: Sequence[dp_event.DpEvent] | None = None
+        events: Sequence[dp_event.DpEvent], proxies: Sequence[dp_event.DpEvent] | None = None
     ) -> dp_event.DpEvent:
-        """The dominating event; ``proxies`` (same order) are ranked instead where given."""
+        """An event that dominates each of ``events``: the one at the largest sampling rates
+        where they differ only in rates (``proxies``, same order, are compared instead where
+        given), else their composition, each distinct event once (composed ``m`` times, it
+        covers a subject in any ``m`` of the silos). A larger single-round ε proves no
+        dominance over many rounds: a Gaussian at σ = 2 has ε 1.99 in one round and 33.1 in
+        100, a Gaussian at σ = 0.6 sampled at q = 0.05 has 3.78 and 11.5 (δ = 1e-5)."""
         pairs = list(dict.fromkeys(zip(events, proxies or events, strict=True)))
         if len(pairs) == 1:
             return pairs[0][0]
         by_rate = _dominating_by_rate([proxy for _, proxy in pairs])
         if by_rate is not None:
             return pairs[by_rate][0]
-        return max(pairs, key=lambda pair: self._rank(pair[1]))[0]
+        return dp_event.ComposedDpEvent(tuple(dict.fromkeys(event for event, _ in pairs)))
 
     def compose_round(
         self,
