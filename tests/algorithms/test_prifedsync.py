@@ -149,6 +149,20 @@ def test_local_batches_are_fixed_size_uniform(monkeypatch: pytest.MonkeyPatch) -
     assert algo.batch_sampling == "uniform"
 
 
+def test_poisson_batches_are_refused_for_training() -> None:
+    """Poisson batches are accounting-only: training with them would release what the
+    fixed-size accounting does not describe, so local_train refuses before any step."""
+    from silodp.errors import InvalidValueError
+
+    model, params = _model()
+    algo = PriFedSync(_with(CONFIG, batch_sampling="poisson"))
+    state = algo.initial_state(params)
+    before = {k: v.clone() for k, v in state.personal.items()}
+    with pytest.raises(InvalidValueError, match="batch_sampling='uniform'"):
+        algo.local_train(model, _silo(), state, Coins.seeded(2))
+    assert all(torch.equal(before[k], state.personal[k]) for k in before)
+
+
 def test_uniform_batch_test_rejects_a_biased_sampler() -> None:
     gen = torch.Generator().manual_seed(0)
     biased = [torch.randperm(19, generator=gen)[:5] for _ in range(200)]  # never record 19
