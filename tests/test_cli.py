@@ -549,3 +549,25 @@ def test_an_accuracy_of_an_earlier_model_than_the_released_one_says_its_round(
     run = {**run, "test_accuracy_round": 3}
     assert "(r" not in summary_table({"runs": [run]})[1]
     assert "accuracy of round" not in _final_rows({"runs": [run]})[1]
+
+
+@pytest.mark.parametrize("algorithm", ["uldp_avg_w", "uldp_avg"])
+def test_account_threat_model_names_the_adversaries_the_plan_has_no_epsilon_against(
+    algorithm: str,
+) -> None:
+    """With weights in the clear, `account` printed "ε holds … against the server only if it
+    sees just the sum" beside ε = inf against the server: the text now says which adversaries
+    this plan has no finite ε against, as a run's summary does."""
+    args = ["account", "--algorithm", algorithm, "--noise-multiplier", "1", "--sample-rate"]
+    args += ["0.1", "--rounds", "5", "--silos", "3", "--json"]
+    if algorithm == "uldp_avg_w":
+        args += ["--weighting", "clear"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    blind = sorted(
+        w for w, units in out["epsilon_by_adversary"].items() if units["subject"] is None
+    )
+    assert blind == (["server", "silos"] if algorithm == "uldp_avg_w" else [])
+    clause = "in this plan no finite ε against the server at subject level, the silos at subject"
+    assert (clause in out["threat_model"]) == bool(blind)

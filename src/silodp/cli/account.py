@@ -28,6 +28,7 @@ from silodp.algorithms.planning import account_plan, calibrate
 from silodp.cli.common import WHO, differing, fail
 from silodp.config import MAX_ROUNDS
 from silodp.errors import InvalidValueError, SilodpError
+from silodp.experiment.record import gaps_clause
 from silodp.io import json_number
 
 __all__ = ["MAX_COUNT", "MAX_NOISE_MULTIPLIER", "account", "account_report", "print_report"]
@@ -140,14 +141,15 @@ def account_report(
     # values come from one composed state
     now = spent(accountant)
     final, by_adversary = now.epsilon, now.by_adversary
+    by_adversary_json = {
+        who: {u: json_number(e.epsilon) for u, e in estimates.items()}
+        for who, estimates in by_adversary.items()
+    }
     result: dict[str, Any] = {
         "algorithm": algorithm,
         "epsilon": {u: json_number(e.epsilon) for u, e in final.items()},
         "adversary": adversary,
-        "epsilon_by_adversary": {
-            who: {u: json_number(e.epsilon) for u, e in estimates.items()}
-            for who, estimates in by_adversary.items()
-        },
+        "epsilon_by_adversary": by_adversary_json,
         "noise_multiplier": noise_multiplier,
         "noise_multiplier_source": method,
         "delta": delta,
@@ -172,7 +174,7 @@ def account_report(
         },
         "adjacency": algo.adjacency,
         "group_bound": algo.group_bound_scope(),
-        "threat_model": algo.threat_model,
+        "threat_model": algo.threat_model + gaps_clause(by_adversary_json, "in this plan"),
         "notes": algo.accounting_notes(),
     }
     mu = {u: m for u, m in now.mu.items() if math.isfinite(m)}

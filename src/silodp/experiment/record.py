@@ -100,13 +100,9 @@ def noise_record(mode: str) -> dict[str, Any]:
     }
 
 
-def threat_model(
-    statement: str, by_adversary: Mapping[str, Mapping[str, Any]], run: PreparedRun
-) -> str:
-    """The algorithm's threat ``statement`` with what this run's ε per adversary says beyond
-    it: the (adversary, unit) pairs with no finite ε although the released model has one
-    (caps, weights in the clear, the protocol's set-up), a group bound taken from the data, and
-    a seeded run's condition."""
+def gaps_clause(by_adversary: Mapping[str, Mapping[str, Any]], where: str) -> str:
+    """``"; {where} no finite ε against …"`` naming the (adversary, unit) pairs with no finite
+    ε (``None``) although the released model has one, or ``""`` when there are none."""
     released = by_adversary.get("released") or {}
     missing = [
         f"the {who} at {unit} level"
@@ -115,12 +111,23 @@ def threat_model(
         for unit, eps in units.items()
         if eps is None and released.get(unit) is not None
     ]
-    out = statement
-    if missing:
-        out += (
-            f"; in this run no finite ε against {', '.join(missing)} "
-            "(epsilon_by_adversary; the notes say why)"
-        )
+    if not missing:
+        return ""
+    return (
+        f"; {where} no finite ε against {', '.join(missing)} "
+        "(epsilon_by_adversary; the notes say why)"
+    )
+
+
+def threat_model(
+    statement: str, by_adversary: Mapping[str, Mapping[str, Any]], run: PreparedRun
+) -> str:
+    """The algorithm's threat ``statement`` with what this run's ε per adversary says beyond
+    it: the (adversary, unit) pairs with no finite ε although the released model has one
+    (caps, weights in the clear, the protocol's set-up), a group bound taken from the data, and
+    a seeded run's condition."""
+    released = by_adversary.get("released") or {}
+    out = statement + gaps_clause(by_adversary, "in this run")
     if run.group_size_source.startswith("data") and released.get("subject") is not None:
         out += (
             f"; the subject-level ε assumes at most k = {run.group_size} records per subject, "
