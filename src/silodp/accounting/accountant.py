@@ -4,16 +4,17 @@ Each round, every participating silo reports a :class:`SiloPrivacy` — the dp-a
 its mechanism ran, one per unit it protects. The accountant then composes, per unit:
 
 * ``record`` and ``silo``: a record (or a silo's dataset) lives in one silo, so silos compose
-  in parallel: each round adds the most privacy-losing silo event once.
+  in parallel: each round adds the silo event that dominates the others once.
 * ``subject``: a subject may hold records in up to ``span`` silos and the server sees every
-  silo's update, so each round adds the most privacy-losing silo event ``min(span, silos)``
+  silo's update, so each round adds the dominating silo event ``min(span, silos)``
   times (horizontal composition by PLD/RDP self-composition, not a rule of thumb).
 
 Within one round silodp's silo events differ only in their sampling rate (same noise, steps and
 group bound), so they are ordered by dominance: the one with the largest rates dominates
 (sub-sampling at a smaller rate is a post-processing of sub-sampling at a larger one:
 :func:`_dominating_by_rate`); where
-the events differ otherwise, the largest single-round ε picks the dominating one.
+the events differ otherwise, no one is known to dominate and every distinct event is composed
+(one round's ε does not order events over many rounds: :meth:`FederatedAccountant._worst`).
 
 Routes, each a valid upper bound; the smallest is reported with its name:
 
