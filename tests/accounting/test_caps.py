@@ -325,8 +325,10 @@ def test_a_group_bound_from_the_data_is_labelled_no_guarantee(
     assert len(noted) == from_data
     assert (f"assumes at most k = {k} records per subject" in group["threat_model"]) == from_data
     printed = "\n".join(summary_table(summary))
-    assert (f"local_group_dp: ε subject assumes k={k}" in printed) == from_data
+    assert (
+        f"local_group_dp: ε(subject) assumes k={k} records per subject in one silo" in printed
+    ) == from_data
     # user_ldp's subject ε does not use k: nothing is said of it
-    assert "k = " not in ldp["threat_model"] and "user_ldp: ε subject assumes" not in printed
+    assert "k = " not in ldp["threat_model"] and "user_ldp: ε(subject) assumes" not in printed
     written = json.loads((tmp_path / "run" / "local_group_dp" / "summary.json").read_text())
     assert written["notes"] == group["notes"]

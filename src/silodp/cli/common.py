@@ -250,12 +250,13 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
             out.append(f"  {r['algorithm']}: ε({unit}={fmt(value)}) against {' and '.join(names)}")
         if r.get("noise", {}).get("mode") == "seeded":
             out.append(f"  {r['algorithm']}: seeded noise, not for production")
-        if str(r.get("group_size_source") or "").startswith("data") and "subject" in r.get(
-            "epsilon", {}
-        ):
+        source = str(r.get("group_size_source") or "")
+        if source.startswith("data") and r.get("epsilon", {}).get("subject") is not None:
+            where = "in one silo" if "in one silo" in source else "in the federation"
             out.append(
-                f"  {r['algorithm']}: ε subject assumes k={r['group_size']} records per subject, "
-                "taken from the data: no guarantee until privacy.group_size sets a public bound"
+                f"  {r['algorithm']}: ε(subject) assumes k={r['group_size']} records per subject "
+                f"{where}, taken from the data: no guarantee until privacy.group_size sets a "
+                "public bound"
             )
         if r.get("round_attempts_cut_short"):
             out.append(

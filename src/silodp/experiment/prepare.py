@@ -217,8 +217,9 @@ def data_bound_note(k: int | None, source: str) -> str:
     return (
         f"subject-level ε with k = {k} from the data ({counted}), not a public bound: it "
         f"covers subjects with at most {k} records counted that way, not every possible "
-        "subject, and k itself (in config.toml and the account command) is exact, covered by "
-        "no ε. Set privacy.group_size to a public bound for a guarantee"
+        "subject, and k itself, written in config.toml and the account command, is the data's "
+        "exact count and is covered by no ε. Set privacy.group_size to a public bound for a "
+        "guarantee"
     )
 
 

@@ -173,10 +173,16 @@ def _spawn(
     state.setdefault("started", {})[name] = _start_time(p.pid)
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the process name (which may hold any bytes)."""
+    text = Path(f"/proc/{pid}/stat").read_bytes().decode("utf-8", "replace")
+    return text.rsplit(")", 1)[1].split()
+
+
 def _start_time(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks after boot, ``/proc``); ``None`` if none runs."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return int(_stat_fields(pid)[19])
     except (OSError, IndexError, ValueError):
         return None
 
@@ -334,9 +340,9 @@ def _alive_pids(state: dict[str, Any]) -> list[int]:
         if started.get(name) is not None and _start_time(pid) != started[name]:
             continue
         try:  # a zombie (exited, not yet reaped) is not alive
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            if _stat_fields(pid)[0] == "Z":
                 continue
-        except OSError:
+        except (OSError, IndexError):
             continue
         alive.append(pid)
     return alive
@@ -350,10 +356,9 @@ def descendants(pids: list[int]) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text(encoding="utf-8")
-        except OSError:
+            parent[int(entry.name)] = int(_stat_fields(entry.name)[1])
+        except (OSError, IndexError):
             continue
-        parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
     found: list[int] = []
     frontier = set(pids)
     while frontier:
