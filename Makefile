@@ -38,10 +38,10 @@ run: install
 	$(BIN)/silodp run --out $(OUT) --overwrite
 
 test: install browser-deps
-	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=30
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
 test-fast: install
-	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow"
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not slow"
 
 lint: install
 	$(BIN)/ruff check src tests

@@ -10,6 +10,8 @@ import pytest
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
 #: files that run for many minutes on one worker: scheduled first so the others overlap them
+#: (the Makefile passes --no-loadscope-reorder: xdist >= 3.8 would otherwise hand files out by
+#: their number of tests, and this file, with few long tests, would start last)
 LONGEST_FIRST = ("tests/engines/test_flower_deployment.py",)
 
 
