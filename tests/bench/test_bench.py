@@ -4,8 +4,10 @@ the rows, never timings)."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
+import warnings
 
 import pytest
 from typer.testing import CliRunner
@@ -278,3 +280,16 @@ def test_cli_step_refuses_bad_models_and_batches_naming_them(args, message) -> N
     result = CliRunner().invoke(app, ["bench", "step", "--no-rss", *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_a_bench_command_leaves_the_log_and_warnings_as_it_found_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Run in-process (as here, under CliRunner), a bench command used to leave silodp's log
+    at ERROR and every warning ignored for the rest of the process."""
+    filters = list(warnings.filters)
+    result = CliRunner().invoke(app, ["bench", "step", "--no-rss", "--model", "nosuchmodel"])
+    assert result.exit_code == 2
+    assert warnings.filters == filters
+    logging.getLogger("silodp.data.loaders").warning("heard after the bench")
+    assert "heard after the bench" in caplog.text

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import time
 import warnings
-from collections.abc import Sequence
-from typing import Annotated, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -76,10 +78,35 @@ ThreadsOpt = Annotated[
 ]
 
 
-def _quiet() -> None:
-    warnings.filterwarnings("ignore")
-    logging.getLogger("silodp").setLevel(logging.ERROR)
-    logging.getLogger("opacus").setLevel(logging.ERROR)
+_Command = TypeVar("_Command", bound=Callable[..., None])
+
+
+@contextlib.contextmanager
+def _silenced() -> Iterator[None]:
+    """No warnings, and silodp's and Opacus' log at ERROR, until the block ends: a command
+    may run inside a longer-lived process (typer's CliRunner, a notebook)."""
+    loggers = [logging.getLogger(name) for name in ("silodp", "opacus")]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore")
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)
+
+
+def _quiet(command: _Command) -> _Command:
+    """Runs ``command`` :func:`_silenced`."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        with _silenced():
+            command(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 def _say(message: str, as_json: bool) -> None:
@@ -111,6 +138,7 @@ def _clean(row: dict[str, Any]) -> dict[str, Any]:
 
 
 @bench_app.command()
+@_quiet
 def step(
     quick: Annotated[
         bool, typer.Option("--quick", help="femnist_cnn at B=256 only (about 2 minutes).")
@@ -134,7 +162,6 @@ def step(
     ] = 6.0,
 ) -> None:
     """Examples/s of one training step: plain SGD, Opacus (hooks, ghost) and silodp's DP steps."""
-    _quiet()
     from silodp.bench.step import DEFAULT_BATCHES, DEFAULT_MODELS, run_step_bench, step_checks
     from silodp.bench.step_methods import SPECS
 
@@ -180,6 +207,7 @@ def step(
 
 
 @bench_app.command()
+@_quiet
 def uldp(
     quick: Annotated[
         bool, typer.Option("--quick", help="digits only, 100 and 1000 subjects.")
@@ -205,7 +233,6 @@ def uldp(
     ] = None,
 ) -> None:
     """ULDP-AVG/SGD per-subject local training: vectorised vs one-model-at-a-time loop."""
-    _quiet()
     from silodp.bench.uldp import TARGET_SPEEDUP, run_uldp_bench, uldp_checks
 
     started = time.perf_counter()
@@ -282,6 +309,7 @@ def uldp(
 
 
 @bench_app.command()
+@_quiet
 def account(
     as_json: JsonOpt = False,
     threads: ThreadsOpt = 1,
@@ -294,7 +322,6 @@ def account(
 ) -> None:
     """Time to calibrate σ (RDP only vs all routes with PLD), per-round accounting cost (bounded
     vs full PLD support) and calibration time of the shipped configs."""
-    _quiet()
     from silodp.bench.account import (
         CALIBRATION_COLUMNS,
         CONFIG_COLUMNS,
