@@ -303,6 +303,35 @@ def test_silo_events_no_rate_orders_are_composed_together(rounds: int) -> None:
     assert reported == pytest.approx(independent(gaussian, sampled), rel=1e-2)
 
 
+def test_a_silo_whose_batch_takes_every_record_dominates_the_sampled_ones() -> None:
+    """A silo whose batch covers all its records runs the Gaussian itself (no sub-sampling
+    event), which Poisson sub-sampling at any rate only post-processes. Compared by shape
+    alone, it matched no sampled silo, and every silo's event was composed (a table of small
+    silos reported several times its ε); it alone is charged now (dp_accounting's PLD)."""
+    from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+
+    def steps(event: dp_event.DpEvent) -> dp_event.DpEvent:
+        return dp_event.SelfComposedDpEvent(event, 3)
+
+    full = steps(dp_event.GaussianDpEvent(1.0))
+    sampled = [
+        steps(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(1.0))) for q in (0.6, 0.9)
+    ]
+
+    def independent(*events: dp_event.DpEvent) -> float:
+        accountant = PLDAccountant(value_discretization_interval=1e-4)
+        for event in events:
+            accountant.compose(event, 10)
+        return accountant.get_epsilon(1e-5)
+
+    accountant = FederatedAccountant(units=("record",), span=1, delta=1e-5)
+    silos = [SiloPrivacy({"record": e}) for e in (sampled[0], full, sampled[1])]
+    accountant.compose_round(silos, count=10)
+    reported = accountant.epsilons()["record"]
+    assert reported == pytest.approx(independent(full), rel=1e-2)
+    assert reported < 0.8 * independent(full, *sampled)
+
+
 # --- (f) UserLDP's μ ------------------------------------------------------------------------
 
 

@@ -10,9 +10,9 @@ its mechanism ran, one per unit it protects. The accountant then composes, per u
   times (horizontal composition by PLD/RDP self-composition, not a rule of thumb).
 
 Within one round silodp's silo events differ only in their sampling rate (same noise, steps and
-group bound), so they are ordered by dominance: the one with the largest rates dominates
-(sub-sampling at a smaller rate is a post-processing of sub-sampling at a larger one:
-:func:`_dominating_by_rate`); where
+group bound; a silo whose batch takes all its records runs at rate 1), so they are ordered
+by dominance: the one with the largest rates dominates (sub-sampling at a smaller rate is a
+post-processing of sub-sampling at a larger one: :func:`_dominating_by_rate`); where
 the events differ otherwise, no one is known to dominate and every distinct event is composed
 (one round's ε does not order events over many rounds: :meth:`FederatedAccountant._worst`).
 
@@ -191,6 +191,21 @@ def _rates_apart(event: dp_event.DpEvent) -> tuple[Any, tuple[float, ...]]:
     return event, ()
 
 
+def _sampled_at_one(event: dp_event.DpEvent) -> dp_event.DpEvent:
+    """``event`` with each mechanism that no sub-sampling wraps written as its Poisson
+    sub-sampling at rate 1, which is the same mechanism: a silo whose batch takes every record
+    then compares by rate with silos that sample theirs."""
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return dp_event.SelfComposedDpEvent(_sampled_at_one(event.event), event.count)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return dp_event.ComposedDpEvent(tuple(_sampled_at_one(e) for e in event.events))
+    if isinstance(
+        event, dp_event.PoissonSampledDpEvent | KnownSampleDpEvent | PoissonReplaceOneDpEvent
+    ):
+        return event
+    return dp_event.PoissonSampledDpEvent(1.0, event)
+
+
 def _dominating_by_rate(events: Sequence[dp_event.DpEvent]) -> int | None:
     """Index of an event that dominates all others because they differ only in sub-sampling
     probabilities and its are the largest, each; None when there is no such event.
@@ -201,7 +216,7 @@ def _dominating_by_rate(events: Sequence[dp_event.DpEvent]) -> int | None:
     adjacency directions, and for replace-one pairs, whose two sides share that Q component
     (:class:`PoissonReplaceOneDpEvent`); a known sample likewise (replace the output by ⊥
     instead). Dominance survives composition, for PLD and RDP alike. No ε is computed."""
-    parts = [_rates_apart(e) for e in events]
+    parts = [_rates_apart(_sampled_at_one(e)) for e in events]
     shape = parts[0][0]
     if not parts[0][1] or any(p[0] != shape for p in parts):
         return None
