@@ -224,10 +224,16 @@ def test_secure_coins_every_silo_draws_the_same_subject_sample(tmp_path):
 @pytest.mark.slow  # Paillier work: ~30 s each
 @pytest.mark.parametrize("sampler", ["server", "silos"])
 def test_weighting_protocol_over_messages(tmp_path, sampler):
-    # a small model keeps the Paillier work short: 4 features, 2 classes
+    # a small model and the protocol's smallest keys keep the Paillier work short
     data = {"source": "synthetic", "num_features": 4, "num_classes": 2}
     config, transport = _setup(
-        tmp_path, "uldp_avg_w", data=data, n_max=60, subject_rate=0.5, subject_sampler=sampler
+        tmp_path,
+        "uldp_avg_w",
+        data=data,
+        n_max=60,
+        key_bits=2048,
+        subject_rate=0.5,
+        subject_sampler=sampler,
     )
     local = run_experiment(config, tmp_path / "a", log=lambda m: None)
     remote = run_experiment(
