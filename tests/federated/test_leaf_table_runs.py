@@ -150,7 +150,6 @@ def test_uldp_tabular_config_runs_every_method_on_a_generated_csv(tmp_path: Path
     raw = tomllib.loads((CONFIGS / "uldp_tabular.toml").read_text())
     raw["data"]["path"] = str(tmp_path / "table.csv")
     raw["training"]["rounds"] = 3
-    raw["algorithm"]["uldp_avg_w"]["key_bits"] = 2048  # the protocol's smallest keys: faster
     summary = run_experiment(parse_config(raw), tmp_path / "out")
     assert [r["algorithm"] for r in summary["runs"]] == raw["algorithms"]
     for item in summary["runs"]:
