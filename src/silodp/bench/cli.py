@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from typing import Annotated, Any, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Annotated, Any
 
 import typer
 
@@ -78,13 +77,11 @@ ThreadsOpt = Annotated[
 ]
 
 
-_Command = TypeVar("_Command", bound=Callable[..., None])
-
-
 @contextlib.contextmanager
 def _silenced() -> Iterator[None]:
-    """No warnings, and silodp's and Opacus' log at ERROR, until the block ends: a command
-    may run inside a longer-lived process (typer's CliRunner, a notebook)."""
+    """No warnings, and silodp's and Opacus' log at ERROR, until the block (or the command it
+    decorates) ends: a command may run inside a longer-lived process (typer's CliRunner, a
+    notebook)."""
     loggers = [logging.getLogger(name) for name in ("silodp", "opacus")]
     levels = [logger.level for logger in loggers]
     with warnings.catch_warnings():
@@ -96,17 +93,6 @@ def _silenced() -> Iterator[None]:
         finally:
             for logger, level in zip(loggers, levels, strict=True):
                 logger.setLevel(level)
-
-
-def _quiet(command: _Command) -> _Command:
-    """Runs ``command`` :func:`_silenced`."""
-
-    @functools.wraps(command)
-    def run(*args: Any, **kwargs: Any) -> None:
-        with _silenced():
-            command(*args, **kwargs)
-
-    return run  # type: ignore[return-value]
 
 
 def _say(message: str, as_json: bool) -> None:
@@ -138,7 +124,7 @@ def _clean(row: dict[str, Any]) -> dict[str, Any]:
 
 
 @bench_app.command()
-@_quiet
+@_silenced()
 def step(
     quick: Annotated[
         bool, typer.Option("--quick", help="femnist_cnn at B=256 only (about 2 minutes).")
@@ -207,7 +193,7 @@ def step(
 
 
 @bench_app.command()
-@_quiet
+@_silenced()
 def uldp(
     quick: Annotated[
         bool, typer.Option("--quick", help="digits only, 100 and 1000 subjects.")
@@ -309,7 +295,7 @@ def uldp(
 
 
 @bench_app.command()
-@_quiet
+@_silenced()
 def account(
     as_json: JsonOpt = False,
     threads: ThreadsOpt = 1,
