@@ -42,18 +42,20 @@ BASE = {
 EXTRA = {
     "local_item_dp": {},
     "higradavg_dp": {},
-    "uldp_avg_w": {
-        "algorithm": {"uldp_avg_w": {"weighting": "protocol", "key_bits": 2048, "n_max": 60}}
+    "uldp_avg_w": {  # the linear model and 2 rounds: the protocol's cost is per parameter
+        "algorithm": {"uldp_avg_w": {"weighting": "protocol", "key_bits": 2048, "n_max": 60}},
+        "model": {"name": "linear"},
+        "training": {"rounds": 2},
     },
     "prifedsync": {"training": {"client_rate": 0.7}},
 }
 
 
-def _config(tmp: Path, name: str) -> Path:
+def _config(tmp: Path, name: str, extra: dict | None = None) -> Path:
     raw = json.loads(json.dumps(BASE))
     raw["name"] = f"resume-{name}"
     raw["algorithms"] = [name]
-    for key, table in EXTRA[name].items():
+    for key, table in (extra if extra is not None else EXTRA[name]).items():
         raw.setdefault(key, {}).update(table)
     path = tmp / f"{name}.toml"
     path.write_text(tomli_w.dumps(raw))
@@ -123,13 +125,14 @@ def test_killed_runs_resume_to_the_uninterrupted_result(name: str, tmp_path: Pat
     config = _config(tmp_path, name)
     full = tmp_path / "full"
     assert _silodp("run", str(config), "--out", str(full)).returncode == 0
-    for point, same in [
-        ("silo_recorded", False),
-        ("checkpoint_written", True),
-        ("round_written", True),
+    last = _summary(full / name)["rounds_completed"]
+    for point, at, same in [
+        ("silo_recorded", last - 1, False),
+        ("checkpoint_written", last, True),  # nothing left to train: only outputs to write
+        ("round_written", last - 1, True),
     ]:
         cut = tmp_path / point
-        killed = _silodp("run", str(config), "--out", str(cut), kill_at=f"{point}:2")
+        killed = _silodp("run", str(config), "--out", str(cut), kill_at=f"{point}:{at}")
         assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-500:])
         assert _summary(cut / name)["status"] == "running"
         resumed = _silodp("run", "--resume", str(cut))
@@ -137,6 +140,42 @@ def test_killed_runs_resume_to_the_uninterrupted_result(name: str, tmp_path: Pat
         _check_resumed(full, cut, name, same_epsilon=same)
     again = _silodp("run", "--resume", str(tmp_path / "round_written"))
     assert again.returncode == 0 and "nothing to resume" in again.stdout
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_its_last_round_at_any_point_resumes_to_the_whole_result(
+    tmp_path: Path,
+) -> None:
+    """Killed after its last round's checkpoint and before that round's row, a resumed run
+    ended "complete" with that row missing from metrics.jsonl: it had no round left to run,
+    and only a run round wrote the rows."""
+    name = "local_item_dp"
+    config = _config(tmp_path, name, {"model": {"name": "linear"}, "training": {"rounds": 2}})
+    full = tmp_path / "full"
+    assert _silodp("run", str(config), "--out", str(full)).returncode == 0
+    for point, run_again in [
+        ("silo_recorded", [2]),
+        ("round_completed", [2]),
+        ("checkpoint_written", []),
+        ("round_written", []),
+    ]:
+        cut = tmp_path / point
+        killed = _silodp("run", str(config), "--out", str(cut), kill_at=f"{point}:2")
+        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-500:])
+        resumed = _silodp("run", "--resume", str(cut))
+        assert resumed.returncode == 0, (point, resumed.stderr[-2000:])
+        assert _same_model(full / name, cut / name), point
+        done, ref = _summary(cut / name), _summary(full / name)
+        assert done["status"] == "complete" and done["rounds_completed"] == 2, point
+        rows = (cut / name / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(r)["round"] for r in rows] == [1, 2], point
+        assert (cut / name / "accuracy_loss.png").is_file(), point
+        (run,) = ledger_report(cut / name / "ledger.sqlite")["runs"]
+        assert sorted(run["interrupted_rounds"] + run["rounds_run_again"]) == run_again, point
+        for unit, value in ref["epsilon"].items():  # a round run again counts twice
+            assert done["epsilon"][unit] == pytest.approx(value, rel=1e-12) or (
+                run_again and done["epsilon"][unit] > value
+            ), (point, unit)
 
 
 @pytest.mark.slow

@@ -414,6 +414,14 @@ def read_rows(run_dir: Path, up_to: int) -> tuple[list[Row], list[Row]]:
     return rows(run_dir / "metrics.jsonl"), rows(run_dir / PRIVATE_DIR / "diagnostics.jsonl")
 
 
+def _write_rows(run_dir: Path, rows: list[Row], private_rows: list[Row]) -> None:
+    """Rewrites ``metrics.jsonl`` and, if any round has silo-private diagnostics,
+    ``silo_private/diagnostics.jsonl``."""
+    write_jsonl(run_dir / "metrics.jsonl", rows)
+    if any(len(private) > 1 for private in private_rows):
+        write_jsonl(run_dir / PRIVATE_DIR / "diagnostics.jsonl", private_rows)
+
+
 def record_rounds(
     engine: Engine,
     rounds: int,
@@ -454,9 +462,7 @@ def record_rounds(
         results.append(result)
         rows.append(public)
         private_rows.append(private)
-        write_jsonl(run_dir / "metrics.jsonl", rows)
-        if any(len(private) > 1 for private in private_rows):
-            write_jsonl(run_dir / PRIVATE_DIR / "diagnostics.jsonl", private_rows)
+        _write_rows(run_dir, rows, private_rows)
         # the rounds so far: a process killed outright leaves a summary of what it spent
         write_json(run_dir / "summary.json", summary_of("running", results))
         faults.reached("round_written", result.round)
@@ -464,6 +470,9 @@ def record_rounds(
             bar(public)
         stopping.check()  # a stop that waited for this round
 
+    if rows:  # resumed: the rows the checkpoint holds (a run killed after its last round's
+        # checkpoint and before that round's row would otherwise never write it)
+        _write_rows(run_dir, rows, private_rows)
     write_json(run_dir / "summary.json", summary_of("running", results))
     status = "complete"
     try:
