@@ -20,6 +20,13 @@ NEEDS_USER_DATA = {"femnist_small.toml", "shakespeare.toml", "uldp_tabular.toml"
 PREPARE_ONLY = {"uldp_fmnist_uniform.toml", "uldp_fmnist_zipf.toml", "uldp_fmnist_noniid.toml"}
 
 
+#: 40 subjects, each with as many records as in the config where its n_max bounds them
+FEWER_SUBJECTS = {
+    "uldp_digits_uniform.toml": {"num_subjects": 40, "max_records": 600},
+    "uldp_digits_zipf.toml": {"num_subjects": 40},
+}
+
+
 def _shipped() -> list[str]:
     return sorted(
         p.name
@@ -75,6 +82,8 @@ def test_shipped_config_runs_one_round(name: str, tmp_path: Path) -> None:
         raw["data"]["num_subjects"] = 200
     if "uldp_avg_w" in raw["algorithms"]:  # the protocol's smallest keys: 3072 only costs time
         raw.setdefault("algorithm", {}).setdefault("uldp_avg_w", {}).setdefault("key_bits", 2048)
+    # fewer subjects where the protocol runs: its cost is per (silo, subject) pair
+    raw["data"].update(FEWER_SUBJECTS.get(name, {}))
     lines: list[str] = []
     summary = run_experiment(parse_config(raw), tmp_path, log=lines.append)
     assert [r["algorithm"] for r in summary["runs"]] == raw["algorithms"]
