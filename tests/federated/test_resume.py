@@ -148,7 +148,9 @@ def test_a_run_killed_in_its_last_round_at_any_point_resumes_to_the_whole_result
 ) -> None:
     """Killed after its last round's checkpoint and before that round's row, a resumed run
     ended "complete" with that row missing from metrics.jsonl: it had no round left to run,
-    and only a run round wrote the rows."""
+    and only a run round wrote the rows. That point on the last round is in
+    :func:`test_killed_runs_resume_to_the_uninterrupted_result` (every algorithm); here are
+    the others."""
     name = "local_item_dp"
     config = _config(tmp_path, name, {"model": {"name": "linear"}, "training": {"rounds": 2}})
     full = tmp_path / "full"
@@ -156,7 +158,6 @@ def test_a_run_killed_in_its_last_round_at_any_point_resumes_to_the_whole_result
     for point, run_again in [
         ("silo_recorded", [2]),
         ("round_completed", [2]),
-        ("checkpoint_written", []),
         ("round_written", []),
     ]:
         cut = tmp_path / point
