@@ -141,7 +141,7 @@ def test_server_app_reads_relative_paths_from_the_submitting_directory(tmp_path,
     # the ServerApp runs where the federation was started; a config's relative ledger (and
     # data) paths must still name the files in the directory `silodp run` was called from,
     # or the run would spend on (and check its budget against) a fresh ledger elsewhere
-    from silodp.engines.flower import apps
+    from silodp.engines.flower import server
 
     home = tmp_path / "federation" / "home"
     home.mkdir(parents=True)
@@ -173,7 +173,7 @@ def test_server_app_reads_relative_paths_from_the_submitting_directory(tmp_path,
     assert set(run_config) <= set(app_config["tool"]["flwr"]["app"]["config"])
     elsewhere = tmp_path / "federation"
     monkeypatch.chdir(elsewhere)  # the ServerApp's working directory
-    config = apps.submitted_config(run_config)
+    config = server.submitted_config(run_config)
     assert config.privacy.ledger == str(user / "shared.sqlite")
     assert config.for_algorithm("higradavg_dp")[1].ledger == str(user / "ledgers" / "own.sqlite")
     assert config.data.path == str(table)
@@ -183,7 +183,7 @@ def test_server_app_reads_relative_paths_from_the_submitting_directory(tmp_path,
     # without the submitting directory, the same config reads them from its own
     del run_config["workdir"]
     with pytest.raises(Exception, match="tables/t.csv"):
-        apps.submitted_config(run_config)
+        server.submitted_config(run_config)
 
 
 def test_a_silo_failure_on_flower_sim_names_the_resume_command(tmp_path, monkeypatch):
@@ -262,3 +262,35 @@ def test_stop_kills_only_a_process_that_runs_since_the_snapshot(reused, monkeypa
     finally:
         stubborn.kill()
         stubborn.wait()
+
+
+def test_the_client_app_imports_nothing_of_the_servers_side():
+    # a SuperNode starts one ClientApp process per message: every message pays this import
+    import importlib
+    import tomllib
+
+    from flwr.serverapp import ServerApp
+
+    components = tomllib.loads((deployment.APP_DIR / "pyproject.toml").read_text())["tool"]["flwr"][
+        "app"
+    ]["components"]
+    module, _, name = components["clientapp"].partition(":")
+    server_side = [
+        "matplotlib",
+        "silodp.engines.factory",
+        "silodp.engines.flower.server",
+        "silodp.experiment",
+        "silodp.plotting",
+    ]
+    probe = (
+        "import importlib, json, sys; "
+        f"app = getattr(importlib.import_module({module!r}), {name!r}); "
+        "print(type(app).__name__, json.dumps(sorted(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    kind, loaded = done.stdout.split(" ", 1)
+    assert kind == "ClientApp"
+    assert [m for m in server_side if m in json.loads(loaded)] == []
+    module, _, name = components["serverapp"].partition(":")
+    assert isinstance(getattr(importlib.import_module(module), name), ServerApp)

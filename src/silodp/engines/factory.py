@@ -8,7 +8,7 @@ from typing import Any
 from silodp.config import ExperimentConfig
 from silodp.data import FederatedDataset
 from silodp.engines.remote import RemoteEngine, Transport
-from silodp.engines.silo import write_silo_data
+from silodp.engines.silo import silo_file, write_silo_data
 from silodp.errors import InvalidValueError
 from silodp.experiment.run import EngineFactory
 
@@ -42,11 +42,6 @@ def check_engine_config(config: ExperimentConfig) -> None:
         )
     for name in config.algorithms:
         check_weighting_scheme(name, config.algorithm_settings(name).get("scheme", "paillier"))
-
-
-def silo_file(directory: str | Path, silo: int) -> Path:
-    """Where :func:`write_silo_files` puts silo ``silo``'s records."""
-    return Path(directory) / f"silo-{silo}.npz"
 
 
 def write_silo_files(train: FederatedDataset, directory: str | Path) -> list[Path]:

@@ -41,6 +41,7 @@ __all__ = [
     "SiloRuntime",
     "read_silo_data",
     "silo_digest",
+    "silo_file",
     "silo_secret",
     "write_silo_data",
 ]
@@ -68,6 +69,11 @@ class SiloFile:
     @property
     def digest(self) -> str:
         return silo_digest(self.x, self.y, self.subject)
+
+
+def silo_file(directory: str | Path, silo: int) -> Path:
+    """Where silo ``silo``'s records are kept in ``directory`` (one file per silo)."""
+    return Path(directory) / f"silo-{silo}.npz"
 
 
 def write_silo_data(train: FederatedDataset, silo: int, path: Path) -> Path:

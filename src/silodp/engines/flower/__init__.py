@@ -1,9 +1,10 @@
 """silodp on Flower: the only package that imports ``flwr``.
 
-:mod:`.transport` carries the remote engine's messages over Flower's grid; :mod:`.apps` holds
-the ServerApp (the experiment, run by the server) and the ClientApp (a silo's
-:class:`~silodp.engines.silo.SiloRuntime`); :mod:`.simulation` runs both on Flower's simulation
-engine and :mod:`.deployment` starts a local federation (SuperLink and SuperNodes).
+:mod:`.transport` carries the remote engine's messages over Flower's grid; :mod:`.server` holds
+the ServerApp (the experiment, run by the server) and :mod:`.client` the ClientApp (a silo's
+:class:`~silodp.engines.silo.SiloRuntime`, importing nothing of the server's side);
+:mod:`.simulation` runs both on Flower's simulation engine and :mod:`.deployment` starts a local
+federation (SuperLink and SuperNodes).
 """
 
 import os

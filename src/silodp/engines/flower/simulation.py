@@ -21,7 +21,7 @@ from flwr.simulation import run_simulation
 from silodp.config import ExperimentConfig
 from silodp.data.build import build_federated_data
 from silodp.engines.factory import check_engine_config, remote_engine_factory, write_silo_files
-from silodp.engines.flower.apps import SILO_DIR_ENV, client_app
+from silodp.engines.flower.client import SILO_DIR_ENV, client_app
 from silodp.engines.flower.transport import GridTransport
 from silodp.errors import SilodpError
 
