@@ -42,8 +42,10 @@ BASE = {
 EXTRA = {
     "local_item_dp": {},
     "higradavg_dp": {},
-    "uldp_avg_w": {  # the linear model and 2 rounds: the protocol's cost is per parameter
+    "uldp_avg_w": {  # the linear model, 2 rounds, 20 subjects: the protocol's cost is per
+        # parameter and per (silo, subject) pair
         "algorithm": {"uldp_avg_w": {"weighting": "protocol", "key_bits": 2048, "n_max": 60}},
+        "data": {"num_subjects": 20},
         "model": {"name": "linear"},
         "training": {"rounds": 2},
     },
@@ -138,8 +140,9 @@ def test_killed_runs_resume_to_the_uninterrupted_result(name: str, tmp_path: Pat
         resumed = _silodp("run", "--resume", str(cut))
         assert resumed.returncode == 0, (point, resumed.stderr[-2000:])
         _check_resumed(full, cut, name, same_epsilon=same)
-    again = _silodp("run", "--resume", str(tmp_path / "round_written"))
-    assert again.returncode == 0 and "nothing to resume" in again.stdout
+    if name == "local_item_dp":  # a finished experiment: the same for every algorithm
+        again = _silodp("run", "--resume", str(tmp_path / "round_written"))
+        assert again.returncode == 0 and "nothing to resume" in again.stdout
 
 
 @pytest.mark.slow
