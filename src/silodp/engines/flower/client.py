@@ -5,9 +5,9 @@ It reads its node config: ``data`` (the silo's records, a file of
 :func:`~silodp.engines.silo.write_silo_data`; its secret is kept beside it as ``<data>.key``),
 or in a simulation ``partition-id`` with the run config's ``silo-dir``.
 
-A SuperNode starts one ClientApp process per message, so this module imports what a silo needs
-and nothing of the server's side (the experiment runner, plotting, the remote engine's
-factory): every message pays this import.
+A SuperNode starts one ClientApp process per message, and every message pays this module's
+import: it leaves out the experiment runner, the engine factory, plotting and matplotlib,
+which only the server uses (``tests/engines/test_flower_local.py`` checks).
 """
 
 from __future__ import annotations
