@@ -445,7 +445,9 @@ def record_rounds(
     then renamed). ``extra`` adds fields to a round's released record. A round the privacy
     budget does not allow ends the run cleanly with what it has (status ``budget_exhausted``).
     Rounds before ``start`` are ``previous`` (their released and silo-private rows, from the
-    checkpoint). ``defer_stops``: a first Ctrl-C or SIGTERM while the rounds run stops the run
+    checkpoint), written to both files before anything trains: a run killed after its last
+    checkpoint and before that round's rows has no round left to run on resume.
+    ``defer_stops``: a first Ctrl-C or SIGTERM while the rounds run stops the run
     once the round in progress is recorded (:mod:`silodp.stopping`).
     Returns the results, the released and the silo-private rows and the status."""
     rows, private_rows = list(previous[0]), list(previous[1])
