@@ -16,7 +16,6 @@ __all__ = [
     "check_engine_config",
     "check_weighting_scheme",
     "remote_engine_factory",
-    "silo_file",
     "write_silo_files",
 ]
 

@@ -27,7 +27,8 @@ from typing import Any
 
 from silodp.config import load_config
 from silodp.data.build import build_federated_data
-from silodp.engines.factory import check_engine_config, silo_file, write_silo_files
+from silodp.engines.factory import check_engine_config, write_silo_files
+from silodp.engines.silo import silo_file
 from silodp.errors import InvalidValueError, SilodpError
 
 __all__ = ["DEFAULT_DIR", "descendants", "down", "stop_processes", "submit", "up"]
