@@ -8,16 +8,21 @@ subjects together (``vmap`` over stacked parameter copies, in memory-bounded chu
 Both run on exactly the same planned batches, so their deltas must agree (max abs difference
 reported). ``local_update_s`` is the algorithm's whole ``local_update`` over all silos
 (vectorised deltas plus clipping, weighting and noise).
+
+On the ULDP-FL paper's setting a round is also timed the way the paper's own implementation
+runs it (:func:`paper_style_deltas`), side by side with the rest, for the check against it.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from silodp.bench.common import (
@@ -65,9 +70,15 @@ SETTINGS: dict[str, UldpSetting] = {
     ),
 }
 ALGORITHMS = ("uldp_avg", "uldp_sgd")
-#: CPU seconds of one ULDP-AVG round in the ULDP-FL paper's own implementation, on its
-#: setting (its CNN, Fashion-MNIST 6,000 records, 100 subjects, 5 silos, 5 local epochs).
-PAPER_ROUND_CPU_S = {("fashion_mnist_uldp_cnn", "uldp_avg"): 17.0}
+#: (source, algorithm) whose round is also timed the way the ULDP-FL paper's own
+#: implementation runs it (:func:`time_paper_style`): the check against the paper compares
+#: CPU seconds measured side by side in one run, on whatever host runs the bench.
+PAPER_STYLE = frozenset({("fashion_mnist_uldp_cnn", "uldp_avg")})
+#: CPU seconds of one ULDP-AVG round of the paper's implementation on its setting (its CNN,
+#: Fashion-MNIST 6,000 records, 100 subjects, 5 silos, 5 local epochs), one thread, measured
+#: once on another run and host: context only (in the check rows), never the check, since a
+#: constant compared with this host's time says as much about the hosts as the code.
+PAPER_REPORTED_CPU_S = 17.0
 
 
 @dataclass
@@ -172,6 +183,82 @@ def loop_deltas(
     return out
 
 
+def paper_style_loaders(
+    fed: Federation,
+    *,
+    batch_size: int | None = None,
+    generator: torch.Generator | None = None,
+) -> list[list[Any]]:
+    """Per silo, per subject (increasing id), a torch ``DataLoader`` over that subject's
+    records as a list of ``(x, y)`` pairs, shuffled mini-batches of ``batch_size`` (default:
+    the setting's): how the ULDP-FL paper's implementation holds a silo's data, built once
+    before training as it does, so that no round pays for it."""
+    from torch.utils.data import DataLoader
+
+    size = fed.setting.batch_size if batch_size is None else batch_size
+    out: list[list[Any]] = []
+    for data in fed.silos:
+        records: dict[int, list[Any]] = {}
+        for i, subject in enumerate(data.subject.tolist()):
+            records.setdefault(subject, []).append((data.x[i], data.y[i]))
+        out.append(
+            [
+                DataLoader(records[s], batch_size=size, shuffle=True, generator=generator)  # type: ignore[arg-type]
+                for s in sorted(records)
+            ]
+        )
+    return out
+
+
+def paper_style_deltas(
+    fed: Federation, loaders: Sequence[Any], lr: float, *, epochs: int | None = None
+) -> list[dict[str, torch.Tensor]]:
+    """One silo's per-subject deltas (in the order of ``loaders``, one per subject) trained
+    the way the ULDP-FL paper's implementation trains them: per subject a deep copy of the
+    global model and a ``torch.optim.SGD`` optimiser; per mini-batch of its ``DataLoader``,
+    ``zero_grad``, forward, cross-entropy, ``backward``, ``step`` and the loss read back as a
+    float; ``epochs`` (default: the setting's ``local_epochs``) passes over the loader. The
+    same arithmetic as :func:`~silodp.privacy.per_subject.per_subject_deltas_loop` on the
+    same model, with the paper's per-step machinery around it (its CNN's dropout, which
+    silodp's ``uldp_cnn`` leaves out, is left out here too)."""
+    passes = fed.setting.local_epochs if epochs is None else epochs
+    start = copy.deepcopy(fed.model)
+    with torch.no_grad():
+        for name, p in start.named_parameters():
+            p.copy_(fed.params[name])
+    out = []
+    for loader in loaders:
+        model = copy.deepcopy(start)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        for _ in range(passes):
+            for xb, yb in loader:
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(xb), yb)
+                loss.backward()
+                optimizer.step()
+                loss.item()
+        out.append({k: v.detach() - fed.params[k] for k, v in model.named_parameters()})
+    return out
+
+
+def time_paper_style(
+    fed: Federation, loaders: Sequence[Sequence[Any]], lr: float, *, clip: float = 1.0
+) -> None:
+    """One ULDP-AVG round in every silo the paper's way: :func:`paper_style_deltas`, then each
+    delta clipped to L2 norm ``clip`` over all parameters and weighted, the weighted deltas
+    summed and Gaussian noise added, parameter tensor by parameter tensor."""
+    for silo_loaders in loaders:
+        deltas = paper_style_deltas(fed, silo_loaders, lr)
+        total: dict[str, torch.Tensor] = {}
+        for delta in deltas:
+            norm = float(torch.stack([(v**2).sum() for v in delta.values()]).sum().sqrt())
+            scale = min(1.0, clip / max(norm, 1e-12)) / max(len(deltas), 1)
+            for k, v in delta.items():
+                total[k] = total[k] + v * scale if k in total else v * scale
+        for k, v in total.items():
+            total[k] = v + torch.randn_like(v) * clip
+
+
 def compare(fed: Federation, plans: Sequence[Any], lr: float) -> tuple[float, float]:
     """(max abs difference between the two paths' deltas, max abs delta), silo by silo."""
     diff = scale = 0.0
@@ -263,15 +350,16 @@ def run_uldp_bench(
                 lr = _config(fed.setting, algorithm).lr
                 plans = plan_round(fed, algorithm)
                 diff, scale = compare(fed, plans, lr)
-                usage = interleaved_usage(
-                    {
-                        "vectorised": partial(time_vectorised, fed, plans, lr),
-                        "loop": partial(time_loop, fed, plans, lr),
-                        "local_update": local_update_round(fed, algorithm),
-                    },
-                    repeats=repeats,
-                    warmup=0,
-                )
+                timed: dict[str, Callable[[], object]] = {
+                    "vectorised": partial(time_vectorised, fed, plans, lr),
+                    "loop": partial(time_loop, fed, plans, lr),
+                    "local_update": local_update_round(fed, algorithm),
+                }
+                if (source, algorithm) in PAPER_STYLE:
+                    timed["paper_style"] = partial(
+                        time_paper_style, fed, paper_style_loaders(fed), lr
+                    )
+                usage = interleaved_usage(timed, repeats=repeats, warmup=0)
                 medians = {name: u.wall_s for name, u in usage.items()}
                 pairs = sum(int(p.num_subjects) for p in plans)
                 real = sum(int(p.mask.sum()) for p in plans)
@@ -294,6 +382,7 @@ def run_uldp_bench(
                         "local_update_speedup": medians["loop"] / medians["local_update"],
                         "max_abs_diff": diff,
                         "max_abs_delta": scale,
+                        "paper_style_s": medians.get("paper_style"),
                         **_cpu_columns(usage),
                         "record_passes": real,
                         "round_gmac": real * record_macs / 1e9,
@@ -386,7 +475,9 @@ def worker_uldp(source: str, subjects: int, algorithm: str, path: str) -> dict[s
 
 
 def uldp_checks(rows: Sequence[Row]) -> list[Row]:
-    """The ≥ 5× target at 100 subjects; at more subjects, the vectorised path's extra memory
+    """The ≥ 5× target at 100 subjects (on the paper's setting, a second row: the CPU seconds
+    of a round run the paper's way, ``paper_cpu_s``, over ``local_update``'s, ``cpu_s``, both
+    user + system and timed side by side); at more subjects, the vectorised path's extra memory
     next to its value at the smallest count of the same source and algorithm (bounded:
     it should not grow with the number of subjects)."""
     out: list[Row] = []
@@ -404,9 +495,10 @@ def uldp_checks(rows: Sequence[Row]) -> list[Row]:
             # the algorithm's local_update (clipping, weighting and noise included) is what runs
             check["target"] = f">= {TARGET_SPEEDUP:g}x"
             check["ok"] = row["local_update_speedup"] >= TARGET_SPEEDUP
-            paper = PAPER_ROUND_CPU_S.get((row["source"], row["algorithm"]))
+            paper = row.get("paper_style_user_s")
             cpu = row.get("local_update_user_s")
             if paper is not None and cpu is not None:
+                paper += row.get("paper_style_sys_s") or 0.0
                 cpu += row.get("local_update_sys_s") or 0.0
                 out.append(check)
                 check = {
@@ -414,9 +506,11 @@ def uldp_checks(rows: Sequence[Row]) -> list[Row]:
                     "speedup": None,
                     "local_update_speedup": None,
                     "max_speedup": None,
-                    "target": f">= {TARGET_SPEEDUP:g}x the paper's {paper:g} CPU-s",
+                    "target": f">= {TARGET_SPEEDUP:g}x the paper's way, side by side",
+                    "paper_cpu_s": paper,
                     "cpu_s": cpu,
                     "vs_paper": paper / cpu,
+                    "paper_reported_cpu_s": PAPER_REPORTED_CPU_S,
                     "ok": paper / cpu >= TARGET_SPEEDUP,
                 }
         else:
