@@ -193,3 +193,38 @@ def test_find_sigma_rejects_unreachable_targets() -> None:
         find_sigma(lambda s: 1.0, 0.5)
     with pytest.raises(CalibrationError, match="Expected epsilon"):
         find_sigma(lambda s: 1.0 / s, 0.5, hi=1.0)
+
+
+@pytest.mark.parametrize(
+    ("adversary", "refused"),
+    [("strongest", "server and the silos"), ("server", "server"), ("silos", "silos")],
+)
+def test_a_target_without_a_guarantee_is_refused_and_only_a_covered_adversary_suggested(
+    adversary, refused
+) -> None:
+    """With clear weights ``uldp_avg_w`` protects subjects against the released model only
+    (the server and the silos see data-dependent weights): a target against either is
+    refused, and the message suggests the one adversary calibration can meet."""
+    algo = make_algorithm("uldp_avg_w", {"weighting": "clear"})
+    plan = PrivacyPlan(
+        sampling_rates=(1.0,) * 3,
+        rounds=2,
+        silos_per_round=3,
+        span=3,
+        delta=1e-5,
+        adversary=adversary,
+    )
+    with pytest.raises(CalibrationError) as err:
+        calibrate(algo, plan, target_epsilon=4.0)
+    message = str(err.value)
+    assert f"against the {refused} to calibrate" in message
+    assert message.endswith(
+        "Calibrate against 'released' instead (privacy.adversary, or --adversary)."
+    )
+    sigma = calibrate(algo, replace(plan, adversary="released"), target_epsilon=4.0)
+    assert (
+        account_plan(algo.with_noise(sigma), replace(plan, adversary="released"))[-1][
+            "subject"
+        ].epsilon
+        <= 4.0
+    )

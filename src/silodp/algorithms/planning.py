@@ -142,11 +142,10 @@ def _refuse_without_guarantee(algorithm: Algorithm, plan: PrivacyPlan, unit: str
         return
     one_round = dataclasses.replace(plan, rounds=1)
     by = account_plan_by_adversary(algorithm.with_noise(MAX_NOISE_MULTIPLIER), one_round)
-    none = [who for who, estimates in by.items() if math.isinf(estimates[unit].epsilon)]
-    if plan.adversary != "strongest":
-        none = [who for who in none if who == plan.adversary]
+    infinite = [who for who, estimates in by.items() if math.isinf(estimates[unit].epsilon)]
+    none = [who for who in infinite if plan.adversary in ("strongest", who)]
     if none:
-        covered = [who for who in by if who not in none]
+        covered = [who for who in by if who not in infinite]
         raise CalibrationError(
             f"Expected a {unit}-level guarantee against the {' and the '.join(none)} to "
             f"calibrate {algorithm.name!r} against privacy.adversary={plan.adversary!r}; it "
