@@ -102,6 +102,36 @@ def test_a_second_stop_stops_at_once_and_the_cut_round_counts_in_full(
     assert written["notes"] == resumed["notes"]
 
 
+def test_a_second_stop_while_the_stop_is_written_leaves_an_interrupted_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two Ctrl-Cs 20 ms apart: the first waits for the round, the second came while the
+    stopped run's files were written and left ``summary.json`` saying "running" (the
+    process had printed that the run was interrupted). Those writes now finish first."""
+    from silodp.experiment import record
+
+    out = tmp_path / "out"
+    _signal_at_silo_recorded(monkeypatch, 2, 1, signal.SIGINT)
+    write_jsonl = record.write_jsonl
+    writes_of_two_rounds = []
+
+    def stop_again(path: Path, rows: list) -> None:
+        if path.name == "metrics.jsonl" and len(rows) == 2:
+            writes_of_two_rounds.append(path)
+            if len(writes_of_two_rounds) == 2:  # round 2's rows, then the stopped run's
+                os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C
+        write_jsonl(path, rows)
+
+    monkeypatch.setattr(record, "write_jsonl", stop_again)
+    with pytest.raises(KeyboardInterrupt), sigterm_interrupts():
+        run_experiment(parse_config(RAW), out)
+    summary = json.loads((out / "local_item_dp" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds_completed"] == 2
+    rows = (out / "local_item_dp" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["round"] for row in rows] == [1, 2]
+    assert len(writes_of_two_rounds) == 2
+
+
 def test_a_stop_outside_the_rounds_is_raised_at_once(tmp_path: Path) -> None:
     with pytest.raises(Terminated), sigterm_interrupts():
         os.kill(os.getpid(), signal.SIGTERM)

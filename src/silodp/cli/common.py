@@ -72,8 +72,8 @@ def _stop(signum: int, frame: object) -> None:
 
     stop: KeyboardInterrupt = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
     if stopping.defer(stop):
-        if os.getpid() != _handler_owner:  # a forked worker: its parent says it, once
-            return
+        if os.getpid() != _handler_owner or stopping.shielding():  # a forked worker: its
+            return  # parent says it, once; a shielded write: the run is stopping already
         again = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
         typer.echo(
             f"\nstopping once the round in progress is recorded and checkpointed ({again} "

@@ -494,7 +494,8 @@ def record_rounds(
         # metrics.jsonl say the same rounds (a resume continues from the checkpoint)
         kept = min(len(results), len(rows), len(private_rows))
         del results[kept:], rows[kept:], private_rows[kept:]
-        write_jsonl(run_dir / "metrics.jsonl", rows)
-        write_json(run_dir / "summary.json", summary_of("interrupted", results))
+        with stopping.shielded():  # a second stop now would leave the summary "running"
+            write_jsonl(run_dir / "metrics.jsonl", rows)
+            write_json(run_dir / "summary.json", summary_of("interrupted", results))
         raise
     return results, rows, private_rows, status
