@@ -228,3 +228,22 @@ def test_a_target_without_a_guarantee_is_refused_and_only_a_covered_adversary_su
         ].epsilon
         <= 4.0
     )
+
+
+def test_a_calibrated_sigma_meets_the_target_as_a_run_composes_its_rounds() -> None:
+    """A run composes its rounds one at a time, its PLD moved to coarser grids as it grows,
+    and reports (and is budgeted at) a slightly larger ε than the plan's rounds composed at
+    once. A target between the two at some σ, calibrated tightly, gave a σ whose plan met the
+    target while the run's ε exceeded it: a calibrated run, whose budget is its target, would
+    have been refused its last round."""
+    plan = PrivacyPlan(sampling_rates=(0.05,) * 4, rounds=30, silos_per_round=4, span=4, delta=1e-5)
+    algo = make_algorithm("local_item_dp", {"noise_multiplier": 1.2, "local_steps": 10})
+    at_once = account_plan(algo, plan)[-1]["record"].epsilon
+    as_run = account_plan(algo, plan, per_round=True)[-1]["record"].epsilon
+    assert at_once < as_run  # the premise: the run's composition is the larger
+    target = (at_once + as_run) / 2
+    sigma = calibrate(algo, plan, target_epsilon=target, rel_tol=1e-6)
+    calibrated = algo.with_noise(sigma)
+    assert account_plan(calibrated, plan, per_round=True)[-1]["record"].epsilon <= target
+    assert account_plan(calibrated, plan)[-1]["record"].epsilon <= target
+    assert sigma < 1.2 * (1 + 2e-3)  # raised by the margin, not more

@@ -96,20 +96,27 @@ def account_events(
     plan: PrivacyPlan,
     *,
     per_round: bool = False,
+    as_run: bool = False,
 ) -> list[dict[str, Estimate]]:
     """ε per unit after each of the plan's rounds of ``silos``' events (``per_round``) or only
-    after the last one, from a fresh ``accountant``."""
+    after the last one, from a fresh ``accountant``.
+
+    ``as_run``: the rounds are composed one at a time, as a run composes them, also when only
+    the last ε is wanted. A run's composed PLD moves to coarser grids as it grows
+    (pessimistically), so its ε can lie above that of the rounds composed at once: up to
+    about 1.5e-4 relative after 1,000 rounds."""
     if plan.releases:
         accountant.compose_release(plan.releases)
     if not silos:
         return [{}] * (plan.rounds if per_round else 1)
-    if not per_round:
+    if not (per_round or as_run):
         accountant.compose_round(silos, count=plan.rounds, participants=plan.silos_per_round)
         return [accountant.estimates()]
     out = []
-    for _ in range(plan.rounds):
+    for done in range(1, plan.rounds + 1):
         accountant.compose_round(silos, participants=plan.silos_per_round)
-        out.append(accountant.estimates())
+        if per_round or done == plan.rounds:
+            out.append(accountant.estimates())
     return out
 
 
