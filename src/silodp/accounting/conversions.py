@@ -9,15 +9,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 
 import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
-from scipy import optimize, stats
+from scipy import optimize, special, stats
 
 from silodp._validation import check_in_range, check_int, check_positive
 
@@ -74,16 +75,22 @@ def _compute_curve(
         rdp_lib.NeighborRel.REPLACE_ONE if replace_one else rdp_lib.NeighborRel.ADD_OR_REMOVE_ONE
     )
     accountant = rdp_lib.RdpAccountant(orders=list(orders), neighboring_relation=relation)
-    # dp-accounting logs every fractional order its series cannot evaluate (it then uses
-    # +inf there, which is safe); those messages are noise for silodp users.
+    with _quiet():
+        accountant.compose(event)
+    return np.array(accountant._rdp, dtype=np.float64)  # noqa: SLF001 - checked by tests
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """dp-accounting logs every fractional order its series cannot evaluate (it then uses
+    +inf there, which is safe); those messages are noise for silodp users."""
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)
     try:
-        accountant.compose(event)
+        yield
     finally:
         absl_logger.setLevel(level)
-    return np.array(accountant._rdp, dtype=np.float64)  # noqa: SLF001 - checked by tests
 
 
 def _own_curve(
@@ -117,6 +124,12 @@ def _own_curve(
             axis=0,
         )
     alphas = np.asarray(orders, dtype=np.float64)
+    if not replace_one and _is_poisson_gaussian(event):
+        assert isinstance(event, dp_event.PoissonSampledDpEvent)
+        assert isinstance(event.event, dp_event.GaussianDpEvent)
+        return _poisson_gaussian_curve(
+            event.sampling_probability, event.event.noise_multiplier, alphas
+        )
     if isinstance(event, PoissonReplaceOneDpEvent):
         if replace_one:
             raise ValueError(
@@ -137,6 +150,58 @@ def _own_curve(
         log_rest = math.log1p(-q) if q < 1 else -math.inf
         value = np.logaddexp(log_q + (alphas - 1.0) * inner, log_rest) / (alphas - 1.0)
     return np.where(np.isnan(value), np.inf, value)
+
+
+#: relative amount every integer order's RDP of :func:`_poisson_gaussian_curve` is raised by:
+#: fifty times the largest difference from dp-accounting's and Opacus' sums of the same terms
+#: (2e-11 relative, over q in [1e-4, 1), σ in [0.3, 30] and every integer order)
+RDP_SLACK = 1e-9
+
+
+def _is_poisson_gaussian(event: dp_event.DpEvent) -> bool:
+    return (
+        type(event) is dp_event.PoissonSampledDpEvent
+        and type(event.event) is dp_event.GaussianDpEvent
+        and 0.0 < event.sampling_probability < 1.0
+        and event.event.noise_multiplier > 0.0
+    )
+
+
+def _poisson_gaussian_curve(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
+    """RDP of the Poisson sub-sampled Gaussian (add/remove, 0 < q < 1, σ > 0): dp-accounting's
+    for fractional orders; for integer orders α its sum (Mironov, Talwar & Zhang 2019, Sec.
+    3.3) ``A_α = Σ_i C(α, i) q^i (1-q)^{α-i} e^{(i²-i)/(2σ²)}``, evaluated at once instead of
+    one term at a time (calibration composes this curve at every σ it tries; dp-accounting's
+    loop took half of the slowest shipped config's calibration) as ``log A_α = log1p(S)``,
+    ``S = Σ_{i>=2} C(α, i) q^i (1-q)^{α-i} expm1((i²-i)/(2σ²))``: the binomial weights sum
+    to 1, so ``A_α - 1`` is a sum of positive terms and keeps its relative precision where
+    ``A_α`` is close to 1. Raised by :data:`RDP_SLACK`, so never below dp-accounting's."""
+    out = np.empty(len(alphas), dtype=np.float64)
+    whole = np.array([float(a).is_integer() and a >= 2 for a in alphas], dtype=bool)
+    if (~whole).any():
+        with _quiet():
+            out[~whole] = rdp_lib._compute_rdp_poisson_subsampled_gaussian(  # noqa: SLF001
+                q, sigma, [float(a) for a in alphas[~whole]]
+            )
+    log_q, log_rest = math.log(q), math.log1p(-q)
+    for k in np.flatnonzero(whole):
+        alpha = int(alphas[k])
+        i = np.arange(2, alpha + 1, dtype=np.float64)
+        x = (i * i - i) / (2.0 * sigma**2)
+        log_expm1 = x + np.log(-np.expm1(-x))  # log(e^x - 1), x > 0: stable at both ends
+        terms = (
+            special.gammaln(alpha + 1.0)
+            - special.gammaln(i + 1.0)
+            - special.gammaln(alpha - i + 1.0)
+            + i * log_q
+            + (alpha - i) * log_rest
+            + log_expm1
+        )
+        top = float(terms.max())
+        log_s = top + math.log(float(np.exp(terms - top).sum()))
+        log_a = log_s + math.log1p(math.exp(-log_s)) if log_s > 0 else math.log1p(math.exp(log_s))
+        out[k] = log_a / (alpha - 1.0) * (1.0 + RDP_SLACK)
+    return out
 
 
 def rdp_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> float:
