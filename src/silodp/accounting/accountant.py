@@ -24,7 +24,8 @@ Routes, each a valid upper bound; the smallest is reported with its name:
   composed further, a wider one moves to a grid 2^j times coarser by the pessimistic split of
   :mod:`silodp.accounting.coarsen` (still an upper bound), and the round's events are split
   onto that grid before they are composed, so one round costs the same after 10 or 10⁴ rounds.
-* ``rdp``: dp-accounting's RDP of the unit's events.
+* ``rdp``: dp-accounting's RDP of the unit's events (the Poisson sub-sampled Gaussian's integer
+  orders summed by :mod:`silodp.accounting.conversions`, 1e-9 above the exact value).
 * ``rdp-group``: record-level RDP converted to groups of ``k`` (Mironov 2017, Prop. 2).
 * ``dp-group``: record-level (ε, δ) converted to groups (Dwork & Roth 2014, Thm 2.2), then basic
   composition over the silos a subject spans.
