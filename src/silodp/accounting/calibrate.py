@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from silodp import display
 from silodp._validation import check_in_range
@@ -113,9 +114,6 @@ def calibrate_noise(
         accountant = accountant_for(stage, (unit,))
         return account_events(accountant, events_at(sigma), plan, as_run=as_run)[-1][unit].epsilon
 
-    def run_epsilon(sigma: float) -> float:
-        return epsilon(sigma, "report", as_run=True)
-
     try:
         # the fast bound only brackets σ for the search below: to FAST_REL_TOL
         hi = find_sigma(lambda s: epsilon(s, "fast"), target, rel_tol=max(rel_tol, FAST_REL_TOL))
@@ -155,7 +153,8 @@ def calibrate_noise(
                     )
                     reported = epsilon(sigma, "report")
             margin = RUN_MARGIN * max(1.0, plan.rounds / 1000)
-            return _as_run(sigma, reported, run_epsilon, target, margin)
+            as_run = partial(epsilon, stage="report", as_run=True)
+            return _as_run(sigma, reported, as_run, target, margin)
         sigma *= 1.0 + step
         step *= 2.0
     raise CalibrationError(

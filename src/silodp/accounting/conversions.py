@@ -153,8 +153,8 @@ def _own_curve(
 
 
 #: relative amount every integer order's RDP of :func:`_poisson_gaussian_curve` is raised by:
-#: fifty times the largest difference from dp-accounting's and Opacus' sums of the same terms
-#: (2e-11 relative, over q in [1e-4, 1), σ in [0.3, 30] and every integer order)
+#: over 300 times its largest rounding error against the sum in 40 digits (3e-12 relative, over
+#: q in [1e-4, 1), σ in [0.3, 30] and orders 2 to 2,048)
 RDP_SLACK = 1e-9
 
 
@@ -175,7 +175,8 @@ def _poisson_gaussian_curve(q: float, sigma: float, alphas: np.ndarray) -> np.nd
     loop took half of the slowest shipped config's calibration) as ``log A_α = log1p(S)``,
     ``S = Σ_{i>=2} C(α, i) q^i (1-q)^{α-i} expm1((i²-i)/(2σ²))``: the binomial weights sum
     to 1, so ``A_α - 1`` is a sum of positive terms and keeps its relative precision where
-    ``A_α`` is close to 1. Raised by :data:`RDP_SLACK`, so never below dp-accounting's."""
+    ``A_α`` is close to 1. Raised by :data:`RDP_SLACK`, so never below the exact value
+    (dp-accounting's sum one term at a time lies up to ~6e-9 above it and ~1.2e-9 below)."""
     out = np.empty(len(alphas), dtype=np.float64)
     whole = np.array([float(a).is_integer() and a >= 2 for a in alphas], dtype=bool)
     if (~whole).any():
